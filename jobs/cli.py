@@ -1,0 +1,57 @@
+"""The ``ragsift`` command. Each subcommand is one module under ``jobs`` with
+``add_arguments(parser)`` and ``run(args) -> exit code``; each also runs as ``python -m jobs.<name>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from schemas.config import ConfigError
+from schemas.tables import SchemaError
+
+JOBS = {
+    "demo": ("jobs.demo", "index the embedded sample, answer it with direct and rag, evaluate"),
+    "index": ("jobs.index", "build sharded FAISS indexes from a corpus"),
+    "answer": ("jobs.answer", "answer questions with one or more strategies"),
+    "evaluate": ("jobs.evaluate", "score answers against gold answers and passages"),
+    "models": ("jobs.models", "list or prepare the offline models"),
+}
+
+# Failures that are the user's input, not a bug: one line, exit 2, no traceback.
+USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, KeyError, ValueError)
+
+
+def _parser(name: str, module, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog=f"ragsift {name}", description=JOBS[name][1])
+    module.add_arguments(parser)
+    return parser
+
+
+def _execute(name: str, module, args: argparse.Namespace) -> int:
+    try:
+        return module.run(args)
+    except USER_ERRORS as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"ragsift {name}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def run_job(name: str, argv: list[str] | None = None) -> int:
+    module = importlib.import_module(JOBS[name][0])
+    return _execute(name, module, _parser(name, module).parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ragsift", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="job", required=True)
+    modules = {}
+    for name, (module_name, help_text) in JOBS.items():
+        modules[name] = importlib.import_module(module_name)
+        _parser(name, modules[name], sub.add_parser(name, help=help_text, description=help_text))
+    args = parser.parse_args(argv)
+    return _execute(args.job, modules[args.job], args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The engine: drives many items through pure strategies and micro-batched stage pools.
+
+The driver keeps a window of roots in flight. Each strategy step's requests join their stage's
+queue (identical requests share one computation); a stage sends a batch when it is full, when its
+oldest request has waited ``max_wait_s``, or when nothing else is running; the loop reacts to
+whichever batch finishes first and resumes the items waiting on it. It never waits on one item.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from jobs.engine.stages import Launched, Stage
+from jobs.io import Question
+from jobs.strategies.base import Ask, Done, Item, Spawn, Strategy
+from schemas.config import EngineConfig
+from schemas.records import Generation, Request, Response
+
+
+@dataclass
+class Root:
+    question: Question
+    strategy: Strategy
+    started: float = field(default_factory=time.perf_counter)
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict(n_llm_calls=0, n_retrievals=0, prompt_tokens=0,
+                                     completion_tokens=0, n_subquestions=0)
+    )
+
+
+@dataclass
+class Node:
+    item: Item
+    root: Root
+    parent: Node | None = None
+    index: int = 0  # position among its parent's children
+    slots: list[Any] = field(default_factory=list)  # responses or child results being collected
+    missing: int = 0
+
+
+class Engine:
+    def __init__(self, stages: dict[str, Stage], strategies: dict[str, Strategy],
+                 config: EngineConfig, on_row: Callable[[dict], None],
+                 on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0):
+        self.stages = stages
+        self.strategies = strategies
+        self.config = config
+        self.on_row = on_row
+        self.on_progress = on_progress
+        self.progress_every_s = progress_every_s
+        self.cache: OrderedDict[Request, Response] = OrderedDict()
+        self.waiters: dict[Request, list[tuple[Node, int]]] = {}
+        self.launched: dict[Any, Launched] = {}  # ref -> its batch
+        self.roots_in_flight = 0
+        self.roots_done = 0
+        self.requests_deduped = 0
+        self.resolved: dict[str, dict[str, int]] = {}
+        self.tokens = 0
+        self.started = time.perf_counter()
+
+    # --- driving -------------------------------------------------------------------------------
+
+    def run(self, questions: Iterable[Question], strategy_names: list[str]) -> None:
+        pending = ((q, s) for q in questions for s in strategy_names)
+        exhausted = False
+        last_progress = 0.0
+        while True:
+            while not exhausted and self.roots_in_flight < self.config.window:
+                nxt = next(pending, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    self._start_root(*nxt)
+            self._dispatch(flush=not self.launched)
+            if not self.launched:
+                if exhausted and self.roots_in_flight == 0:
+                    break
+                if not any(s.queue for s in self.stages.values()):
+                    raise RuntimeError("engine stalled: items wait but no request is queued or running")
+                continue
+            self._wait_and_route()
+            now = time.perf_counter()
+            if self.on_progress and now - last_progress >= self.progress_every_s:
+                self.on_progress(self)
+                last_progress = now
+        if self.on_progress:
+            self.on_progress(self)
+
+    def _dispatch(self, flush: bool) -> None:
+        now = time.perf_counter()
+        for stage in self.stages.values():
+            while stage.due(now, flush):
+                replica = stage.free_replica()
+                if replica is None:
+                    break
+                batch = stage.take()
+                try:
+                    refs = stage.launch(replica, batch)
+                except Exception as err:  # noqa: BLE001 - a dead actor must not end the run
+                    self._deliver_batch(stage, batch, stage.failed(batch, _describe(err)))
+                    continue
+                stage.inflight[replica] += 1
+                launched = Launched(stage, replica, batch, refs, pending=len(refs))
+                for ref in refs:
+                    self.launched[ref] = launched
+
+    def _wait_and_route(self) -> None:
+        deadlines = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
+        timeout = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else 1.0
+        refs = list(self.launched)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:  # take everything else that is done too
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            launched = self.launched.pop(ref)
+            launched.pending -= 1
+            if launched.pending == 0:
+                self._finish_batch(launched)
+
+    def _finish_batch(self, launched: Launched) -> None:
+        stage = launched.stage
+        stage.inflight[launched.replica] -= 1
+        stage.stats.calls += 1
+        stage.stats.requests += len(launched.batch)
+        stage.stats.batch_sizes.append(len(launched.batch))
+        stage.stats.busy_s += time.perf_counter() - launched.started
+        try:
+            responses = stage.combine(launched.batch, ray.get(launched.refs))
+        except Exception as err:  # noqa: BLE001 - becomes error responses, then error rows
+            stage.stats.errors += 1
+            responses = stage.failed(launched.batch, _describe(err))
+        self._deliver_batch(stage, launched.batch, responses)
+
+    def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
+        for request, response in zip(batch, responses):
+            if not getattr(response, "error", None) and self.config.cache_size:
+                self.cache[request] = response
+                if len(self.cache) > self.config.cache_size:
+                    self.cache.popitem(last=False)
+            for node, slot in self.waiters.pop(request, []):
+                self._fill(node, slot, response)
+
+    # --- items -----------------------------------------------------------------------------------
+
+    def _start_root(self, question: Question, strategy_name: str) -> None:
+        root = Root(question, self.strategies[strategy_name])
+        self.roots_in_flight += 1
+        node = Node(Item(question.question), root)
+        if question.error:
+            self._finish(node, Done("", "error", error=question.error))
+            return
+        self._step(node, root.strategy.start(node.item))
+
+    def _step(self, node: Node, step) -> None:
+        # Iterative so that chains of cache hits never recurse deeply.
+        while True:
+            if isinstance(step, Done):
+                self._finish(node, step)
+                return
+            if isinstance(step, Spawn):
+                node.slots, node.missing = [None] * len(step.questions), len(step.questions)
+                node.root.counters["n_subquestions"] += len(step.questions)
+                for index, question in enumerate(step.questions):
+                    child = Node(Item(question, depth=node.item.depth + 1), node.root, node, index)
+                    self._step(child, node.root.strategy.start(child.item))
+                return
+            assert isinstance(step, Ask), f"strategy returned {step!r}"
+            node.slots, node.missing = [None] * len(step.requests), len(step.requests)
+            for slot, request in enumerate(step.requests):
+                self._count_request(node.root, request)
+                if request in self.cache:
+                    self.cache.move_to_end(request)
+                    self.requests_deduped += 1
+                    node.slots[slot] = self.cache[request]
+                    node.missing -= 1
+                elif request in self.waiters:
+                    self.requests_deduped += 1
+                    self.waiters[request].append((node, slot))
+                else:
+                    self.waiters[request] = [(node, slot)]
+                    self.stages[request.stage].queue.append((request, time.perf_counter()))
+            if node.missing:
+                return
+            step = self._resume(node)
+
+    def _resume(self, node: Node):
+        responses, node.slots = node.slots, []
+        for r in responses:
+            if isinstance(r, Generation):
+                node.root.counters["prompt_tokens"] += r.prompt_tokens
+                node.root.counters["completion_tokens"] += r.completion_tokens
+                self.tokens += r.prompt_tokens + r.completion_tokens
+        try:
+            return node.root.strategy.resume(node.item, responses)
+        except Exception as err:  # noqa: BLE001 - a strategy bug fails one question, not the run
+            return Done("", "error", error=f"strategy {node.root.strategy.name}: {_describe(err)}")
+
+    def _fill(self, node: Node, slot: int, response: Response) -> None:
+        node.slots[slot] = response
+        node.missing -= 1
+        if node.missing == 0:
+            self._step(node, self._resume(node))
+
+    def _count_request(self, root: Root, request: Request) -> None:
+        if request.stage == "generator":
+            root.counters["n_llm_calls"] += 1
+        elif request.stage == "retriever":
+            root.counters["n_retrievals"] += 1
+
+    def _finish(self, node: Node, done: Done) -> None:
+        if node.parent is not None:
+            parent = node.parent
+            parent.item.trace.append({"child": node.item.question, "answer": done.answer,
+                                      "resolved_by": done.resolved_by, "trace": node.item.trace})
+            self._fill(parent, node.index, done)
+            return
+        root = node.root
+        self.roots_in_flight -= 1
+        self.roots_done += 1
+        by = self.resolved.setdefault(root.strategy.name, {})
+        by[done.resolved_by] = by.get(done.resolved_by, 0) + 1
+        passages = node.item.passages
+        self.on_row({
+            "id": root.question.id,
+            "question": root.question.question,
+            "strategy": root.strategy.name,
+            "answer": done.answer,
+            "resolved_by": done.resolved_by,
+            "retrieved_ids": [p.id for p in passages],
+            "retrieved_scores": [p.score for p in passages],
+            **root.counters,
+            "latency_s": time.perf_counter() - root.started,
+            "trace": json.dumps(node.item.trace, ensure_ascii=False),
+            "error": done.error,
+        })
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.started
+        return {
+            "roots_done": self.roots_done,
+            "wall_s": round(wall, 3),
+            "tokens": self.tokens,
+            "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
+            "requests_deduped": self.requests_deduped,
+            "stages": {name: s.stats.summary() for name, s in self.stages.items()},
+            "resolved_by": self.resolved,
+        }
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err)[:500]}"

@@ -1,0 +1,142 @@
+"""``ragsift evaluate``: answers + gold questions -> metrics per strategy and dataset.
+
+EM and F1 (SQuAD normalisation), accuracy (a gold answer contained in the prediction), yes/no
+accuracy on questions whose gold is yes/no, and retrieval recall@k (any / all gold passages in the
+top k) on questions with gold passages. Printed as a table, written as JSON and Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from jobs import metrics as M
+from jobs.io import filesystem, question_columns, read_table
+
+COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
+           "errors", "LLM calls/q", "tokens/q", "latency s"]
+
+
+def answer_files(output: str) -> list[str]:
+    fs, root = filesystem(output)
+    from pyarrow.fs import FileSelector, FileType
+
+    info = fs.get_file_info(root)
+    if info.type == FileType.File:
+        return [output]
+    files = sorted(i.path for i in fs.get_file_info(FileSelector(root))
+                   if i.path.endswith(".parquet") and i.type == FileType.File)
+    if not files:
+        raise FileNotFoundError(f"no answer Parquet files in {output}")
+    return files
+
+
+def evaluate(answers: str, questions: str, k: int | None = None) -> list[dict]:
+    cols = question_columns(questions)
+    if "answers" not in cols:
+        raise ValueError(f"{questions}: no `answers` column to evaluate against")
+    gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]])
+    gold_by_id = {r["id"]: r for r in gold.to_pylist()}
+
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for path in answer_files(answers):
+        for row in read_table(path).to_pylist():
+            g = gold_by_id.get(row["id"])
+            if g is None:
+                continue
+            row["_gold"] = g
+            groups[(row["strategy"], g.get("dataset") or "all")].append(row)
+            groups[(row["strategy"], "ALL")].append(row)
+    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in
+            sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))]
+
+
+def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
+    n = len(rows)
+    em = f1 = acc = 0.0
+    yn_n = yn_ok = 0
+    rec_any, rec_all, rec_n, errors = 0.0, 0.0, 0, 0
+    calls = tokens = latency = 0.0
+    for row in rows:
+        golds = row["_gold"].get("answers") or []
+        pred = row["answer"] or ""
+        errors += row["error"] is not None
+        em += M.exact_match(pred, golds)
+        f1 += M.f1(pred, golds)
+        acc += M.accuracy(pred, golds)
+        if M.is_yes_no(golds):
+            yn_n += 1
+            yn_ok += M.yes_no(pred) == M.normalize(golds[0])
+        gold_ids = row["_gold"].get("gold_passage_ids") or []
+        if gold_ids and row["retrieved_ids"]:
+            a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
+            rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
+        calls += row["n_llm_calls"]
+        tokens += row["prompt_tokens"] + row["completion_tokens"]
+        latency += row["latency_s"]
+    pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
+    return {
+        "strategy": strategy, "dataset": dataset, "n": n,
+        "EM": pct(em, n), "F1": pct(f1, n), "acc": pct(acc, n),
+        "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
+        "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
+        "errors": errors,
+        "LLM calls/q": round(calls / n, 2), "tokens/q": round(tokens / n, 1),
+        "latency s": round(latency / n, 2),
+    }
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in table:
+        lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_table(table: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="ragsift evaluation (percent)")
+    for c in COLUMNS:
+        t.add_column(c, justify="left" if c in ("strategy", "dataset") else "right")
+    for row in table:
+        t.add_row(*("" if row[c] is None else str(row[c]) for c in COLUMNS),
+                  end_section=row["dataset"] == "ALL")
+    Console(width=200).print(t)
+
+
+def write_reports(table: list[dict], out_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(table, indent=2))
+    (out / "eval.md").write_text(markdown(table))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--answers", required=True, help="answers directory (from `answer`) or one Parquet file")
+    p.add_argument("--questions", required=True, help="questions Parquet with gold `answers`")
+    p.add_argument("--k", type=int, help="recall@k cut-off (default: all retrieved)")
+    p.add_argument("--out", help="where eval.json / eval.md go (default: the answers directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    table = evaluate(args.answers, args.questions, args.k)
+    print_table(table)
+    out = args.out or (args.answers if Path(args.answers).is_dir() else str(Path(args.answers).parent))
+    write_reports(table, out)
+    print(f"wrote {out}/eval.json and eval.md", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("evaluate", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

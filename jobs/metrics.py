@@ -1,0 +1,64 @@
+"""Answer and retrieval metrics (SQuAD-style normalisation)."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize(text: str) -> str:
+    """SQuAD v1.1: lower-case, drop punctuation and articles, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    p = normalize(prediction)
+    return float(any(p == normalize(g) for g in golds))
+
+
+def f1(prediction: str, golds: list[str]) -> float:
+    def one(gold: str) -> float:
+        pred_tokens, gold_tokens = normalize(prediction).split(), normalize(gold).split()
+        common = Counter(pred_tokens) & Counter(gold_tokens)
+        same = sum(common.values())
+        if not pred_tokens or not gold_tokens:
+            return float(pred_tokens == gold_tokens)
+        if same == 0:
+            return 0.0
+        precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+        return 2 * precision * recall / (precision + recall)
+
+    return max((one(g) for g in golds), default=0.0)
+
+
+def accuracy(prediction: str, golds: list[str]) -> float:
+    """A gold answer appears (normalised, on word boundaries) inside the prediction."""
+    p = f" {normalize(prediction)} "
+    return float(any(normalize(g) and f" {normalize(g)} " in p for g in golds))
+
+
+YES_NO = {"yes", "no"}
+
+
+def yes_no(prediction: str) -> str | None:
+    """The first yes/no word of a prediction, if any."""
+    for token in normalize(prediction).split():
+        if token in YES_NO:
+            return token
+    return None
+
+
+def is_yes_no(golds: list[str]) -> bool:
+    return bool(golds) and all(normalize(g) in YES_NO for g in golds)
+
+
+def recall_at_k(retrieved: list[str], gold: list[str], k: int) -> tuple[float, float]:
+    """(any gold in top-k, all gold in top-k) for one question with a non-empty gold set."""
+    top = set(retrieved[:k])
+    hits = [g in top for g in gold]
+    return float(any(hits)), float(all(hits))

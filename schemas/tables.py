@@ -1,0 +1,73 @@
+"""Arrow schemas of ragsift's tables and the checks that guard inputs."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Questions: `id` and `question` are required; the rest is optional (used by `evaluate`).
+QUESTION_REQUIRED = {"id": pa.string(), "question": pa.string()}
+QUESTION_OPTIONAL = {
+    "answers": pa.list_(pa.string()),
+    "dataset": pa.string(),
+    "kind": pa.string(),
+    "gold_passage_ids": pa.list_(pa.string()),
+    "meta": pa.string(),
+}
+
+CORPUS_REQUIRED = {"id": pa.string(), "text": pa.string()}
+CORPUS_OPTIONAL = {"title": pa.string()}
+
+PASSAGES = pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string())])
+
+ANSWERS = pa.schema(
+    [
+        ("id", pa.string()),
+        ("question", pa.string()),
+        ("strategy", pa.string()),
+        ("answer", pa.string()),
+        ("resolved_by", pa.string()),
+        ("retrieved_ids", pa.list_(pa.string())),
+        ("retrieved_scores", pa.list_(pa.float32())),
+        ("n_llm_calls", pa.int32()),
+        ("n_retrievals", pa.int32()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("latency_s", pa.float64()),
+        ("trace", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
+
+class SchemaError(ValueError):
+    """An input file whose columns do not match what a job needs."""
+
+
+def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if pa.types.is_string(expected):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    if pa.types.is_list(expected):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _compatible(
+            actual.value_type, expected.value_type
+        )
+    return actual.equals(expected)
+
+
+def check_schema(schema: pa.Schema, required: dict, optional: dict, source: str) -> list[str]:
+    """Raise SchemaError naming the file and column; return the optional columns present."""
+    for name, dtype in required.items():
+        if name not in schema.names:
+            raise SchemaError(f"{source}: missing required column {name!r} (has {schema.names})")
+        if not _compatible(schema.field(name).type, dtype):
+            raise SchemaError(
+                f"{source}: column {name!r} has type {schema.field(name).type}, expected {dtype}"
+            )
+    present = []
+    for name, dtype in optional.items():
+        if name in schema.names:
+            if not _compatible(schema.field(name).type, dtype):
+                raise SchemaError(
+                    f"{source}: column {name!r} has type {schema.field(name).type}, expected {dtype}"
+                )
+            present.append(name)
+    return present
