@@ -101,6 +101,7 @@ def build_index(config: IndexJobConfig, log=print) -> dict:
         drain(2 * len(encoders))
         log(f"indexed {row:,}/{total_rows:,} rows", end="\r")
     drain(0)
+    shard_entries = [s.close() for s in shards]
 
     manifest = {
         "format": 1,
@@ -110,9 +111,9 @@ def build_index(config: IndexJobConfig, log=print) -> dict:
         "normalized": True,
         "index_type": config.index.index_type,
         "corpus": config.corpus,
-        "count": sum(s.count for s in shards),
+        "count": sum(s["count"] for s in shard_entries),
         "skipped": skipped,
-        "shards": [s.close() for s in shards],
+        "shards": shard_entries,
         "build_s": round(time.perf_counter() - started, 2),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))

@@ -77,6 +77,7 @@ class AnswerWriter:
         self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(metadata, sort_keys=True)})
         self.row_group = row_group
         self.writers: dict[str, pq.ParquetWriter] = {}
+        self.streams: dict[str, pa.NativeFile] = {}
         self.buffers: dict[str, list[dict]] = {}
         self.paths: dict[str, str] = {}
 
@@ -94,9 +95,8 @@ class AnswerWriter:
         if strategy not in self.writers:
             path = f"{self.root}/{strategy}.parquet"
             self.paths[strategy] = path
-            self.writers[strategy] = pq.ParquetWriter(
-                self.fs.open_output_stream(path + ".tmp"), self.schema, compression="zstd"
-            )
+            self.streams[strategy] = self.fs.open_output_stream(path + ".tmp")
+            self.writers[strategy] = pq.ParquetWriter(self.streams[strategy], self.schema, compression="zstd")
         self.writers[strategy].write_table(pa.Table.from_pylist(rows, schema=self.schema))
         rows.clear()
 
@@ -105,5 +105,6 @@ class AnswerWriter:
             self._flush(strategy)
         for strategy, writer in self.writers.items():
             writer.close()
+            self.streams[strategy].close()
             self.fs.move(self.paths[strategy] + ".tmp", self.paths[strategy])
         return dict(self.paths)

@@ -59,6 +59,7 @@ class Engine:
         self.waiters: dict[Request, list[tuple[Node, int]]] = {}
         self.launched: dict[Any, Launched] = {}  # ref -> its batch
         self.roots_in_flight = 0
+        self.peak_in_flight = 0
         self.roots_done = 0
         self.requests_deduped = 0
         self.resolved: dict[str, dict[str, int]] = {}
@@ -152,6 +153,7 @@ class Engine:
     def _start_root(self, question: Question, strategy_name: str) -> None:
         root = Root(question, self.strategies[strategy_name])
         self.roots_in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.roots_in_flight)
         node = Node(Item(question.question), root)
         if question.error:
             self._finish(node, Done("", "error", error=question.error))
@@ -247,6 +249,7 @@ class Engine:
         wall = time.perf_counter() - self.started
         return {
             "roots_done": self.roots_done,
+            "peak_roots_in_flight": self.peak_in_flight,
             "wall_s": round(wall, 3),
             "tokens": self.tokens,
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,

@@ -80,7 +80,7 @@ _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
 def clean_answer(text: str) -> str:
     """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes."""
     for line in text.strip().splitlines():
-        line = _PREFIX.sub("", line).strip().strip('"').strip()
+        line = _PREFIX.sub("", line.strip().strip('"')).strip().strip('"').strip()
         if line:
             return line
     return ""

@@ -1,0 +1,31 @@
+import os
+
+# Offline and quiet before any library import; set here so plain `pytest` behaves like `make test`.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "data" / "demo"
+SAMPLE_QUESTIONS = DEMO / "sample_questions.parquet"
+SAMPLE_CORPUS = DEMO / "sample_corpus.parquet"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (starting Ray costs ~4 s)."""
+    import ray
+
+    from jobs.ray_session import init_ray
+    from schemas.config import RayConfig
+
+    init_ray(RayConfig(num_cpus=4))
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,36 @@
+import pytest
+
+from jobs import metrics as M
+
+
+@pytest.mark.parametrize(
+    "pred, golds, em, f1",
+    [
+        ("The Eiffel Tower", ["Eiffel Tower"], 1.0, 1.0),  # article and case
+        ("Paris, France.", ["paris france"], 1.0, 1.0),  # punctuation
+        ("in Paris", ["Paris"], 0.0, 2 / 3),  # precision 1/2, recall 1
+        ("London", ["Paris", "London"], 1.0, 1.0),  # any gold
+        ("", ["Paris"], 0.0, 0.0),
+        ("New York City", ["York"], 0.0, 0.5),
+    ],
+)
+def test_em_f1_known_cases(pred, golds, em, f1):
+    assert M.exact_match(pred, golds) == em
+    assert M.f1(pred, golds) == pytest.approx(f1)
+
+
+def test_accuracy_is_containment_on_word_boundaries():
+    assert M.accuracy("It was Barack Obama in 2009", ["Barack Obama"]) == 1.0
+    assert M.accuracy("Obamacare", ["Obama"]) == 0.0
+
+
+def test_yes_no():
+    assert M.is_yes_no(["yes"]) and not M.is_yes_no(["Paris"])
+    assert M.yes_no("No, it is not.") == "no"
+    assert M.yes_no("maybe") is None
+
+
+def test_recall_at_k_any_and_all():
+    assert M.recall_at_k(["a", "b", "c"], ["b", "z"], 2) == (1.0, 0.0)
+    assert M.recall_at_k(["a", "b", "c"], ["a", "c"], 3) == (1.0, 1.0)
+    assert M.recall_at_k(["a", "b", "c"], ["c"], 2) == (0.0, 0.0)

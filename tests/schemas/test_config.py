@@ -1,0 +1,41 @@
+import pytest
+
+from schemas.config import AnswerConfig, ConfigError, load_config
+
+
+def test_defaults_are_the_documented_ones():
+    c = AnswerConfig()
+    assert c.retrieval.k == 5
+    assert c.generator.model == "qwen2.5-coder-0.5b-instruct"
+    assert c.sampling.temperature == 0.0
+    assert c.index.shards == 2
+
+
+def test_layering_file_then_overrides_then_values(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("retrieval: {k: 7}\ngenerator: {model: from-file, replicas: 2}\n")
+    c = load_config(AnswerConfig, f, ["generator.model=from-cli", "engine.generator.max_batch=8"], limit=3)
+    assert (c.retrieval.k, c.generator.model, c.generator.replicas) == (7, "from-cli", 2)
+    assert c.engine.generator.max_batch == 8
+    assert c.limit == 3
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("retrieval.kk=3", "retrieval.kk"),
+        ("retrieval.k=0", "retrieval.k"),
+        ("generator.max_model_len=abc", "generator.max_model_len"),
+        ("strategies=[nope]", "strategies"),
+    ],
+)
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(AnswerConfig, None, [override])
+
+
+def test_missing_file_and_malformed_override(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(AnswerConfig, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config(AnswerConfig, None, ["no-equals-sign"])

