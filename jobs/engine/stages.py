@@ -69,7 +69,10 @@ class Stage:
                 or now - self.queue[0][1] >= self.batching.max_wait_s)
 
     def next_deadline(self) -> float | None:
-        return self.queue[0][1] + self.batching.max_wait_s if self.queue else None
+        """When a waiting partial batch becomes due; None if nothing could be sent then anyway."""
+        if not self.queue or self.free_replica() is None:
+            return None
+        return self.queue[0][1] + self.batching.max_wait_s
 
     def take(self) -> list[Request]:
         n = min(len(self.queue), self.batching.max_batch)

@@ -123,3 +123,27 @@ def test_a_failing_batch_becomes_error_rows_and_the_run_continues(ray_session):
     assert "replica crashed" in by_id["bad"]["error"]
     assert by_id["empty"]["error"] == "empty question"
     assert by_id["ok1"]["error"] is None and by_id["ok2"]["error"] is None
+
+
+class SlowGenerator(FakeGenerator):
+    def generate(self, batch):
+        import time
+
+        time.sleep(0.5)
+        return super().generate(batch)
+
+
+def test_driver_sleeps_while_replicas_work(ray_session):
+    """A partial batch waiting for a busy replica must not make the driver spin."""
+    import time
+
+    rows = []
+    gen = [ray_session.remote(SlowGenerator).options(num_cpus=0).remote()]
+    strategies = {"direct": STRATEGIES["direct"](StrategySettings())}
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching(max_batch=4, max_wait_s=0.0))},
+                    strategies, EngineConfig(window=6), rows.append)
+    wall, cpu = time.perf_counter(), time.process_time()
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(12)], ["direct"])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert len(rows) == 12 and wall >= 1.5
+    assert cpu < 0.25 * wall, f"driver used {cpu:.2f} s CPU in {wall:.2f} s"

@@ -1,0 +1,25 @@
+import pytest
+
+from jobs import models
+
+
+def test_resolve_passes_hub_names_and_paths_through(tmp_path):
+    assert models.resolve("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert models.resolve(str(tmp_path)) == str(tmp_path)
+
+
+def test_unprepared_alias_says_how_to_prepare(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAGSIFT_HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="ragsift models prepare qwen2.5-coder-1.5b-instruct"):
+        models.resolve("qwen2.5-coder-1.5b-instruct")
+
+
+def test_unknown_alias_is_refused():
+    with pytest.raises(KeyError, match="unknown offline model"):
+        models.prepare("gpt-17")
+
+
+def test_the_defaults_are_prepared_by_setup():
+    # `make test` runs the install script first, which prepares these
+    for alias in (models.DEFAULT_GENERATOR, models.TEST_GENERATOR, models.DEFAULT_EMBEDDER):
+        assert models.is_prepared(alias), alias
