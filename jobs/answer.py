@@ -15,8 +15,7 @@ from jobs.engine.loop import Engine
 from jobs.engine.stages import GeneratorStage, RetrieverStage
 from jobs.index import read_manifest
 from jobs.io import AnswerWriter, filesystem, question_rows
-from jobs.strategies import STRATEGIES
-from jobs.strategies.base import StrategySettings
+from jobs.strategies import STRATEGIES, make_strategy
 from schemas.config import AnswerConfig, load_config
 
 
@@ -27,12 +26,16 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
     from actors.generator import Generator
     from actors.retriever import ShardRetriever
 
+    def llm_pool(name: str, llm) -> GeneratorStage:
+        actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus)
+        replicas = [actor.remote(llm.model_dump(), config.sampling.model_dump()) for _ in range(llm.replicas)]
+        return GeneratorStage(replicas, getattr(config.engine, name), name)
+
     stages = {}
-    if "generator" in needs:
-        g = config.generator
-        actor = ray.remote(Generator).options(num_cpus=g.num_cpus, num_gpus=g.num_gpus)
-        replicas = [actor.remote(g.model_dump(), config.sampling.model_dump()) for _ in range(g.replicas)]
-        stages["generator"] = GeneratorStage(replicas, config.engine.generator)
+    if needs & {"generator", "judge"}:
+        stages["generator"] = llm_pool("generator", config.generator)
+    if "judge" in needs and config.judge is not None:  # else the engine routes judge -> generator
+        stages["judge"] = llm_pool("judge", config.judge)
     if "retriever" in needs:
         manifest = read_manifest(config.index.path)
         e = config.embedder
@@ -67,7 +70,7 @@ def answer(config: AnswerConfig, log=print) -> dict:
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
     questions = question_rows(config.questions, config.engine.read_batch_rows, config.limit)
     first = next(questions, None)  # validates the schema before any actor starts
-    strategies = {n: STRATEGIES[n](StrategySettings(k=config.retrieval.k)) for n in config.strategies}
+    strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
 
     init_ray(config.ray)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from jobs.answer import answer
-from jobs.evaluate import evaluate, print_table, write_reports
+from jobs.evaluate import evaluate, print_table, resolution, resolution_markdown, write_reports
 from jobs.index import IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from schemas.config import AnswerConfig, load_config
@@ -37,8 +37,9 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
             return
     except FileNotFoundError:
         pass
-    config = load_config(IndexJobConfig, overrides=[f"index.path={index_dir}", f"index.shards={shards}"],
-                         corpus=str(CORPUS))
+    config = load_config(IndexJobConfig, corpus=str(CORPUS), overrides=[
+        f"index.path={index_dir}", f"index.shards={shards}",
+        f"embedder.replicas={os.cpu_count()}"])  # Ray gives each encoder actor one thread
     manifest = build_index(config, log=log)
     manifest["corpus_sha256"] = corpus_sha
     (index_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -65,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
     )
     answer(config, log=log)
     table = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
+    resolved = resolution(args.output, str(QUESTIONS))
     print_table(table)
-    write_reports(table, args.output)
+    print(resolution_markdown(resolved))
+    write_reports(table, args.output, resolved)
     log(f"demo finished in {time.perf_counter() - started:.0f} s; tables in {args.output}/eval.md")
     return 0
 

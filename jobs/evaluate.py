@@ -35,6 +35,30 @@ def answer_files(output: str) -> list[str]:
 
 
 def evaluate(answers: str, questions: str, k: int | None = None) -> list[dict]:
+    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in _groups(answers, questions)]
+
+
+def resolution(answers: str, questions: str) -> list[dict]:
+    """How questions were resolved (RA-ISF Table 7: workload rate and correct count per module) and
+    their cost (Table 4: mean retrievals and sub-questions per question)."""
+    table = []
+    for (strategy, dataset), rows in _groups(answers, questions):
+        n = len(rows)
+        entry = {"strategy": strategy, "dataset": dataset, "n": n,
+                 "retrievals/q": round(sum(r["n_retrievals"] for r in rows) / n, 2),
+                 "sub-questions/q": round(sum(r["n_subquestions"] for r in rows) / n, 2),
+                 "max depth": max(r["depth"] for r in rows), "parse failures": sum(r["n_parse_failures"] for r in rows),
+                 "modules": {}}
+        for module in sorted({r["resolved_by"] for r in rows}):
+            mine = [r for r in rows if r["resolved_by"] == module]
+            correct = sum(M.accuracy(r["answer"] or "", r["_gold"].get("answers") or []) for r in mine)
+            entry["modules"][module] = {"WR": round(100 * len(mine) / n, 1), "Corr": int(correct)}
+        table.append(entry)
+    return table
+
+
+def _groups(answers: str, questions: str) -> list[tuple[tuple[str, str], list[dict]]]:
+    """Answer rows joined with their gold question, grouped by (strategy, dataset) plus (strategy, ALL)."""
     cols = question_columns(questions)
     if "answers" not in cols:
         raise ValueError(f"{questions}: no `answers` column to evaluate against")
@@ -50,8 +74,7 @@ def evaluate(answers: str, questions: str, k: int | None = None) -> list[dict]:
             row["_gold"] = g
             groups[(row["strategy"], g.get("dataset") or "all")].append(row)
             groups[(row["strategy"], "ALL")].append(row)
-    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in
-            sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))]
+    return sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))
 
 
 def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
@@ -96,6 +119,20 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resolution_markdown(table: list[dict]) -> str:
+    modules = sorted({m for row in table for m in row["modules"]})
+    head = ["strategy", "dataset", "n", *(f"{m} WR% / Corr" for m in modules),
+            "retrievals/q", "sub-questions/q", "max depth", "parse failures"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table:
+        cells = [row["strategy"], row["dataset"], row["n"],
+                 *(f"{row['modules'][m]['WR']} / {row['modules'][m]['Corr']}" if m in row["modules"] else ""
+                   for m in modules),
+                 row["retrievals/q"], row["sub-questions/q"], row["max depth"], row["parse failures"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def print_table(table: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -109,11 +146,15 @@ def print_table(table: list[dict]) -> None:
     Console(width=200).print(t)
 
 
-def write_reports(table: list[dict], out_dir: str) -> None:
+def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(table, indent=2))
-    (out / "eval.md").write_text(markdown(table))
+    text = markdown(table)
+    if resolved:
+        (out / "resolution.json").write_text(json.dumps(resolved, indent=2))
+        text += "\n## How questions were resolved\n\n" + resolution_markdown(resolved)
+    (out / "eval.md").write_text(text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,9 +166,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     table = evaluate(args.answers, args.questions, args.k)
+    resolved = resolution(args.answers, args.questions)
     print_table(table)
+    print(resolution_markdown(resolved))
     out = args.out or (args.answers if Path(args.answers).is_dir() else str(Path(args.answers).parent))
-    write_reports(table, out)
+    write_reports(table, out, resolved)
     print(f"wrote {out}/eval.json and eval.md", file=sys.stderr)
     return 0
 

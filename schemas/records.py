@@ -12,12 +12,27 @@ Messages = tuple[tuple[str, str], ...]  # ((role, content), ...)
 
 @dataclass(frozen=True)
 class Generate:
-    """A chat completion on the generator pool."""
+    """A chat completion; with ``json_schema`` (a JSON string) decoding is constrained to it."""
 
     messages: Messages
     max_tokens: int | None = None  # None: the run's sampling default
+    json_schema: str | None = None
+    stage: str = "generator"
 
-    stage = "generator"
+    def as_chat(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A judgment among ``choices`` (guided decoding), scored from the first token's log-probs.
+
+    Runs on the ``judge`` pool, which is the generator pool unless a judge model is configured.
+    """
+
+    messages: Messages
+    choices: tuple[str, ...] = ("yes", "no")
+    stage: str = "judge"
 
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
@@ -42,6 +57,21 @@ class Generation:
 
 
 @dataclass
+class Judgment:
+    label: str  # the generated choice
+    probs: dict[str, float] | None = None  # P(choice) from first-token log-probs, normalised
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+    def prob(self, choice: str) -> float:
+        """P(choice): the log-prob estimate when there is one, else 1/0 from the label."""
+        if self.probs:
+            return self.probs.get(choice, 0.0)
+        return float(self.label == choice)
+
+
+@dataclass
 class Passage:
     id: str
     title: str
@@ -55,5 +85,5 @@ class Retrieval:
     error: str | None = None
 
 
-Request = Generate | Retrieve
-Response = Generation | Retrieval
+Request = Generate | Judge | Retrieve
+Response = Generation | Judgment | Retrieval

@@ -42,7 +42,7 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     tmp, picked = ten_questions
     ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
     ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
-            "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct",
+            "--strategy", "direct,rag,raisf", "--generator", "smollm2-135m-instruct",
             "--set", "engine.generator.max_batch=6")
     direct = pq.read_table(tmp / "out" / "direct.parquet").to_pylist()
     rag = pq.read_table(tmp / "out" / "rag.parquet").to_pylist()
@@ -56,7 +56,22 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     # rag prompts carry five passages, closed-book prompts none
     assert min(r["prompt_tokens"] for r in rag) > 3 * max(r["prompt_tokens"] for r in direct)
     metrics = json.loads((tmp / "out" / "metrics.json").read_text())
-    assert metrics["roots_done"] == 20 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
+    assert metrics["roots_done"] == 30 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
+
+    raisf = pq.read_table(tmp / "out" / "raisf.parquet").to_pylist()
+    assert sorted(r["id"] for r in raisf) == ids
+    for row in raisf:
+        assert row["error"] is None
+        assert row["resolved_by"] in {"self_knowledge", "passages", "decomposition", "unknown"}
+        trace = json.loads(row["trace"])
+        assert trace[0]["step"] == "self_knowledge" and 0.0 <= trace[0]["p_yes"] <= 1.0
+        if row["resolved_by"] == "self_knowledge":
+            assert (row["n_llm_calls"], row["n_retrievals"]) == (2, 0)
+        if row["resolved_by"] == "passages":
+            assert row["n_retrievals"] == 1 and row["n_llm_calls"] == 1 + 5 + 1
+            assert set(row["citations"]) <= set(row["retrieved_ids"]) and row["citations"]
+        if row["resolved_by"] == "decomposition":
+            assert row["n_subquestions"] >= 0 and row["depth"] <= 4
 
     ragsift("evaluate", "--answers", tmp / "out", "--questions", tmp / "q.parquet", "--k", 5)
     table = json.loads((tmp / "out" / "eval.json").read_text())
@@ -64,6 +79,10 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     assert overall["rag"]["n"] == overall["direct"]["n"] == 10
     assert overall["rag"]["recall@k any"] >= 70.0  # gold passages are in a 400-passage corpus
     assert overall["direct"]["recall@k any"] is None
+    resolution = json.loads((tmp / "out" / "resolution.json").read_text())
+    raisf_all = next(r for r in resolution if r["strategy"] == "raisf" and r["dataset"] == "ALL")
+    assert sum(m["WR"] for m in raisf_all["modules"].values()) == pytest.approx(100, abs=0.5)
+    assert raisf_all["retrievals/q"] == pytest.approx(sum(r["n_retrievals"] for r in raisf) / 10)
 
 
 def test_bad_question_file_is_a_clear_cli_error(tmp_path):

@@ -21,7 +21,7 @@ from jobs.engine.stages import Launched, Stage
 from jobs.io import Question
 from jobs.strategies.base import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
-from schemas.records import Generation, Request, Response
+from schemas.records import Generation, Judgment, Request, Response
 
 
 @dataclass
@@ -30,9 +30,10 @@ class Root:
     strategy: Strategy
     started: float = field(default_factory=time.perf_counter)
     counters: dict[str, int] = field(
-        default_factory=lambda: dict(n_llm_calls=0, n_retrievals=0, prompt_tokens=0,
-                                     completion_tokens=0, n_subquestions=0)
+        default_factory=lambda: dict(n_llm_calls=0, n_retrievals=0, prompt_tokens=0, completion_tokens=0,
+                                     n_subquestions=0, depth=0, n_parse_failures=0)
     )
+    nodes: int = 1
 
 
 @dataclass
@@ -48,8 +49,12 @@ class Node:
 class Engine:
     def __init__(self, stages: dict[str, Stage], strategies: dict[str, Strategy],
                  config: EngineConfig, on_row: Callable[[dict], None],
-                 on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0):
+                 on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0,
+                 aliases: dict[str, str] | None = None):
         self.stages = stages
+        # a request for a stage that has no pool of its own runs on the aliased pool (judge -> generator)
+        self.routes = {**{a: stages[t] for a, t in (aliases or {"judge": "generator"}).items() if t in stages},
+                       **stages}
         self.strategies = strategies
         self.config = config
         self.on_row = on_row
@@ -167,11 +172,18 @@ class Engine:
                 self._finish(node, step)
                 return
             if isinstance(step, Spawn):
-                node.slots, node.missing = [None] * len(step.questions), len(step.questions)
-                node.root.counters["n_subquestions"] += len(step.questions)
-                for index, question in enumerate(step.questions):
-                    child = Node(Item(question, depth=node.item.depth + 1), node.root, node, index)
-                    self._step(child, node.root.strategy.start(child.item))
+                questions = self._within_caps(node, step.questions)
+                if not questions:  # the strategy's fallback: resume with no children
+                    step = self._resume(node)
+                    continue
+                node.slots, node.missing = [None] * len(questions), len(questions)
+                root = node.root
+                root.counters["n_subquestions"] += len(questions)
+                root.counters["depth"] = max(root.counters["depth"], node.item.depth + 1)
+                root.nodes += len(questions)
+                for index, question in enumerate(questions):
+                    child = Node(Item(question, depth=node.item.depth + 1), root, node, index)
+                    self._step(child, root.strategy.start(child.item))
                 return
             assert isinstance(step, Ask), f"strategy returned {step!r}"
             node.slots, node.missing = [None] * len(step.requests), len(step.requests)
@@ -187,15 +199,25 @@ class Engine:
                     self.waiters[request].append((node, slot))
                 else:
                     self.waiters[request] = [(node, slot)]
-                    self.stages[request.stage].queue.append((request, time.perf_counter()))
+                    self.routes[request.stage].queue.append((request, time.perf_counter()))
             if node.missing:
                 return
             step = self._resume(node)
 
+    def _within_caps(self, node: Node, questions: list[str]) -> list[str]:
+        if node.item.depth + 1 > self.config.max_depth:
+            reason, room = "depth_cap", 0
+        else:
+            reason, room = "node_cap", max(0, self.config.max_nodes_per_root - node.root.nodes)
+        if len(questions) > room:
+            node.item.trace.append({"engine": reason, "dropped": questions[room:]})
+            questions = questions[:room]
+        return questions
+
     def _resume(self, node: Node):
         responses, node.slots = node.slots, []
         for r in responses:
-            if isinstance(r, Generation):
+            if isinstance(r, (Generation, Judgment)):
                 node.root.counters["prompt_tokens"] += r.prompt_tokens
                 node.root.counters["completion_tokens"] += r.completion_tokens
                 self.tokens += r.prompt_tokens + r.completion_tokens
@@ -211,12 +233,13 @@ class Engine:
             self._step(node, self._resume(node))
 
     def _count_request(self, root: Root, request: Request) -> None:
-        if request.stage == "generator":
+        if request.stage in ("generator", "judge"):
             root.counters["n_llm_calls"] += 1
         elif request.stage == "retriever":
             root.counters["n_retrievals"] += 1
 
     def _finish(self, node: Node, done: Done) -> None:
+        node.root.counters["n_parse_failures"] += node.item.counts.get("parse_failures", 0)
         if node.parent is not None:
             parent = node.parent
             parent.item.trace.append({"child": node.item.question, "answer": done.answer,
@@ -237,6 +260,7 @@ class Engine:
             "resolved_by": done.resolved_by,
             "retrieved_ids": [p.id for p in passages],
             "retrieved_scores": [p.score for p in passages],
+            "citations": done.citations,
             **root.counters,
             "latency_s": time.perf_counter() - root.started,
             "trace": json.dumps(node.item.trace, ensure_ascii=False),

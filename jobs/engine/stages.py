@@ -40,7 +40,8 @@ class StageStats:
 class Stage:
     name: str
 
-    def __init__(self, replicas: list, batching: StageBatching):
+    def __init__(self, replicas: list, batching: StageBatching, name: str | None = None):
+        self.name = name or self.name
         if not replicas:
             raise ValueError(f"stage {self.name} needs at least one replica")
         self.replicas = replicas

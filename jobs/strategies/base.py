@@ -48,6 +48,7 @@ class Item:
     state: dict[str, Any] = field(default_factory=dict)  # owned by the strategy
     passages: list[Passage] = field(default_factory=list)  # the retrieval reported in the output
     trace: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # e.g. parse_failures; summed per root
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,11 @@ class Strategy(Protocol):
 @cache
 def prompt(name: str) -> str:
     return (PROMPTS / f"{name}.txt").read_text().strip()
+
+
+def answer_messages(user: str, system: str | None = "answer_system"):
+    """Chat messages for a short-answer generation (the shared system prompt, then ``user``)."""
+    return ((("system", prompt(system)),) if system else ()) + (("user", user),)
 
 
 def format_passages(passages: list[Passage]) -> str:

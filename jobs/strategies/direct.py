@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, StrategySettings, clean_answer, prompt
+from jobs.strategies.base import Ask, Done, Item, StrategySettings, answer_messages, clean_answer, prompt
 from schemas.records import Generate
 
 
 def answer_request(user: str) -> Generate:
-    return Generate((("system", prompt("answer_system")), ("user", user)))
+    return Generate(answer_messages(user))
 
 
 class Direct:

@@ -147,3 +147,43 @@ def test_driver_sleeps_while_replicas_work(ray_session):
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     assert len(rows) == 12 and wall >= 1.5
     assert cpu < 0.25 * wall, f"driver used {cpu:.2f} s CPU in {wall:.2f} s"
+
+
+class Wide:
+    """Test strategy: every node asks for five sub-questions, forever (only caps stop it)."""
+
+    name = "wide"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        return Spawn([f"{item.question}.{i}" for i in range(5)])
+
+    def resume(self, item, children):
+        return Done(f"{len(children)} children", "decomposition")
+
+
+def test_node_and_depth_caps_bound_trees_and_resume_with_fewer_children(ray_session):
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},
+                    EngineConfig(max_nodes_per_root=12, max_depth=3), rows.append)
+    engine.run([Question("r", "Q")], ["wide"])
+    (row,) = rows
+    assert row["n_subquestions"] == 11  # the root plus 11 children hit the cap of 12 nodes
+    assert row["answer"] == "5 children" and row["depth"] <= 3 and row["error"] is None
+    trace = json.loads(row["trace"])
+    assert any(t.get("engine") == "node_cap" for t in _walk(trace))
+
+    rows.clear()
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},
+                    EngineConfig(max_nodes_per_root=10_000, max_depth=2), rows.append)
+    engine.run([Question("r", "Q")], ["wide"])
+    (row,) = rows
+    assert row["depth"] == 2 and row["n_subquestions"] == 5 + 25
+    assert sum(t.get("engine") == "depth_cap" for t in _walk(json.loads(row["trace"]))) == 25
+
+
+def _walk(trace):
+    for entry in trace:
+        yield entry
+        yield from _walk(entry.get("trace", []))

@@ -1,0 +1,122 @@
+"""Engine overhead at scale: driver CPU time per item node and driver peak RSS.
+
+The model and retriever are zero-latency stubs (Ray actors that answer instantly; benchmark only),
+so what is measured is the driver: reading questions from Parquet, RA-ISF state machines, request
+queues and dedup, Ray dispatch, routing, and writing answers to Parquet. Each size runs in a fresh
+process so peak RSS belongs to that size.
+
+    python benchmarks/engine_overhead.py 10000 100000 1000000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class StubGenerator:
+    """RA-ISF paths by a hash of the question: ~40% know, ~30% relevant passage, ~30% decompose."""
+
+    def generate(self, batch):
+        from schemas.records import Generation, Judge, Judgment
+
+        out = []
+        for r in batch:
+            user = r.messages[-1][1]
+            h = zlib.crc32(user.encode()) % 10
+            if isinstance(r, Judge):
+                p = 0.9 if (h < 4 if user.startswith("Can you") else h < 2) else 0.1
+                out.append(Judgment("yes" if p > .5 else "no", {"yes": p, "no": 1 - p}, 40, 1))
+            elif r.json_schema:
+                q = user.rsplit("Question: ", 1)[-1]
+                out.append(Generation(json.dumps({"sub_questions": [f"{q} part {i}" for i in (1, 2)]}), 60, 20))
+            else:
+                out.append(Generation(f"answer {h}", 200, 4))
+        return out
+
+
+class StubEncoder:
+    def encode(self, texts):
+        return texts
+
+
+class StubShard:
+    def search(self, queries, k):
+        from schemas.records import Passage
+
+        return [[Passage(f"p{zlib.crc32(q.encode()) % 1000 + i}", "T", "passage text " * 10, 1.0 / (i + 1))
+                 for i in range(k)] for q in queries]
+
+
+def one(n: int) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from jobs.engine.loop import Engine
+    from jobs.engine.stages import GeneratorStage, RetrieverStage
+    from jobs.io import AnswerWriter, question_rows
+    from jobs.strategies.raisf import RAISF
+    from schemas.config import EngineConfig, RaisfConfig
+
+    tmp = tempfile.mkdtemp()
+    qpath = f"{tmp}/q.parquet"
+    writer = pq.ParquetWriter(qpath, pa.schema([("id", pa.string()), ("question", pa.string())]))
+    for start in range(0, n, 100_000):
+        ids = [f"q{i}" for i in range(start, min(n, start + 100_000))]
+        writer.write_table(pa.table({"id": ids, "question": [f"synthetic question number {i}?" for i in
+                                                              range(start, start + len(ids))]}))
+    writer.close()
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
+    config = EngineConfig()
+    gen = [ray.remote(StubGenerator).options(num_cpus=0).remote()]
+    enc = [ray.remote(StubEncoder).options(num_cpus=0).remote()]
+    shards = [ray.remote(StubShard).options(num_cpus=0).remote() for _ in range(2)]
+    stages = {"generator": GeneratorStage(gen, config.generator),
+              "retriever": RetrieverStage(enc, shards, config.retriever)}
+    out = AnswerWriter(f"{tmp}/out", {})
+    engine = Engine(stages, {"raisf": RAISF(RaisfConfig())}, config, out.write)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cpu, wall = time.process_time(), time.perf_counter()
+    engine.run(question_rows(qpath), ["raisf"])
+    out.close()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    written = pq.ParquetFile(f"{tmp}/out/raisf.parquet").metadata.num_rows
+    subq = sum(pq.read_table(f"{tmp}/out/raisf.parquet", columns=["n_subquestions"])["n_subquestions"]
+               .to_pylist())
+    nodes = written + subq
+    ray.shutdown()
+    return {"questions": n, "rows_written": written, "nodes": nodes, "driver_cpu_s": round(cpu, 2),
+            "wall_s": round(wall, 2), "cpu_ms_per_node": round(1000 * cpu / nodes, 4),
+            "peak_rss_mb_before_run": round(rss_before / 1024),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "requests_deduped": engine.requests_deduped,
+            "generator_batch_mean": engine.metrics()["stages"]["generator"]["batch_size"]["mean"]}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        print(json.dumps(one(int(sys.argv[2]))))
+        sys.exit(0)
+    sizes = [int(a) for a in sys.argv[1:]] or [10_000, 100_000, 1_000_000]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    print("| questions | nodes | driver CPU s | wall s | CPU ms / node | driver peak RSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        proc = subprocess.run([sys.executable, __file__, "--one", str(n)], capture_output=True, text=True, env=env)
+        if proc.returncode:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            sys.exit(1)
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"| {r['questions']:,} | {r['nodes']:,} | {r['driver_cpu_s']} | {r['wall_s']} | "
+              f"{r['cpu_ms_per_node']} | {r['peak_rss_mb']} |", flush=True)
+        print(json.dumps(r), file=sys.stderr)

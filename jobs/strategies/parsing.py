@@ -1,0 +1,54 @@
+"""Tolerant parsers for structured model output. Each returns (value, ok): ok is False when the
+text was not the requested JSON and the value came from a fallback (or is empty); callers count it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+_LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
+
+
+def _json_candidates(text: str):
+    yield text
+    yield from _FENCE.findall(text)
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        yield text[start:end + 1]
+
+
+def parse_json_object(text: str) -> dict | None:
+    for candidate in _json_candidates(text):
+        try:
+            value = json.loads(candidate)
+        except (json.JSONDecodeError, TypeError):
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]:
+    """A list of non-empty, distinct strings under ``key``; falls back to numbered/bulleted lines."""
+    obj = parse_json_object(text)
+    items, ok = None, False
+    if obj is not None and isinstance(obj.get(key), list):
+        items, ok = [x for x in obj[key] if isinstance(x, str)], True
+    if items is None:
+        items = [m.group(1) for line in text.splitlines() if (m := _LIST_ITEM.match(line))]
+    seen, out = set(), []
+    for item in (" ".join(x.split()) for x in items):
+        if item and item.lower() not in seen:
+            seen.add(item.lower())
+            out.append(item)
+    return out[:limit], ok and bool(out)
+
+
+def string_list_schema(key: str, limit: int) -> str:
+    """JSON schema (as a string, hashable for request dedup) for {key: [1..limit strings]}."""
+    return json.dumps({
+        "type": "object",
+        "properties": {key: {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": limit}},
+        "required": [key],
+    }, sort_keys=True)

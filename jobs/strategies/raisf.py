@@ -1,0 +1,159 @@
+"""RA-ISF: Retrieval Augmented Iterative Self-Feedback (Liu et al.), Algorithm 1 as a state machine.
+
+    Problem-solving(q, iter):
+        iter > D_th                      -> "unknown"
+        M_know(q) = know                 -> M(q)                         resolved_by=self_knowledge
+        P = R(q, k); P_rel = {p : M_rel(q, p) = relevant}
+        P_rel non-empty                  -> M(q, P_rel)                  resolved_by=passages
+        Q_sub = M_decom(q); a_i = Problem-solving(q_i, iter + 1)
+                                         -> M(q, Q_sub, A_sub)           resolved_by=decomposition
+
+Sub-questions are child items on the engine (so all nodes of all trees batch together). Binary
+judgments use P('yes') of the first token against a threshold (``judge_by=logprob``) or the guided
+label. Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage relevance
+(decompose when the model does not know), no decomposition ("unknown" when nothing is relevant).
+"""
+
+from __future__ import annotations
+
+from jobs.strategies.base import (Ask, Done, Item, Spawn, answer_messages, clean_answer,
+                                  format_passages, prompt)
+from jobs.strategies.parsing import parse_string_list, string_list_schema
+from schemas.config import RaisfConfig
+from schemas.records import Generate, Judge, Judgment, Retrieve
+
+UNKNOWN = "unknown"
+
+
+class RAISF:
+    name = "raisf"
+    stages = frozenset({"generator", "judge", "retriever"})
+
+    def __init__(self, config: RaisfConfig):
+        self.config = config
+        self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
+
+    # Each phase handler gets the responses to the requests the previous phase asked for.
+
+    def start(self, item: Item):
+        if item.depth > self.config.d_th:
+            item.trace.append({"step": "depth_cap", "depth": item.depth})
+            return Done(UNKNOWN, "unknown")
+        if self.config.self_knowledge:
+            return self._ask(item, "know", [_judge(prompt("raisf_know").format(question=item.question))])
+        return self._retrieve(item)
+
+    def resume(self, item: Item, responses):
+        return getattr(self, "_after_" + item.state["phase"])(item, responses)
+
+    def _after_know(self, item, responses):
+        (judgment,) = responses
+        p_yes = self._p_yes(judgment)
+        knows = p_yes >= self.config.know_threshold
+        item.trace.append({"step": "self_knowledge", "p_yes": round(p_yes, 4), "label": judgment.label,
+                           "know": knows})
+        if knows:
+            user = prompt("raisf_answer").format(question=item.question)
+            return self._ask(item, "answer_closed", [Generate(answer_messages(user))])
+        if self.config.passage_relevance:
+            return self._retrieve(item)
+        return self._decompose(item)
+
+    def _after_answer_closed(self, item, responses):
+        return self._done(item, responses[0], "self_knowledge")
+
+    def _retrieve(self, item):
+        return self._ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
+
+    def _after_retrieve(self, item, responses):
+        (retrieval,) = responses
+        if retrieval.error:
+            return Done("", "error", error=retrieval.error)
+        item.passages = retrieval.passages
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
+        if not self.config.passage_relevance:  # only reachable with self-knowledge ablated too
+            return self._answer_from(item, retrieval.passages)
+        judges = [_judge(prompt("raisf_relevance").format(question=item.question,
+                                                          passage=f"{p.title}: {p.text}"))
+                  for p in retrieval.passages]
+        return self._ask(item, "relevance", judges) if judges else self._no_relevant(item)
+
+    def _after_relevance(self, item, responses):
+        scores = [self._p_yes(j) for j in responses]
+        relevant = [p for p, s in zip(item.passages, scores) if s >= self.config.relevance_threshold]
+        item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
+                           "relevant": [p.id for p in relevant]})
+        if relevant:
+            item.state["relevant"] = [p.id for p in relevant]
+            return self._answer_from(item, relevant)
+        return self._no_relevant(item)
+
+    def _answer_from(self, item, passages):
+        user = prompt("raisf_answer_passages").format(passages=format_passages(passages), question=item.question)
+        item.state["cited"] = [p.id for p in passages]
+        return self._ask(item, "answer_passages", [Generate(answer_messages(user))])
+
+    def _after_answer_passages(self, item, responses):
+        return self._done(item, responses[0], "passages", item.state["cited"])
+
+    def _no_relevant(self, item):
+        if self.config.decomposition:
+            return self._decompose(item)
+        item.trace.append({"step": "no_relevant_passage"})
+        return Done(UNKNOWN, "unknown")
+
+    def _decompose(self, item):
+        user = prompt("raisf_decompose").format(question=item.question)
+        return self._ask(item, "decompose", [Generate(answer_messages(user, system=None), max_tokens=160,
+                                                      json_schema=self.decompose_schema)])
+
+    def _after_decompose(self, item, responses):
+        (gen,) = responses
+        if gen.error:
+            return Done("", "error", error=gen.error)
+        subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subquestions)
+        if not ok:
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+        # a sub-question identical to its parent would recurse on itself until D_th
+        subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
+        item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
+        item.state["subs"] = subs
+        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {})
+            return self._synthesize(item, [])
+        item.state["phase"] = "children"
+        return Spawn(subs)
+
+    def _after_children(self, item, children: list[Done]):
+        # The engine may drop sub-questions past its node cap: answer from those that ran.
+        return self._synthesize(item, list(zip(item.state["subs"], (c.answer for c in children))))
+
+    def _synthesize(self, item, pairs):
+        lines = "\n".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}" for i, (q, a) in enumerate(pairs, 1))
+        user = prompt("raisf_synthesize").format(pairs=lines or "(no sub-questions)", question=item.question)
+        return self._ask(item, "synthesize", [Generate(answer_messages(user))])
+
+    def _after_synthesize(self, item, responses):
+        return self._done(item, responses[0], "decomposition")
+
+    # helpers
+
+    def _ask(self, item, phase, requests):
+        item.state["phase"] = phase
+        return Ask(requests)
+
+    def _p_yes(self, judgment: Judgment) -> float:
+        if judgment.error:
+            return 0.0
+        if self.config.judge_by == "label":
+            return float(judgment.label.strip().lower() == "yes")
+        return judgment.prob("yes")
+
+    def _done(self, item, gen, resolved_by, citations=()):
+        item.trace.append({"step": resolved_by, "output": gen.text})
+        if gen.error:
+            return Done("", "error", error=gen.error)
+        return Done(clean_answer(gen.text), resolved_by, list(citations))
+
+
+def _judge(user: str) -> Judge:
+    return Judge((("user", user),))

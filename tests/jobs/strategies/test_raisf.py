@@ -1,0 +1,142 @@
+"""RA-ISF transitions (Algorithm 1) with a scripted model: every branch, caps, ablations, parsing."""
+
+import json
+
+import pytest
+
+from jobs.strategies.raisf import RAISF
+from schemas.config import RaisfConfig
+from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval, Retrieve
+from tests.jobs.strategies.scripted import drive
+
+PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
+
+
+class Script:
+    """know: P(yes) per question; relevant: passage ids judged relevant per question;
+    subs: decomposition per question (a list, or raw text)."""
+
+    def __init__(self, know=None, relevant=None, subs=None):
+        self.know, self.relevant, self.subs = know or {}, relevant or {}, subs or {}
+
+    def __call__(self, request, item):
+        q = item.question
+        if isinstance(request, Judge):
+            user = request.messages[-1][1]
+            if user.startswith("Can you use your own knowledge"):
+                p = self.know.get(q, 0.1)
+            else:
+                pid = next(p.id for p in PASSAGES if f"{p.title}: {p.text}" in user)
+                p = 0.9 if pid in self.relevant.get(q, ()) else 0.2
+            return Judgment("yes" if p >= 0.5 else "no", {"yes": p, "no": 1 - p}, 20, 1)
+        if isinstance(request, Retrieve):
+            return Retrieval(PASSAGES[: request.k])
+        assert isinstance(request, Generate)
+        user = request.messages[-1][1]
+        if request.json_schema:
+            subs = self.subs.get(q, [])
+            return Generation(subs if isinstance(subs, str) else json.dumps({"sub_questions": subs}), 30, 10)
+        if user.startswith("Based on the sub-question answers"):
+            return Generation(f"synth({q})", 50, 3)
+        if user.startswith("Using the knowledge"):
+            return Generation(f"read({q})", 200, 3)
+        return Generation(f"closed({q})", 10, 3)
+
+
+def kinds(log):
+    return [type(r).__name__ for _, r in log]
+
+
+def test_knows_answers_closed_book():
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(know={"Q": 0.8}), log=log)
+    assert (done.answer, done.resolved_by) == ("closed(Q)", "self_knowledge")
+    assert kinds(log) == ["Judge", "Generate"]
+    assert item.trace[0]["know"] is True
+
+
+def test_answers_from_the_relevant_passages_only():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig()), "Q", Script(relevant={"Q": {"p1", "p3"}}), log=log)
+    assert (done.answer, done.resolved_by, done.citations) == ("read(Q)", "passages", ["p1", "p3"])
+    assert kinds(log) == ["Judge", "Retrieve"] + ["Judge"] * 5 + ["Generate"]
+    read_prompt = log[-1][1].messages[-1][1]
+    assert "T1: text 1" in read_prompt and "T3: text 3" in read_prompt and "T0:" not in read_prompt
+
+
+def test_decomposes_and_synthesizes_from_sub_answers_in_order():
+    script = Script(subs={"Q": ["A?", "B?"]}, know={"A?": 0.9}, relevant={"B?": {"p0"}})
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", script, log=log)
+    assert (done.answer, done.resolved_by) == ("synth(Q)", "decomposition")
+    synth_prompt = log[-1][1].messages[-1][1]
+    assert synth_prompt.index("Sub-question 1: A?\nAnswer 1: closed(A?)") < synth_prompt.index(
+        "Sub-question 2: B?\nAnswer 2: read(B?)")
+    assert max(d for d, _ in log) == 1
+
+
+def test_depth_cap_answers_unknown_below_d_th():
+    # nothing known, nothing relevant, every question decomposes into two
+    script = Script(subs={q: [q + ".a", q + ".b"] for q in ["Q", "Q.a", "Q.b", "Q.a.a", "Q.a.b", "Q.b.a", "Q.b.b"]})
+    log = []
+    done, item = drive(RAISF(RaisfConfig(d_th=1)), "Q", script, log=log)
+    assert done.resolved_by == "decomposition"
+    assert max(d for d, _ in log) == 1  # depth-2 nodes make no calls: they are 'unknown' at once
+    synth_q_a = [r.messages[-1][1] for d, r in log
+                 if d == 1 and isinstance(r, Generate) and "Based on" in r.messages[-1][1]][0]
+    assert "Answer 1: unknown" in synth_q_a and "Answer 2: unknown" in synth_q_a
+
+
+def test_no_self_knowledge_ablation_retrieves_first():
+    log = []
+    drive(RAISF(RaisfConfig(self_knowledge=False)), "Q", Script(relevant={"Q": {"p0"}}), log=log)
+    assert kinds(log)[0] == "Retrieve"
+
+
+def test_no_relevance_ablation_decomposes_without_retrieving():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig(passage_relevance=False)), "Q",
+                    Script(subs={"Q": ["A?"]}, know={"A?": 0.9}), log=log)
+    assert "Retrieve" not in kinds(log) and done.resolved_by == "decomposition"
+
+
+def test_no_decomposition_ablation_gives_unknown():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig(decomposition=False)), "Q", Script(), log=log)
+    assert (done.answer, done.resolved_by) == ("unknown", "unknown")
+    assert all(not (isinstance(r, Generate) and r.json_schema) for _, r in log)
+
+
+def test_unparseable_decomposition_is_counted_and_falls_back_to_answering():
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "I cannot split this."}))
+    assert item.counts["parse_failures"] == 1
+    assert done.resolved_by == "decomposition" and done.answer == "synth(Q)"
+    # a numbered list outside JSON is used, but still counted as a parse failure
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "1. A?\n2. B?"}, know={"A?": .9, "B?": .9}))
+    assert item.state["subs"] == ["A?", "B?"] and item.counts["parse_failures"] == 1
+
+
+def test_sub_questions_are_capped_and_self_repeats_dropped():
+    done, item = drive(RAISF(RaisfConfig(max_subquestions=2)), "Q",
+                       Script(subs={"Q": ["Q", "A?", "B?", "C?"]}, know={"A?": .9, "B?": .9}))
+    assert item.state["subs"] == ["A?"]  # cap of 2 keeps ["Q", "A?"], then the repeat of Q is dropped
+
+
+@pytest.mark.parametrize("judge_by, p_yes, label, knows", [
+    ("logprob", 0.6, "no", True), ("logprob", 0.4, "yes", False),
+    ("label", 0.1, "yes", True), ("label", 0.9, "no", False)])
+def test_judgments_by_logprob_or_label(judge_by, p_yes, label, knows):
+    s = RAISF(RaisfConfig(judge_by=judge_by))
+    from jobs.strategies.base import Item
+    item = Item("Q")
+    s.start(item)
+    step = s.resume(item, [Judgment(label, {"yes": p_yes, "no": 1 - p_yes})])
+    assert isinstance(step.requests[0], Generate if knows else Retrieve)
+
+
+def test_errors_end_the_item_with_an_error():
+    from jobs.strategies.base import Item
+    s = RAISF(RaisfConfig(self_knowledge=False))
+    item = Item("Q")
+    s.start(item)
+    assert s.resume(item, [Retrieval(error="boom")]).error == "boom"
