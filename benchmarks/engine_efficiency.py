@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--strategy", default="raisf")
     p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--skip-sequential", action="store_true")
-    p.add_argument("--out", default="runs/bench_efficiency.json")
+    p.add_argument("--out", default="runs/bench_efficiency/report.json")
     args = p.parse_args()
 
     import ray
@@ -44,7 +44,7 @@ def main() -> None:
     index_dir = ragsift_home() / "indexes" / "demo"
     ensure_index(index_dir, 2, log=lambda *a, **k: None)
     all_q = list(question_rows(str(QUESTIONS)))
-    questions = all_q[:: max(1, len(all_q) // args.n)][: args.n]
+    questions = all_q[:: max(1, len(all_q) // args.n)][: args.n]  # spread over all six datasets
 
     config = load_config(AnswerConfig, None, [f"index.path={index_dir}", f"generator.model={args.generator}"],
                          strategies=[args.strategy])
@@ -58,7 +58,7 @@ def main() -> None:
     if "retriever" in stages:
         ray.get(stages["retriever"].replicas[0].encode.remote(["warm up"]))
 
-    def engine_pass(engine_config):
+    def engine_pass(engine_config, answers_dir=None):
         recorded = []
         stage = stages["generator"]
         launch = stage.launch
@@ -72,6 +72,13 @@ def main() -> None:
         engine.run(questions, [args.strategy])
         wall = time.perf_counter() - t
         stage.launch = launch
+        if answers_dir:  # keep the batched pass's answers for evaluation
+            from jobs.io import AnswerWriter
+
+            writer = AnswerWriter(answers_dir, {"benchmark": "engine_efficiency"})
+            for row in rows:
+                writer.write(row)
+            writer.close()
         return {"wall_s": wall, "questions": len(rows), "qps": len(rows) / wall, "tokens": engine.tokens,
                 "tok_s": engine.tokens / wall, "generator_calls": stage.stats.calls,
                 "generator_requests": len(recorded), "mean_batch": stage.stats.summary()["batch_size"]["mean"],
@@ -89,7 +96,7 @@ def main() -> None:
         return {"wall_s": wall, "requests": len(requests), "tokens": tokens, "tok_s": tokens / wall}
 
     report = {"strategy": args.strategy, "generator": args.generator, "n_questions": len(questions)}
-    report["engine"], prompts = engine_pass(config.engine)
+    report["engine"], prompts = engine_pass(config.engine, os.path.dirname(args.out) + "/answers")
     report["raw_batched"] = raw_pass(prompts, one_call=True)
     report["efficiency_vs_limit"] = report["engine"]["tok_s"] / report["raw_batched"]["tok_s"]
     if not args.skip_sequential:

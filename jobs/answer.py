@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine.loop import Engine
 from jobs.engine.stages import GeneratorStage, RetrieverStage
 from jobs.index import read_manifest
@@ -116,16 +117,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
     p.add_argument("--generator", help="generator model: offline alias, local path or hub name")
     p.add_argument("--limit", type=int, help="answer only the first N questions")
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    add_config_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> AnswerConfig:
-    overrides = list(args.set)
-    if args.index_dir:
-        overrides.append(f"index.path={args.index_dir}")
-    if args.generator:
-        overrides.append(f"generator.model={args.generator}")
+    overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     strategies = args.strategy.split(",") if args.strategy else None
     return load_config(AnswerConfig, args.config, overrides, questions=args.questions,
                        output=args.output, strategies=strategies, limit=args.limit)
@@ -137,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.cli import run_job
-
     return run_job("answer", argv)
 
 

@@ -22,6 +22,18 @@ JOBS = {
 USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, KeyError, ValueError)
 
 
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set retrieval.k=10 (repeatable)")
+
+
+def config_overrides(args: argparse.Namespace, shortcuts: dict[str, str]) -> list[str]:
+    """``--set`` overrides, then the flags that are shortcuts for config fields (flag -> dotted field)."""
+    return [*args.set, *(f"{field}={getattr(args, flag)}" for flag, field in shortcuts.items()
+                         if getattr(args, flag) is not None)]
+
+
 def _parser(name: str, module, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog=f"ragsift {name}", description=JOBS[name][1])
     module.add_arguments(parser)

@@ -7,8 +7,9 @@ writes Parquet, prints and saves the evaluation table.
 from __future__ import annotations
 
 import argparse
-import json
 import hashlib
+import json
+import os
 import sys
 import time
 from pathlib import Path

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.io import open_parquet
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -164,16 +165,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="corpus Parquet (id, text[, title]); any pyarrow/fsspec URI")
     p.add_argument("--index-dir", help="output directory (index.path)")
     p.add_argument("--shards", type=int, help="number of FAISS shards (index.shards)")
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    add_config_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = list(args.set)
-    if args.index_dir:
-        overrides.append(f"index.path={args.index_dir}")
-    if args.shards:
-        overrides.append(f"index.shards={args.shards}")
+    overrides = config_overrides(args, {"index_dir": "index.path", "shards": "index.shards"})
     config = load_config(IndexJobConfig, args.config, overrides, corpus=args.corpus)
     if not config.corpus:
         raise ValueError("no corpus given: pass --corpus or set `corpus` in the config")
@@ -182,8 +178,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.cli import run_job
-
     return run_job("index", argv)
 
 

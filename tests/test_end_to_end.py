@@ -100,3 +100,14 @@ def test_bad_config_value_names_the_field(tmp_path):
     proc = ragsift("answer", "--questions", SAMPLE_QUESTIONS, "--output", tmp_path / "o",
                    "--set", "retrieval.k=0", check=False)
     assert proc.returncode == 2 and "retrieval.k" in proc.stderr
+
+
+def test_demo_command_runs_on_the_embedded_data(tmp_path):
+    """README's main command, shortened: builds the demo index, answers, prints the table."""
+    proc = ragsift("demo", "--limit", 4, "--generator", "smollm2-135m-instruct",
+                   "--index-dir", tmp_path / "idx", "--output", tmp_path / "out")
+    assert "ragsift evaluation" in proc.stdout and "How questions were resolved" not in proc.stderr
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert manifest["count"] == 3000 and len(manifest["shards"]) == 2
+    table = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert {(r["strategy"], r["n"]) for r in table if r["dataset"] == "ALL"} == {("direct", 4), ("rag", 4)}
