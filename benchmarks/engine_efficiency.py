@@ -59,6 +59,8 @@ def main() -> None:
         ray.get(stages["retriever"].replicas[0].encode.remote(["warm up"]))
 
     def engine_pass(engine_config, answers_dir=None):
+        for name, s in stages.items():  # stages hold their own batching policy
+            s.batching = getattr(engine_config, name)
         recorded = []
         stage = stages["generator"]
         launch = stage.launch

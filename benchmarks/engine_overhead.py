@@ -49,11 +49,20 @@ class StubEncoder:
 
 
 class StubShard:
+    """Each shard holds its own passages (ids carry the shard number), like real shards."""
+
+    def __init__(self, shard: int):
+        self.shard = shard
+
     def search(self, queries, k):
         from schemas.records import Passage
 
-        return [[Passage(f"p{zlib.crc32(q.encode()) % 1000 + i}", "T", "passage text " * 10, 1.0 / (i + 1))
-                 for i in range(k)] for q in queries]
+        out = []
+        for q in queries:
+            ids = [f"s{self.shard}-p{(zlib.crc32(q.encode()) + 7919 * i) % 1_000_000}" for i in range(k)]
+            out.append([Passage(pid, f"Title {pid}", f"passage {pid} " + "text " * 60, 1.0 / (i + 1))
+                        for i, pid in enumerate(ids)])
+        return out
 
 
 def one(n: int) -> dict:
@@ -80,7 +89,7 @@ def one(n: int) -> dict:
     config = EngineConfig()
     gen = [ray.remote(StubGenerator).options(num_cpus=0).remote()]
     enc = [ray.remote(StubEncoder).options(num_cpus=0).remote()]
-    shards = [ray.remote(StubShard).options(num_cpus=0).remote() for _ in range(2)]
+    shards = [ray.remote(StubShard).options(num_cpus=0).remote(i) for i in range(2)]
     stages = {"generator": GeneratorStage(gen, config.generator),
               "retriever": RetrieverStage(enc, shards, config.retriever)}
     out = AnswerWriter(f"{tmp}/out", {})

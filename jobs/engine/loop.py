@@ -68,7 +68,7 @@ class Engine:
         self.roots_done = 0
         self.requests_deduped = 0
         self.resolved: dict[str, dict[str, int]] = {}
-        self.tokens = 0
+        self.tokens = 0  # computed by the stages (a deduplicated request counts once)
         self.started = time.perf_counter()
 
     # --- driving -------------------------------------------------------------------------------
@@ -146,6 +146,8 @@ class Engine:
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
         for request, response in zip(batch, responses):
+            if isinstance(response, (Generation, Judgment)):
+                self.tokens += response.prompt_tokens + response.completion_tokens
             if not getattr(response, "error", None) and self.config.cache_size:
                 self.cache[request] = response
                 if len(self.cache) > self.config.cache_size:
@@ -163,7 +165,7 @@ class Engine:
         if question.error:
             self._finish(node, Done("", "error", error=question.error))
             return
-        self._step(node, root.strategy.start(node.item))
+        self._step(node, self._call_strategy(node, "start"))
 
     def _step(self, node: Node, step) -> None:
         # Iterative so that chains of cache hits never recurse deeply.
@@ -183,7 +185,7 @@ class Engine:
                 root.nodes += len(questions)
                 for index, question in enumerate(questions):
                     child = Node(Item(question, depth=node.item.depth + 1), root, node, index)
-                    self._step(child, root.strategy.start(child.item))
+                    self._step(child, self._call_strategy(child, "start"))
                 return
             assert isinstance(step, Ask), f"strategy returned {step!r}"
             node.slots, node.missing = [None] * len(step.requests), len(step.requests)
@@ -220,11 +222,13 @@ class Engine:
             if isinstance(r, (Generation, Judgment)):
                 node.root.counters["prompt_tokens"] += r.prompt_tokens
                 node.root.counters["completion_tokens"] += r.completion_tokens
-                self.tokens += r.prompt_tokens + r.completion_tokens
+        return self._call_strategy(node, "resume", responses)
+
+    def _call_strategy(self, node: Node, method: str, *args):
         try:
-            return node.root.strategy.resume(node.item, responses)
+            return getattr(node.root.strategy, method)(node.item, *args)
         except Exception as err:  # noqa: BLE001 - a strategy bug fails one question, not the run
-            return Done("", "error", error=f"strategy {node.root.strategy.name}: {_describe(err)}")
+            return Done("", "error", error=f"strategy {node.root.strategy.name}.{method}: {_describe(err)}")
 
     def _fill(self, node: Node, slot: int, response: Response) -> None:
         node.slots[slot] = response
@@ -275,7 +279,7 @@ class Engine:
             "roots_done": self.roots_done,
             "peak_roots_in_flight": self.peak_in_flight,
             "wall_s": round(wall, 3),
-            "tokens": self.tokens,
+            "tokens_computed": self.tokens,
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
             "requests_deduped": self.requests_deduped,
             "stages": {name: s.stats.summary() for name, s in self.stages.items()},

@@ -98,6 +98,8 @@ def test_identical_requests_are_computed_once(ray_session):
     assert len(rows) == 30 and {r["answer"] for r in rows} == {"echo:Question: the same question"}
     assert engine.stages["generator"].stats.requests == 1
     assert engine.requests_deduped == 29
+    assert engine.tokens == 5  # computed once (3 prompt + 2 completion) ...
+    assert all(r["prompt_tokens"] == 3 and r["completion_tokens"] == 2 for r in rows)  # ... charged to each
 
 
 def test_fan_out_tree_completes_with_children_in_order(ray_session):
@@ -187,3 +189,29 @@ def _walk(trace):
     for entry in trace:
         yield entry
         yield from _walk(entry.get("trace", []))
+
+
+class Fragile:
+    """Test strategy whose start() raises for one question."""
+
+    name = "fragile"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        if item.question == "boom":
+            raise ValueError("bad state")
+        return Ask([Generate((("user", item.question),))])
+
+    def resume(self, item, responses):
+        return Done(responses[0].text, "leaf")
+
+
+def test_a_strategy_exception_fails_one_question_only(ray_session):
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"fragile": Fragile()},
+                    EngineConfig(), rows.append)
+    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok")], ["fragile"])
+    by_id = {r["id"]: r for r in rows}
+    assert "fragile.start: ValueError: bad state" in by_id["b"]["error"]
+    assert by_id["a"]["answer"] == "echo:fine" and by_id["c"]["error"] is None
