@@ -1,0 +1,1 @@
+"""The dataflow engine: stage pools with micro-batching, and the driver loop over item state machines."""
