@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 from jobs.answer import answer
-from jobs.evaluate import evaluate, print_table, resolution, resolution_markdown, write_reports
+from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from schemas.config import AnswerConfig, load_config
@@ -41,9 +40,7 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
     config = load_config(IndexJobConfig, corpus=str(CORPUS), overrides=[
         f"index.path={index_dir}", f"index.shards={shards}",
         f"embedder.replicas={os.cpu_count()}"])  # Ray gives each encoder actor one thread
-    manifest = build_index(config, log=log)
-    manifest["corpus_sha256"] = corpus_sha
-    (index_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    build_index(config, log=log, extra={"corpus_sha256": corpus_sha})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
         questions=str(QUESTIONS), output=args.output, strategies=args.strategy.split(","), limit=args.limit,
     )
     answer(config, log=log)
-    table = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
-    resolved = resolution(args.output, str(QUESTIONS))
+    table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
     print_table(table)
     print(resolution_markdown(resolved))
     write_reports(table, args.output, resolved)

@@ -34,15 +34,17 @@ def answer_files(output: str) -> list[str]:
     return files
 
 
-def evaluate(answers: str, questions: str, k: int | None = None) -> list[dict]:
-    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in _groups(answers, questions)]
+def evaluate(answers: str, questions: str, k: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(scores per strategy and dataset, how questions were resolved), from one read of the files."""
+    groups = _groups(answers, questions)
+    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in groups], resolution(groups)
 
 
-def resolution(answers: str, questions: str) -> list[dict]:
+def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
     """How questions were resolved (RA-ISF Table 7: workload rate and correct count per module) and
     their cost (Table 4: mean retrievals and sub-questions per question)."""
     table = []
-    for (strategy, dataset), rows in _groups(answers, questions):
+    for (strategy, dataset), rows in groups:
         n = len(rows)
         entry = {"strategy": strategy, "dataset": dataset, "n": n,
                  "retrievals/q": round(sum(r["n_retrievals"] for r in rows) / n, 2),
@@ -165,8 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    table = evaluate(args.answers, args.questions, args.k)
-    resolved = resolution(args.answers, args.questions)
+    table, resolved = evaluate(args.answers, args.questions, args.k)
     print_table(table)
     print(resolution_markdown(resolved))
     out = args.out or (args.answers if Path(args.answers).is_dir() else str(Path(args.answers).parent))

@@ -45,7 +45,8 @@ def passage_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def build_index(config: IndexJobConfig, log=print) -> dict:
+def build_index(config: IndexJobConfig, log=print, extra: dict | None = None) -> dict:
+    """Build the shards and write the manifest (``extra`` adds fields to it, e.g. a corpus checksum)."""
     import faiss
     import ray
 
@@ -116,6 +117,7 @@ def build_index(config: IndexJobConfig, log=print) -> dict:
         "skipped": skipped,
         "shards": shard_entries,
         "build_s": round(time.perf_counter() - started, 2),
+        **(extra or {}),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
