@@ -75,12 +75,13 @@ def main() -> None:
         wall = time.perf_counter() - t
         stage.launch = launch
         if answers_dir:  # keep the batched pass's answers for evaluation
-            from jobs.io import AnswerWriter
+            import pyarrow as pa
+            import pyarrow.parquet as pq
 
-            writer = AnswerWriter(answers_dir, {"benchmark": "engine_efficiency"})
-            for row in rows:
-                writer.write(row)
-            writer.close()
+            from schemas.tables import ANSWERS
+
+            os.makedirs(f"{answers_dir}/{args.strategy}", exist_ok=True)
+            pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), f"{answers_dir}/{args.strategy}/part-00000.parquet")
         return {"wall_s": wall, "questions": len(rows), "qps": len(rows) / wall, "tokens": engine.tokens,
                 "tok_s": engine.tokens / wall, "generator_calls": stage.stats.calls,
                 "generator_requests": len(recorded), "mean_batch": stage.stats.summary()["batch_size"]["mean"],

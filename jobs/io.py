@@ -1,16 +1,35 @@
-"""Reading and writing tables through pyarrow's filesystems (local paths, s3://, gs://, ...)."""
+"""Reading question tables through pyarrow's filesystems (local paths, s3://, gs://, ...).
+
+Row policy (schema problems raise SchemaError; a bad row never stops the others):
+
+==========================  =======================================================
+null id                     error row, id ``<row N>``
+null / empty question       error row ``empty question``
+question over the limit     error row ``question too long (N chars > limit)``
+invalid UTF-8               error row ``invalid UTF-8 in question``
+control characters          removed (tab and newline kept); empty afterwards -> error row
+duplicate id                the first occurrence (by row order) is answered; later ones are
+                            dropped and counted in the run's metrics
+==========================  =======================================================
+"""
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from schemas.tables import ANSWERS, QUESTION_OPTIONAL, QUESTION_REQUIRED, SchemaError, check_schema
+from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED, SchemaError, check_schema
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -20,14 +39,22 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), uri
 
 
+def redact(uri: str) -> str:
+    """A URI without credentials (``s3://key:secret@bucket`` -> ``s3://***@bucket``), for logs and manifests."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
 def open_parquet(uri: str) -> pq.ParquetFile:
     fs, path = filesystem(uri)
     try:
         return pq.ParquetFile(fs.open_input_file(path))
     except FileNotFoundError:
-        raise SchemaError(f"{uri}: file not found") from None
+        raise SchemaError(f"{redact(uri)}: file not found") from None
     except (pa.ArrowInvalid, OSError) as err:
-        raise SchemaError(f"{uri}: not a readable Parquet file ({err})") from None
+        raise SchemaError(f"{redact(uri)}: not a readable Parquet file ({err})") from None
 
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
@@ -39,72 +66,121 @@ class Question:
     id: str
     question: str
     error: str | None = None  # set when the row cannot be answered (it becomes an error row)
+    shard: int = 0  # input shard (output is committed per shard)
 
 
-def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None) -> Iterator[Question]:
-    """Stream questions batch by batch; schema problems raise, row problems yield error rows."""
+def hash_ids(ids) -> np.ndarray:
+    """Stable 64-bit hashes of ids (the same in every process), for exactly-once checks."""
+    return pd.util.hash_array(np.asarray(ids, dtype=object))
+
+
+def _effective_ids(batch_ids: list, first_row: int) -> list[str]:
+    return [qid if qid is not None else f"<row {first_row + i}>" for i, qid in enumerate(batch_ids)]
+
+
+@dataclass
+class InputPlan:
+    """What one pass over the ``id`` column tells: rows within the limit and duplicate rows to drop."""
+
+    uri: str
+    rows: int
+    duplicate_rows: set[int] = field(default_factory=set)
+    file_size: int | None = None
+
+    @property
+    def answered(self) -> int:
+        return self.rows - len(self.duplicate_rows)
+
+
+def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> InputPlan:
+    """Validate the schema and find duplicate ids (8 bytes per row, transient)."""
     pf = open_parquet(uri)
-    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, uri)
+    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
+    total = pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
+    hashes = np.empty(total, dtype=np.uint64)
     n = 0
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=["id", "question"]):
-        for qid, text in zip(batch.column("id").to_pylist(), batch.column("question").to_pylist()):
-            if limit is not None and n >= limit:
+    for ids in _id_batches(pf, batch_rows, total):
+        hashes[n:n + len(ids)] = hash_ids(_effective_ids(ids, n))
+        n += len(ids)
+    values, counts = np.unique(hashes, return_counts=True)
+    suspects = set(values[counts > 1].tolist())
+    duplicates: set[int] = set()
+    if suspects:  # exact check on the (rare) rows whose hash repeats
+        first: dict[str, int] = {}
+        n = 0
+        for ids in _id_batches(pf, batch_rows, total):
+            for i, (qid, h) in enumerate(zip(_effective_ids(ids, n), hashes[n:n + len(ids)].tolist())):
+                if h in suspects:
+                    if qid in first:
+                        duplicates.add(n + i)
+                    else:
+                        first[qid] = n + i
+            n += len(ids)
+    fs, path = filesystem(uri)
+    return InputPlan(redact(uri), total, duplicates, fs.get_file_info(path).size)
+
+
+def _id_batches(pf: pq.ParquetFile, batch_rows: int, total: int) -> Iterator[list]:
+    n = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=["id"]):
+        ids = batch.column("id").to_pylist()[: total - n]
+        n += len(ids)
+        yield ids
+        if n >= total:
+            return
+
+
+def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *, shard_rows: int = 10_000,
+                  skip_shards: frozenset[int] = frozenset(), drop_rows: set[int] = frozenset(),
+                  max_chars: int = 4096) -> Iterator[Question]:
+    """Stream questions batch by batch (policy in the module docstring); schema problems raise.
+
+    Input shard ``i`` is rows ``[i * shard_rows, (i + 1) * shard_rows)``; rows of ``skip_shards`` are
+    not yielded (already committed) and row groups holding only such rows are not read.
+    """
+    pf = open_parquet(uri)
+    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
+    total = pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
+    groups, start = [], 0
+    for g in range(pf.metadata.num_row_groups):
+        size = pf.metadata.row_group(g).num_rows
+        shards = range(start // shard_rows, (min(start + size, total) - 1) // shard_rows + 1)
+        if start < total and any(s not in skip_shards for s in shards):
+            groups.append((g, start))
+        start += size
+    for g, n in groups:
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=["id", "question"]):
+            if n >= total:
                 return
-            n += 1
-            if qid is None:
-                qid = f"<row {n - 1}>"
-                yield Question(qid, text or "", error="null id")
-            elif text is None or not text.strip():
-                yield Question(qid, text or "", error="empty question")
-            else:
-                yield Question(qid, text)
+            ids = batch.column("id").to_pylist()
+            # as binary: one row of invalid UTF-8 must not fail the whole batch
+            texts = pc.cast(batch.column("question"), pa.binary()).to_pylist()
+            for qid, raw in zip(ids, texts):
+                row, n = n, n + 1
+                if row >= total:
+                    return
+                if row // shard_rows in skip_shards or row in drop_rows:
+                    continue
+                yield _question(qid, raw, row, row // shard_rows, max_chars)
+
+
+def _question(qid: str | None, raw: bytes | None, row: int, shard: int, max_chars: int) -> Question:
+    if qid is None:
+        return Question(f"<row {row}>", "", "null id", shard)
+    if raw is None:
+        return Question(qid, "", "empty question", shard)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Question(qid, "", "invalid UTF-8 in question", shard)
+    if len(text) > max_chars:
+        return Question(qid, text[:200], f"question too long ({len(text)} chars > {max_chars})", shard)
+    text = _CONTROL.sub("", text)
+    if not text.strip():
+        return Question(qid, text, "empty question", shard)
+    return Question(qid, text, None, shard)
 
 
 def question_columns(uri: str) -> list[str]:
     """The optional gold columns a question file carries (for evaluation)."""
-    return check_schema(open_parquet(uri).schema_arrow, QUESTION_REQUIRED, QUESTION_OPTIONAL, uri)
-
-
-class AnswerWriter:
-    """Streams answer rows into one Parquet file per strategy, in row groups.
-
-    Files are written under a temporary name and renamed when closed, so a finished file is complete.
-    """
-
-    def __init__(self, output_dir: str, metadata: dict, row_group: int = 256):
-        self.fs, self.root = filesystem(output_dir)
-        self.fs.create_dir(self.root, recursive=True)
-        self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(metadata, sort_keys=True)})
-        self.row_group = row_group
-        self.writers: dict[str, pq.ParquetWriter] = {}
-        self.streams: dict[str, pa.NativeFile] = {}
-        self.buffers: dict[str, list[dict]] = {}
-        self.paths: dict[str, str] = {}
-
-    def write(self, row: dict) -> None:
-        strategy = row["strategy"]
-        buf = self.buffers.setdefault(strategy, [])
-        buf.append(row)
-        if len(buf) >= self.row_group:
-            self._flush(strategy)
-
-    def _flush(self, strategy: str) -> None:
-        rows = self.buffers.get(strategy)
-        if not rows:
-            return
-        if strategy not in self.writers:
-            path = f"{self.root}/{strategy}.parquet"
-            self.paths[strategy] = path
-            self.streams[strategy] = self.fs.open_output_stream(path + ".tmp")
-            self.writers[strategy] = pq.ParquetWriter(self.streams[strategy], self.schema, compression="zstd")
-        self.writers[strategy].write_table(pa.Table.from_pylist(rows, schema=self.schema))
-        rows.clear()
-
-    def close(self) -> dict[str, str]:
-        for strategy in list(self.buffers):
-            self._flush(strategy)
-        for strategy, writer in self.writers.items():
-            writer.close()
-            self.streams[strategy].close()
-            self.fs.move(self.paths[strategy] + ".tmp", self.paths[strategy])
-        return dict(self.paths)
+    return check_schema(open_parquet(uri).schema_arrow, QUESTION_REQUIRED, QUESTION_OPTIONAL, redact(uri))

@@ -74,17 +74,45 @@ class StageBatching(Section):
     max_batch: int = Field(64, ge=1)
     max_wait_s: float = Field(0.05, ge=0)
     max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
+    timeout_s: float | None = Field(None, gt=0, description="a batch running longer fails and its replica is restarted; None = no limit")
+
+
+class LLMBatching(StageBatching):
+    max_batch: int = Field(256, ge=1)
+    timeout_s: float | None = Field(1800, gt=0)
+
+
+class RetrieverBatching(StageBatching):
+    max_batch: int = Field(128, ge=1)
+    timeout_s: float | None = Field(600, gt=0)
 
 
 class EngineConfig(Section):
     window: int = Field(512, ge=1, description="root questions in flight at once (backpressure)")
-    read_batch_rows: int = Field(1024, ge=1)
-    generator: StageBatching = Field(default_factory=lambda: StageBatching(max_batch=256))
-    judge: StageBatching = Field(default_factory=lambda: StageBatching(max_batch=256))
-    retriever: StageBatching = Field(default_factory=lambda: StageBatching(max_batch=128))
+    generator: LLMBatching = Field(default_factory=LLMBatching)
+    judge: LLMBatching = Field(default_factory=LLMBatching)
+    retriever: RetrieverBatching = Field(default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(64, ge=1, description="question nodes per root tree; extra sub-questions are dropped")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
+    max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its failed batch was "
+                                                   "split to isolate it) before it becomes an error row")
+    failure_cooldown_s: float = Field(2.0, ge=0, description="a replica that failed gets no batch for this long")
+    replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
+
+
+class InputConfig(Section):
+    """How questions are read (row policy: jobs/io.py)."""
+
+    read_batch_rows: int = Field(1024, ge=1)
+    max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")
+
+
+class OutputConfig(Section):
+    """How answers are committed: one Parquet part per input shard and strategy (jobs/output.py)."""
+
+    shard_rows: int = Field(10_000, ge=1, description="input rows per part: the unit of commit and resume")
+    row_group_rows: int = Field(1024, ge=1)
 
 
 class RaisfConfig(Section):
@@ -116,6 +144,8 @@ class AnswerConfig(Section):
     output: str | None = None
     strategies: list[str] = Field(default_factory=lambda: ["rag"])
     limit: int | None = Field(None, ge=1)
+    input: InputConfig = Field(default_factory=InputConfig)
+    commit: OutputConfig = Field(default_factory=OutputConfig)
     generator: LLMConfig = Field(default_factory=LLMConfig)
     judge: LLMConfig | None = Field(None, description="a separate judge pool; None = judge on the generator")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -44,8 +44,8 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
             "--strategy", "direct,rag,raisf", "--generator", "smollm2-135m-instruct",
             "--set", "engine.generator.max_batch=6")
-    direct = pq.read_table(tmp / "out" / "direct.parquet").to_pylist()
-    rag = pq.read_table(tmp / "out" / "rag.parquet").to_pylist()
+    direct = pq.read_table(tmp / "out" / "direct").to_pylist()
+    rag = pq.read_table(tmp / "out" / "rag").to_pylist()
     ids = sorted(picked["id"].to_pylist())
     assert sorted(r["id"] for r in direct) == ids and sorted(r["id"] for r in rag) == ids
     for row in direct + rag:
@@ -56,9 +56,10 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     # rag prompts carry five passages, closed-book prompts none
     assert min(r["prompt_tokens"] for r in rag) > 3 * max(r["prompt_tokens"] for r in direct)
     metrics = json.loads((tmp / "out" / "metrics.json").read_text())
+    assert all(c["ok"] and c["rows"] == 10 for c in metrics["exactly_once"].values())
     assert metrics["roots_done"] == 30 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
 
-    raisf = pq.read_table(tmp / "out" / "raisf.parquet").to_pylist()
+    raisf = pq.read_table(tmp / "out" / "raisf").to_pylist()
     assert sorted(r["id"] for r in raisf) == ids
     for row in raisf:
         assert row["error"] is None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from jobs.engine.stages import Launched, Stage
 from jobs.io import Question
@@ -67,14 +68,17 @@ class Engine:
         self.peak_in_flight = 0
         self.roots_done = 0
         self.requests_deduped = 0
+        self.batch_failures = 0
         self.resolved: dict[str, dict[str, int]] = {}
         self.tokens = 0  # computed by the stages (a deduplicated request counts once)
         self.started = time.perf_counter()
 
     # --- driving -------------------------------------------------------------------------------
 
-    def run(self, questions: Iterable[Question], strategy_names: list[str]) -> None:
-        pending = ((q, s) for q in questions for s in strategy_names)
+    def run(self, questions: Iterable[Question], strategy_names: list[str],
+            todo: Callable[[str, Question], bool] | None = None) -> None:
+        """Answer every (question, strategy) pair, or those ``todo`` accepts (resume)."""
+        pending = ((q, s) for q in questions for s in strategy_names if todo is None or todo(s, q))
         exhausted = False
         last_progress = 0.0
         while True:
@@ -88,8 +92,9 @@ class Engine:
             if not self.launched:
                 if exhausted and self.roots_in_flight == 0:
                     break
-                if not any(s.queue for s in self.stages.values()):
+                if not any(s.pending() for s in self.stages.values()):
                     raise RuntimeError("engine stalled: items wait but no request is queued or running")
+                self._rest()
                 continue
             self._wait_and_route()
             now = time.perf_counter()
@@ -103,23 +108,31 @@ class Engine:
         now = time.perf_counter()
         for stage in self.stages.values():
             while stage.due(now, flush):
-                replica = stage.free_replica()
+                replica = stage.free_replica(now)
                 if replica is None:
                     break
-                batch = stage.take()
+                batch, attempts = stage.take()
                 try:
                     refs = stage.launch(replica, batch)
                 except Exception as err:  # noqa: BLE001 - a dead actor must not end the run
-                    self._deliver_batch(stage, batch, stage.failed(batch, _describe(err)))
+                    self._batch_failed(stage, replica, batch, attempts, err)
                     continue
                 stage.inflight[replica] += 1
-                launched = Launched(stage, replica, batch, refs, pending=len(refs))
+                launched = Launched(stage, replica, batch, refs, attempts, pending=len(refs))
                 for ref in refs:
                     self.launched[ref] = launched
 
+    def _rest(self) -> None:
+        """Nothing runs and every replica that could take the queued work rests after a failure."""
+        wake = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
+        time.sleep(min(1.0, max(0.0, min(wake) - time.perf_counter())) if wake else 0.05)
+
     def _wait_and_route(self) -> None:
+        now = time.perf_counter()
         deadlines = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
-        timeout = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else 1.0
+        deadlines += [b.started + b.stage.batching.timeout_s for b in self.launched.values()
+                      if b.stage.batching.timeout_s is not None]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
         refs = list(self.launched)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is done too
@@ -129,6 +142,23 @@ class Engine:
             launched.pending -= 1
             if launched.pending == 0:
                 self._finish_batch(launched)
+        now = time.perf_counter()
+        for launched in {id(b): b for b in self.launched.values() if b.overdue(now)}.values():
+            self._restart_replica(launched)
+
+    def _restart_replica(self, overdue: Launched) -> None:
+        """Restart the replica of an overdue batch; the batch failed, the ones queued behind it did not."""
+        stage, replica = overdue.stage, overdue.replica
+        on_replica = {id(b): b for b in self.launched.values() if b.stage is stage and b.replica == replica}
+        for launched in on_replica.values():
+            for ref in launched.refs:
+                self.launched.pop(ref, None)
+            stage.inflight[replica] -= 1
+            if launched is not overdue:
+                stage.retry.appendleft((launched.batch, launched.attempts))
+        stage.restart(replica)
+        self._batch_failed(stage, replica, overdue.batch, overdue.attempts,
+                           TimeoutError(f"batch of {len(overdue.batch)} ran over {stage.batching.timeout_s} s"))
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
@@ -139,10 +169,29 @@ class Engine:
         stage.stats.busy_s += time.perf_counter() - launched.started
         try:
             responses = stage.combine(launched.batch, ray.get(launched.refs))
-        except Exception as err:  # noqa: BLE001 - becomes error responses, then error rows
-            stage.stats.errors += 1
-            responses = stage.failed(launched.batch, _describe(err))
+        except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
+            self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
+            return
         self._deliver_batch(stage, launched.batch, responses)
+
+    def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
+                      err: BaseException) -> None:
+        """Retry a failed batch on a healthy replica: split in halves until each request runs on its
+        own, so one request that kills replicas cannot take others down; a request that failed
+        ``max_attempts`` times on its own becomes an error response."""
+        stage.stats.errors += 1
+        self.batch_failures += 1
+        if isinstance(err, RayActorError) and err.actor_init_failed:
+            stage.retire(replica, err)  # raises when the stage has no replica left
+        stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
+        if len(batch) > 1:
+            half = len(batch) // 2
+            stage.retry.extend([(batch[:half], 0), (batch[half:], 0)])
+        elif attempts + 1 < self.config.max_attempts:
+            stage.retry.append((batch, attempts + 1))
+        else:
+            error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"
+            self._deliver_batch(stage, batch, stage.failed(batch, error))
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
         for request, response in zip(batch, responses):
@@ -269,6 +318,7 @@ class Engine:
             "latency_s": time.perf_counter() - root.started,
             "trace": json.dumps(node.item.trace, ensure_ascii=False),
             "error": done.error,
+            "_shard": root.question.shard,  # for the writer, not a column
         })
 
     # --- reporting -------------------------------------------------------------------------------
@@ -282,6 +332,7 @@ class Engine:
             "tokens_computed": self.tokens,
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
             "requests_deduped": self.requests_deduped,
+            "batch_failures": self.batch_failures,
             "stages": {name: s.stats.summary() for name, s in self.stages.items()},
             "resolved_by": self.resolved,
         }

@@ -6,6 +6,7 @@ into one response per request (``combine``). The engine decides when a batch is 
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ class StageStats:
         }
 
 
+class StageDown(RuntimeError):
+    """A stage has no replica that can run: the run stops (committed output is kept for resume)."""
+
+
 class Stage:
     name: str
 
@@ -47,37 +52,79 @@ class Stage:
         self.replicas = replicas
         self.batching = batching
         self.queue: deque[tuple[Request, float]] = deque()
+        # batches being retried after a failure: (requests, failures of that batch on its own)
+        self.retry: deque[tuple[list[Request], int]] = deque()
         self.inflight = [0] * len(replicas)
+        self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
+        self.retired: set[int] = set()  # replicas whose actor can never start
         self.stats = StageStats()
 
-    def free_replica(self) -> int | None:
-        """The least-loaded replica that may take the next batch, or None.
+    def free_replica(self, now: float | None = None) -> int | None:
+        """The least-loaded healthy replica that may take the next batch, or None.
 
         An idle replica takes any batch; a busy one only full batches, queued behind its current
         work (up to ``max_inflight_per_replica``), so partial batches keep growing while it works.
         """
-        best = min(range(len(self.replicas)), key=self.inflight.__getitem__)
+        now = time.perf_counter() if now is None else now
+        healthy = [r for r in range(len(self.replicas)) if r not in self.retired and self.cooling_until[r] <= now]
+        if not healthy:
+            return None
+        best = min(healthy, key=self.inflight.__getitem__)
         if self.inflight[best] == 0:
             return best
+        if self.retry:  # a retried batch may hold a request that breaks replicas: it runs alone
+            return None
         full = len(self.queue) >= self.batching.max_batch
         return best if full and self.inflight[best] < self.batching.max_inflight_per_replica else None
 
     def due(self, now: float, flush: bool) -> bool:
-        """A batch should go now: full, its oldest request waited long enough, or a flush."""
+        """A batch should go now: a retry, a full batch, its oldest request waited long enough, or a flush."""
+        if self.retry:
+            return True
         if not self.queue:
             return False
         return (flush or len(self.queue) >= self.batching.max_batch
                 or now - self.queue[0][1] >= self.batching.max_wait_s)
 
     def next_deadline(self) -> float | None:
-        """When a waiting partial batch becomes due; None if nothing could be sent then anyway."""
-        if not self.queue or self.free_replica() is None:
+        """When a waiting batch can go: a partial batch becomes due or a resting replica is back."""
+        if not self.queue and not self.retry:
             return None
-        return self.queue[0][1] + self.batching.max_wait_s
+        now = time.perf_counter()
+        if self.free_replica(now) is None:
+            resting = [t for r, t in enumerate(self.cooling_until) if r not in self.retired and t > now]
+            return min(resting) if resting and not any(self.inflight) else None
+        return now if self.retry else self.queue[0][1] + self.batching.max_wait_s
 
-    def take(self) -> list[Request]:
+    def take(self) -> tuple[list[Request], int]:
+        """The next batch and how often it already failed on its own."""
+        if self.retry:
+            return self.retry.popleft()
         n = min(len(self.queue), self.batching.max_batch)
-        return [self.queue.popleft()[0] for _ in range(n)]
+        return [self.queue.popleft()[0] for _ in range(n)], 0
+
+    def pending(self) -> bool:
+        return bool(self.queue or self.retry)
+
+    def retire(self, replica: int, err: BaseException) -> None:
+        """Stop using a replica whose actor cannot start; with none left the run cannot go on."""
+        actor_ids = [getattr(r, "_actor_id", None) for r in self.replicas]
+        failed = getattr(err, "actor_id", None)
+        failed = failed.hex() if isinstance(failed, bytes) else failed
+        if failed is not None and failed in {a.hex() for a in actor_ids if a is not None}:
+            self.retired.add(replica)
+            if len(self.retired) < len(self.replicas):
+                return
+        lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
+        cause = lines[-1][:300] if lines else type(err).__name__
+        raise StageDown(f"stage {self.name}: its actors cannot start ({cause}); "
+                        "fix the cause and rerun the same command to resume")
+
+    def restart(self, replica: int) -> None:
+        """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
+        import ray
+
+        ray.kill(self.replicas[replica], no_restart=False)
 
     def launch(self, replica: int, batch: list[Request]) -> list:
         raise NotImplementedError
@@ -135,5 +182,10 @@ class Launched:
     replica: int
     batch: list[Request]
     refs: list
+    attempts: int = 0  # failures of this batch on its own so far
     started: float = field(default_factory=time.perf_counter)
     pending: int = 0
+
+    def overdue(self, now: float) -> bool:
+        timeout = self.stage.batching.timeout_s
+        return timeout is not None and now - self.started > timeout

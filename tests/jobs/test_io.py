@@ -2,8 +2,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.io import AnswerWriter, question_rows
-from schemas.tables import ANSWERS, SchemaError
+from jobs.io import plan_input, question_rows, redact
+from schemas.tables import SchemaError
 from tests.conftest import SAMPLE_QUESTIONS
 
 
@@ -37,15 +37,29 @@ def test_bad_rows_become_error_rows(tmp_path):
     assert [r.error for r in rows] == [None, "empty question", "null id", "empty question"]
 
 
-def test_writer_one_file_per_strategy_with_metadata(tmp_path):
-    w = AnswerWriter(str(tmp_path / "out"), {"config_sha256": "x"}, row_group=2)
-    base = {n: None for n in ANSWERS.names}
-    for i in range(5):
-        w.write({**base, "id": str(i), "strategy": "rag" if i % 2 else "direct", "answer": "a",
-                 "retrieved_ids": [], "retrieved_scores": [], "n_llm_calls": 1, "n_retrievals": 0,
-                 "prompt_tokens": 1, "completion_tokens": 1, "latency_s": 0.1})
-    paths = w.close()
-    assert sorted(paths) == ["direct", "rag"]
-    assert pq.read_table(paths["direct"]).num_rows == 3 and pq.read_table(paths["rag"]).num_rows == 2
-    assert b"config_sha256" in pq.read_schema(paths["rag"]).metadata[b"ragsift"]
-    assert not list((tmp_path / "out").glob("*.tmp"))
+def test_row_policy(tmp_path):
+    f = tmp_path / "q.parquet"
+    questions = pa.array([b"fine?", b"\xff\xfe bad utf8", b"tab\tand\x00nul\x07?", b"\x01\x02", b"x" * 5000,
+                          b"dup first", b"dup second"], pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d", "e", "dup", "dup"], "question": questions}), f)
+    plan = plan_input(str(f))
+    assert plan.rows == 7 and plan.duplicate_rows == {6} and plan.answered == 6
+    rows = list(question_rows(str(f), batch_rows=3, drop_rows=plan.duplicate_rows, max_chars=4096))
+    assert [r.id for r in rows] == ["a", "b", "c", "d", "e", "dup"]
+    assert [r.error for r in rows] == [None, "invalid UTF-8 in question", None, "empty question",
+                                       "question too long (5000 chars > 4096)", None]
+    assert rows[2].question == "tab\tandnul?" and rows[5].question == "dup first"
+
+
+def test_shards_are_skipped_without_losing_rows(tmp_path):
+    f = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(25)], "question": ["?"] * 25}), f, row_group_size=4)
+    rows = list(question_rows(str(f), batch_rows=3, shard_rows=10, skip_shards=frozenset({1})))
+    assert [r.id for r in rows] == [f"q{i}" for i in [*range(10), *range(20, 25)]]
+    assert [r.shard for r in rows] == [0] * 10 + [2] * 5
+    assert [r.id for r in question_rows(str(f), limit=12, shard_rows=10, skip_shards=frozenset({0}))] == ["q10", "q11"]
+
+
+def test_credentials_never_leave_a_uri():
+    assert redact("s3://AKIA:secret@bucket/q.parquet") == "s3://***@bucket/q.parquet"
+    assert redact("/data/q.parquet") == "/data/q.parquet"

@@ -10,32 +10,10 @@ from jobs.io import Question
 from jobs.strategies import STRATEGIES
 from jobs.strategies.base import Ask, Done, Spawn, StrategySettings
 from schemas.config import EngineConfig, StageBatching
-from schemas.records import Generate, Generation, Passage
+from schemas.records import Generate
+from tests.jobs.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
-
-
-class FakeGenerator:
-    """Echoes the last user message; 'POISON' makes the whole batch raise."""
-
-    def generate(self, batch):
-        if any("POISON" in r.messages[-1][1] for r in batch):
-            raise RuntimeError("replica crashed")
-        return [Generation("echo:" + r.messages[-1][1].splitlines()[0], 3, 2) for r in batch]
-
-
-class FakeEncoder:
-    def encode(self, texts):
-        return texts
-
-
-class FakeShard:
-    def __init__(self, name):
-        self.name = name
-
-    def search(self, queries, k):
-        return [[Passage(f"{self.name}-{q}-{i}", "t", "x", float(i + (self.name == "b"))) for i in range(k)]
-                for q in queries]
 
 
 class Tree:
@@ -125,14 +103,6 @@ def test_a_failing_batch_becomes_error_rows_and_the_run_continues(ray_session):
     assert "replica crashed" in by_id["bad"]["error"]
     assert by_id["empty"]["error"] == "empty question"
     assert by_id["ok1"]["error"] is None and by_id["ok2"]["error"] is None
-
-
-class SlowGenerator(FakeGenerator):
-    def generate(self, batch):
-        import time
-
-        time.sleep(0.5)
-        return super().generate(batch)
 
 
 def test_driver_sleeps_while_replicas_work(ray_session):

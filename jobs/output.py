@@ -1,0 +1,193 @@
+"""Exactly-once, resumable answer output, committed per input shard.
+
+    <output>/_manifest.json                      what this output holds: input, shard size, config
+    <output>/<strategy>/part-00000.parquet       the rows of input shard 0, for one strategy
+
+A part is written under ``.tmp`` and renamed once every question of its shard has its row (an answer
+or an error row), so a part that exists is complete. Re-running the same command resumes: committed
+parts are kept (their footers are checked), leftovers of the interrupted run are removed, and only
+the unfinished shards are answered. A different answer config is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from jobs.io import InputPlan, filesystem, hash_ids, question_rows
+from schemas.config import ConfigError
+from schemas.tables import ANSWERS
+
+MANIFEST = "_manifest.json"
+_PART = re.compile(r"part-(\d{5,})\.parquet$")
+
+
+@dataclass
+class _Open:
+    stream: pa.NativeFile
+    writer: pq.ParquetWriter
+    path: str
+    rows: list[dict]
+    written: int = 0
+
+
+class ShardedOutput:
+    def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
+                 row_group_rows: int = 1024, force: bool = False, log=print):
+        self.fs, self.root = filesystem(output)
+        self.output = output
+        self.strategies = strategies
+        self.shard_rows = shard_rows
+        self.row_group_rows = row_group_rows
+        self.identity = identity
+        self.log = log
+        self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True)})
+        self.open: dict[tuple[str, int], _Open] = {}
+        self.expected: dict[int, int] = {}  # shard -> questions it holds (known once it is read)
+        self.committed: set[tuple[str, int]] = set()
+        self.commits = 0
+        self._prepare(force)
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def _prepare(self, force: bool) -> None:
+        self.fs.create_dir(self.root, recursive=True)
+        manifest = f"{self.root}/{MANIFEST}"
+        info = self.fs.get_file_info(manifest)
+        if info.type == pafs.FileType.File:
+            with self.fs.open_input_stream(manifest) as f:
+                previous = json.loads(f.read())
+            changed = sorted(k for k in set(previous) | set(self.identity)
+                             if previous.get(k) != self.identity.get(k))
+            if changed and not force:
+                raise ConfigError(
+                    f"{self.output} holds output of a different run (differs in: {', '.join(changed)}); "
+                    "use another --output, or --force to discard it")
+            if changed:
+                self.log(f"--force: discarding the previous output in {self.output}")
+                for strategy in self._strategy_dirs():
+                    self.fs.delete_dir(f"{self.root}/{strategy}")
+        with self.fs.open_output_stream(manifest + ".tmp") as f:
+            f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
+        self.fs.move(manifest + ".tmp", manifest)
+        for strategy in self.strategies:
+            self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
+            for entry in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}")):
+                name = entry.path.rsplit("/", 1)[-1]
+                match = _PART.fullmatch(name)
+                if match and self._valid(entry.path):
+                    self.committed.add((strategy, int(match.group(1))))
+                else:  # a leftover of an interrupted run
+                    self.fs.delete_file(entry.path)
+
+    def _strategy_dirs(self) -> list[str]:
+        return [e.path.rsplit("/", 1)[-1] for e in self.fs.get_file_info(pafs.FileSelector(self.root))
+                if e.type == pafs.FileType.Directory]
+
+    def _valid(self, path: str) -> bool:
+        try:
+            with self.fs.open_input_file(path) as f:
+                meta = pq.ParquetFile(f).schema_arrow.metadata or {}
+            return json.loads(meta.get(b"ragsift", b"{}")) == self.identity
+        except (OSError, pa.ArrowInvalid, ValueError):
+            return False
+
+    def skip_shards(self) -> frozenset[int]:
+        """Input shards that every strategy has committed already."""
+        shards = [{s for st, s in self.committed if st == strategy} for strategy in self.strategies]
+        return frozenset(set.intersection(*shards)) if shards else frozenset()
+
+    def todo(self, strategy: str, shard: int) -> bool:
+        return (strategy, shard) not in self.committed
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def sealed(self, shard: int, questions: int) -> None:
+        """Every question of ``shard`` has been read: it holds ``questions`` rows per strategy."""
+        self.expected[shard] = questions
+        for strategy in self.strategies:
+            self._maybe_commit(strategy, shard)
+
+    def write(self, row: dict) -> None:
+        key = (row["strategy"], row.pop("_shard"))
+        part = self.open.get(key) or self._open(*key)
+        part.rows.append(row)
+        part.written += 1
+        if len(part.rows) >= self.row_group_rows:
+            self._flush(part)
+        self._maybe_commit(*key)
+
+    def _open(self, strategy: str, shard: int) -> _Open:
+        path = f"{self.root}/{strategy}/part-{shard:05d}.parquet"
+        stream = self.fs.open_output_stream(path + ".tmp")
+        part = _Open(stream, pq.ParquetWriter(stream, self.schema, compression="zstd"), path, [])
+        self.open[(strategy, shard)] = part
+        return part
+
+    def _flush(self, part: _Open) -> None:
+        if part.rows:
+            part.writer.write_table(pa.Table.from_pylist(part.rows, schema=self.schema))
+            part.rows.clear()
+
+    def _maybe_commit(self, strategy: str, shard: int) -> None:
+        if (strategy, shard) in self.committed or shard not in self.expected:
+            return
+        part = self.open.get((strategy, shard))
+        if (part.written if part else 0) < self.expected[shard]:
+            return
+        part = part or self._open(strategy, shard)  # a shard whose rows were all dropped duplicates
+        self._flush(part)
+        part.writer.close()
+        part.stream.close()
+        self.fs.move(part.path + ".tmp", part.path)
+        del self.open[(strategy, shard)]
+        self.committed.add((strategy, shard))
+        self.commits += 1
+
+    def close(self) -> list[tuple[str, int]]:
+        """Close the output; returns the (strategy, shard) parts left uncommitted (empty on success)."""
+        left = sorted(self.open)
+        for part in self.open.values():
+            part.writer.close()
+            part.stream.close()
+        self.open.clear()
+        return left
+
+    # --- checking ------------------------------------------------------------------------------
+
+    def files(self, strategy: str) -> list[str]:
+        return sorted(f"{self.root}/{strategy}/part-{s:05d}.parquet" for st, s in self.committed if st == strategy)
+
+    def verify(self, plan: InputPlan, questions_uri: str, read_batch_rows: int, max_chars: int) -> dict:
+        """Every answered input id appears exactly once per strategy (an answer or an error row)."""
+        expected = np.sort(np.concatenate([hash_ids([q.id for q in chunk]) for chunk in _chunks(
+            question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
+                          drop_rows=plan.duplicate_rows, max_chars=max_chars))] or [np.empty(0, np.uint64)]))
+        report = {}
+        for strategy in self.strategies:
+            got = [hash_ids(pq.read_table(self.fs.open_input_file(p), columns=["id"])["id"].to_pylist())
+                   for p in self.files(strategy)]
+            got = np.sort(np.concatenate(got)) if got else np.empty(0, np.uint64)
+            unique = np.unique(got)
+            report[strategy] = {"rows": int(len(got)), "expected": int(len(expected)),
+                                "duplicated": int(len(got) - len(unique)),
+                                "missing": int(len(np.setdiff1d(expected, unique, assume_unique=False))),
+                                "ok": bool(np.array_equal(got, expected))}
+        return report
+
+
+def _chunks(rows, size: int = 65536):
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

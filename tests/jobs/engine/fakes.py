@@ -1,0 +1,58 @@
+"""Scripted stand-ins for the stage actors (tests only): instant, deterministic, and breakable."""
+
+import os
+import time
+
+from schemas.records import Generation, Passage
+
+
+class FakeGenerator:
+    """Echoes the last user message. In a batch, 'POISON' raises, 'KILLME' kills the actor's process,
+    'HANG' never returns."""
+
+    def generate(self, batch):
+        texts = [r.messages[-1][1] for r in batch]
+        if any("KILLME" in t for t in texts):
+            os._exit(1)
+        if any("HANG" in t for t in texts):
+            time.sleep(3600)
+        if any("POISON" in t for t in texts):
+            raise RuntimeError("replica crashed")
+        return [Generation("echo:" + r.messages[-1][1].splitlines()[0], 3, 2) for r in batch]
+
+
+class FakeEncoder:
+    def encode(self, texts):
+        return texts
+
+
+class FakeShard:
+    def __init__(self, name):
+        self.name = name
+
+    def search(self, queries, k):
+        return [[Passage(f"{self.name}-{q}-{i}", "t", "x", float(i + (self.name == "b"))) for i in range(k)]
+                for q in queries]
+
+
+class SlowGenerator(FakeGenerator):
+    def __init__(self, delay: float = 0.5):
+        self.delay = delay
+
+    def generate(self, batch):
+        time.sleep(self.delay)
+        return super().generate(batch)
+
+
+class SlowShard(FakeShard):
+    def search(self, queries, k):
+        time.sleep(0.2)
+        return super().search(queries, k)
+
+
+class BrokenGenerator:
+    def __init__(self):
+        raise OSError("model weights not found")
+
+    def generate(self, batch):
+        return []

@@ -1,0 +1,26 @@
+"""A run of ``answer()`` on stub actors, as its own process (the resume test kills it midway).
+
+    python -m tests.jobs.resume_run QUESTIONS OUTPUT
+"""
+
+import sys
+
+import ray
+
+from jobs.answer import answer
+from jobs.engine.stages import GeneratorStage, RetrieverStage
+from schemas.config import AnswerConfig, StageBatching
+from tests.jobs.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
+
+if __name__ == "__main__":
+    questions, output = sys.argv[1:3]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=128 * 2**20)
+    config = AnswerConfig(questions=questions, output=output, strategies=["direct", "rag"],
+                          commit={"shard_rows": 10}, engine={"window": 8})
+    stages = {
+        "generator": GeneratorStage([ray.remote(SlowGenerator).options(num_cpus=0).remote(0.1)],
+                                    StageBatching(max_batch=4, max_wait_s=0.0)),
+        "retriever": RetrieverStage([ray.remote(FakeEncoder).options(num_cpus=0).remote()],
+                                    [ray.remote(FakeShard).options(num_cpus=0).remote("a")], StageBatching()),
+    }
+    answer(config, log=lambda *a: print(*a, flush=True), stages=stages)

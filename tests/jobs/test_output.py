@@ -1,0 +1,72 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.io import plan_input
+from jobs.output import ShardedOutput
+from schemas.config import ConfigError
+from schemas.tables import ANSWERS
+
+IDENTITY = {"generator.model": "m", "input.rows": 5}
+
+
+def row(qid, strategy, shard):
+    return {**{n: None for n in ANSWERS.names}, "id": qid, "strategy": strategy, "answer": "a", "_shard": shard}
+
+
+def test_a_part_commits_only_when_its_shard_is_complete(tmp_path):
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 3)
+    out.sealed(1, 2)
+    for qid, shard in [("q0", 0), ("q3", 1), ("q1", 0)]:
+        out.write(row(qid, "rag", shard))
+    assert out.committed == set() and len(list((tmp_path / "rag").glob("*.tmp"))) == 2
+    out.write(row("q4", "rag", 1))  # shard 1 done first: out of order is fine
+    assert out.committed == {("rag", 1)}
+    out.write(row("q2", "rag", 0))
+    assert out.close() == [] and out.committed == {("rag", 0), ("rag", 1)}
+    assert pq.read_table(tmp_path / "rag" / "part-00000.parquet")["id"].to_pylist() == ["q0", "q1", "q2"]
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_resume_keeps_committed_parts_and_removes_leftovers(tmp_path):
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag", "direct"], shard_rows=3)
+    out.sealed(0, 1)
+    out.sealed(1, 1)
+    out.write(row("q0", "rag", 0))
+    out.write(row("q0", "direct", 0))
+    out.write(row("q3", "rag", 1))
+    out.close()  # the run dies here: shard 1 of `direct` never finished
+    (tmp_path / "rag" / "part-00009.parquet").write_text("truncated junk")
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag", "direct"], shard_rows=3)
+    assert again.committed == {("rag", 0), ("direct", 0), ("rag", 1)}
+    assert again.skip_shards() == {0} and again.todo("direct", 1) and not again.todo("rag", 1)
+    assert sorted(p.name for p in tmp_path.rglob("*.parquet*")) == ["part-00000.parquet"] * 2 + ["part-00001.parquet"]
+
+
+def test_a_different_run_is_refused_unless_forced(tmp_path):
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    changed = {**IDENTITY, "generator.model": "other"}
+    with pytest.raises(ConfigError, match="differs in: generator.model"):
+        ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3)
+    forced = ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3, force=True, log=lambda *_: None)
+    assert forced.committed == set() and not list((tmp_path / "rag").iterdir())
+
+
+def test_verify_counts_missing_and_duplicated_ids(tmp_path):
+    q = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "question": ["?"] * 4}), q)
+    plan = plan_input(str(q))
+    out = ShardedOutput(str(tmp_path / "out"), IDENTITY, ["rag"], shard_rows=10)
+    out.sealed(0, 3)
+    for qid in ["a", "b", "c"]:
+        out.write(row(qid, "rag", 0))
+    out.close()
+    assert out.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 0, "missing": 0, "ok": True}
+    bad = ShardedOutput(str(tmp_path / "bad"), IDENTITY, ["rag"], shard_rows=10)
+    bad.sealed(0, 3)
+    for qid in ["a", "b", "b"]:
+        bad.write(row(qid, "rag", 0))
+    assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1, "ok": False}

@@ -1,0 +1,64 @@
+"""The driver is killed mid-run (SIGKILL); the same command resumes and the output is exactly once and
+equal to an undisturbed run. Stub actors (tests/jobs/resume_run.py) keep it fast."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+
+def start(questions, output):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.Popen([sys.executable, "-m", "tests.jobs.resume_run", str(questions), str(output)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc):
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def rows(output):
+    table = pq.read_table(output / "rag").to_pylist() + pq.read_table(output / "direct").to_pylist()
+    return sorted((r["strategy"], r["id"], r["answer"], tuple(r["retrieved_ids"]), r["error"]) for r in table)
+
+
+def test_killed_driver_resumes_exactly_once(tmp_path):
+    questions = tmp_path / "q.parquet"
+    ids = [f"q{i}" for i in range(60)] + ["q5"]  # a duplicate id: answered once
+    pq.write_table(pa.table({"id": ids, "question": [f"question {i}" for i in range(61)]}), questions,
+                   row_group_size=16)
+    calm = tmp_path / "calm"
+    finish(start(questions, calm))
+
+    out = tmp_path / "out"
+    proc = start(questions, out)
+    deadline = time.time() + 120
+    while len(list((out / "rag").glob("part-*.parquet"))) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = {p.name for p in (out / "rag").glob("part-*.parquet")}
+    assert 2 <= len(done_before) < 7
+
+    log = finish(start(questions, out))
+    assert "resuming" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["shards_resumed"] >= 1 and metrics["duplicate_ids_dropped"] == 1
+    assert all(c == {"rows": 60, "expected": 60, "duplicated": 0, "missing": 0, "ok": True}
+               for c in metrics["exactly_once"].values())
+    assert metrics["roots_done"] < 2 * 60  # committed shards were not answered again
+    assert rows(out) == rows(calm) and len(rows(out)) == 120
+    assert not list(out.rglob("*.tmp"))
