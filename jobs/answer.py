@@ -155,7 +155,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     with fs.open_output_stream(f"{root}/metrics.json") as f:
         f.write(json.dumps(metrics, indent=2).encode())
     with fs.open_output_stream(f"{root}/config.yaml") as f:
-        f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False).encode())
+        resolved = config.model_dump(mode="json")
+        resolved.update(questions=redact(config.questions), output=redact(config.output))
+        f.write(yaml.safe_dump(resolved, sort_keys=False).encode())
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
     log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "

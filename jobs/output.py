@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.io import InputPlan, filesystem, hash_ids, question_rows
+from jobs.io import InputPlan, filesystem, hash_ids, question_rows, redact
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 
@@ -67,10 +67,10 @@ class ShardedOutput:
                              if previous.get(k) != self.identity.get(k))
             if changed and not force:
                 raise ConfigError(
-                    f"{self.output} holds output of a different run (differs in: {', '.join(changed)}); "
+                    f"{redact(self.output)} holds output of a different run (differs in: {', '.join(changed)}); "
                     "use another --output, or --force to discard it")
             if changed:
-                self.log(f"--force: discarding the previous output in {self.output}")
+                self.log(f"--force: discarding the previous output in {redact(self.output)}")
                 for strategy in self._strategy_dirs():
                     self.fs.delete_dir(f"{self.root}/{strategy}")
         with self.fs.open_output_stream(manifest + ".tmp") as f:

@@ -86,13 +86,24 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     assert raisf_all["retrievals/q"] == pytest.approx(sum(r["n_retrievals"] for r in raisf) / 10)
 
 
-def test_bad_question_file_is_a_clear_cli_error(tmp_path):
+@pytest.mark.parametrize("case, message", [
+    ("missing_column", "missing required column 'question'"),
+    ("wrong_type", "column 'id' has type int64"),
+    ("not_parquet", "not a readable Parquet file"),
+    ("missing_file", "file not found"),
+])
+def test_bad_question_file_is_a_clear_cli_error_and_writes_nothing(tmp_path, case, message):
     bad = tmp_path / "bad.parquet"
-    pq.write_table(pa.table({"id": ["a"], "query": ["what?"]}), bad)
+    if case == "missing_column":
+        pq.write_table(pa.table({"id": ["a"], "query": ["what?"]}), bad)
+    elif case == "wrong_type":
+        pq.write_table(pa.table({"id": [1], "question": ["what?"]}), bad)
+    elif case == "not_parquet":
+        bad.write_text("id,question\na,what?\n")
     proc = ragsift("answer", "--questions", bad, "--output", tmp_path / "out", "--strategy", "direct",
                    check=False)
     assert proc.returncode == 2
-    assert "bad.parquet" in proc.stderr and "'question'" in proc.stderr
+    assert "bad.parquet" in proc.stderr and message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 

@@ -69,6 +69,8 @@ class Engine:
         self.roots_done = 0
         self.requests_deduped = 0
         self.batch_failures = 0
+        self.empty_answers = 0
+        self.parse_failures = 0
         self.resolved: dict[str, dict[str, int]] = {}
         self.tokens = 0  # computed by the stages (a deduplicated request counts once)
         self.started = time.perf_counter()
@@ -293,6 +295,7 @@ class Engine:
 
     def _finish(self, node: Node, done: Done) -> None:
         node.root.counters["n_parse_failures"] += node.item.counts.get("parse_failures", 0)
+        self.parse_failures += node.item.counts.get("parse_failures", 0)
         if node.parent is not None:
             parent = node.parent
             parent.item.trace.append({"child": node.item.question, "answer": done.answer,
@@ -304,6 +307,8 @@ class Engine:
         self.roots_done += 1
         by = self.resolved.setdefault(root.strategy.name, {})
         by[done.resolved_by] = by.get(done.resolved_by, 0) + 1
+        if not done.answer and not done.error:  # the model said nothing usable: kept, and counted
+            self.empty_answers += 1
         passages = node.item.passages
         self.on_row({
             "id": root.question.id,
@@ -333,6 +338,8 @@ class Engine:
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
             "requests_deduped": self.requests_deduped,
             "batch_failures": self.batch_failures,
+            "empty_answers": self.empty_answers,
+            "parse_failures": self.parse_failures,
             "stages": {name: s.stats.summary() for name, s in self.stages.items()},
             "resolved_by": self.resolved,
         }

@@ -23,6 +23,7 @@ from schemas.config import RaisfConfig
 from schemas.records import Generate, Judge, Judgment, Retrieve
 
 UNKNOWN = "unknown"
+DECOMPOSE_TOKENS = 160
 
 
 class RAISF:
@@ -102,9 +103,9 @@ class RAISF:
         item.trace.append({"step": "no_relevant_passage"})
         return Done(UNKNOWN, "unknown")
 
-    def _decompose(self, item):
+    def _decompose(self, item, max_tokens=DECOMPOSE_TOKENS):
         user = prompt("raisf_decompose").format(question=item.question)
-        return self._ask(item, "decompose", [Generate(answer_messages(user, system=None), max_tokens=160,
+        return self._ask(item, "decompose", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
                                                       json_schema=self.decompose_schema)])
 
     def _after_decompose(self, item, responses):
@@ -114,6 +115,11 @@ class RAISF:
         subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subquestions)
         if not ok:
             item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+            if not item.state.get("decompose_retried"):
+                # under guided decoding, invalid JSON means the output was cut off: one retry with room
+                item.state["decompose_retried"] = True
+                item.trace.append({"step": "decompose", "parsed": False, "output": gen.text, "retry": True})
+                return self._decompose(item, max_tokens=2 * DECOMPOSE_TOKENS)
         # a sub-question identical to its parent would recurse on itself until D_th
         subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})

@@ -1,6 +1,8 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jobs.io import plan_input, question_rows, redact
 from schemas.tables import SchemaError
@@ -63,3 +65,19 @@ def test_shards_are_skipped_without_losing_rows(tmp_path):
 def test_credentials_never_leave_a_uri():
     assert redact("s3://AKIA:secret@bucket/q.parquet") == "s3://***@bucket/q.parquet"
     assert redact("/data/q.parquet") == "/data/q.parquet"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=4)), st.one_of(st.none(), st.binary(max_size=40))),
+                max_size=30))
+def test_any_rows_give_one_question_each_and_never_raise(tmp_path, rows):
+    f = tmp_path / "q.parquet"
+    questions = pa.array([q for _, q in rows], pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"id": pa.array([i for i, _ in rows], pa.string()), "question": questions}), f)
+    plan = plan_input(str(f))
+    out = list(question_rows(str(f), batch_rows=7, shard_rows=5, drop_rows=plan.duplicate_rows, max_chars=30))
+    assert len(out) == plan.answered and len({q.id for q in out}) == len(out)
+    for q in out:
+        if q.error is None:
+            assert q.question.strip() and len(q.question) <= 30
+            assert not any(ord(c) < 32 and c not in "\t\n" for c in q.question)

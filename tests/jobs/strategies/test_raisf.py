@@ -107,13 +107,17 @@ def test_no_decomposition_ablation_gives_unknown():
     assert all(not (isinstance(r, Generate) and r.json_schema) for _, r in log)
 
 
-def test_unparseable_decomposition_is_counted_and_falls_back_to_answering():
-    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "I cannot split this."}))
-    assert item.counts["parse_failures"] == 1
+def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_answering():
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "I cannot split this."}), log=log)
+    decompositions = [r for _, r in log if isinstance(r, Generate) and r.json_schema]
+    assert [r.max_tokens for r in decompositions] == [160, 320]  # one retry, with room to finish the JSON
+    assert item.counts["parse_failures"] == 2
+    assert [t.get("retry", False) for t in item.trace if t["step"] == "decompose"] == [True, False]
     assert done.resolved_by == "decomposition" and done.answer == "synth(Q)"
     # a numbered list outside JSON is used, but still counted as a parse failure
     done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "1. A?\n2. B?"}, know={"A?": .9, "B?": .9}))
-    assert item.state["subs"] == ["A?", "B?"] and item.counts["parse_failures"] == 1
+    assert item.state["subs"] == ["A?", "B?"] and item.counts["parse_failures"] == 2
 
 
 def test_sub_questions_are_capped_and_self_repeats_dropped():
