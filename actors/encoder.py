@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.records import Rank, Ranking
+
 
 class Encoder:
     def __init__(self, model: str, batch_size: int = 64, device: str | None = None):
@@ -24,3 +26,15 @@ class Encoder:
             texts, batch_size=self.batch_size, normalize_embeddings=True,
             convert_to_numpy=True, show_progress_bar=False,
         ).astype(np.float32, copy=False)
+
+    def rank(self, requests: list[Rank]) -> list[Ranking]:
+        """Bi-encoder ranking: cosine of each text to its query, one ``encode`` call for the batch."""
+        texts = [r.query for r in requests] + [t for r in requests for t in r.texts]
+        vectors = self.encode(texts)
+        queries, offset, out = vectors[: len(requests)], len(requests), []
+        for q, r in zip(queries, requests):
+            scores = vectors[offset: offset + len(r.texts)] @ q
+            offset += len(r.texts)
+            best = np.argsort(-scores, kind="stable")[: r.top]
+            out.append(Ranking([int(i) for i in best], [float(scores[i]) for i in best]))
+        return out

@@ -79,7 +79,9 @@ class Generator:
             longest = max(len(self.tokenizer.encode(c, add_special_tokens=False)) for c in req.choices)
             return SamplingParams(temperature=0.0, max_tokens=longest + 1, logprobs=JUDGE_LOGPROBS,
                                   structured_outputs=StructuredOutputsParams(choice=list(req.choices)))
-        structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
+        # compact JSON: small models otherwise spend their token budget on newlines between tokens
+        structured = (StructuredOutputsParams(json=req.json_schema, disable_any_whitespace=True)
+                      if req.json_schema else None)
         return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
                               structured_outputs=structured)
 

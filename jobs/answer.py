@@ -17,7 +17,7 @@ import yaml
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, RetrieverStage
+from jobs.engine.stages import GeneratorStage, RankerStage, RetrieverStage
 from jobs.index import read_manifest
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
@@ -45,21 +45,25 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
         stages["generator"] = llm_pool("generator", config.generator)
     if "judge" in needs and config.judge is not None:  # else the engine routes judge -> generator
         stages["judge"] = llm_pool("judge", config.judge)
-    if "retriever" in needs:
-        manifest = read_manifest(config.index.path)
+    if needs & {"retriever", "ranker"}:
         e = config.embedder
-        # the query encoder must be the model the index was built with
+        manifest = read_manifest(config.index.path) if "retriever" in needs else None
+        # the query encoder must be the model the index was built with; the ranker shares the pool
         encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
-        encoders = [encoder.remote(manifest["embedder"], e.batch_size, e.device) for _ in range(e.replicas)]
-        shard = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
-        shards = [shard.remote(str(Path(config.index.path) / s["dir"])) for s in manifest["shards"]]
-        stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever)
+        model = manifest["embedder"] if manifest else e.model
+        encoders = [encoder.remote(model, e.batch_size, e.device) for _ in range(e.replicas)]
+        if manifest:
+            shard = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
+            shards = [shard.remote(str(Path(config.index.path) / s["dir"])) for s in manifest["shards"]]
+            stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever)
+        if "ranker" in needs:
+            stages["ranker"] = RankerStage(encoders, config.engine.ranker)
     return stages
 
 
 # Fields that change how fast a run goes, not what it answers: a resumed run may change them.
 OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
-               "engine.retriever", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
+               "engine.retriever", "engine.ranker", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
                "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows"}
 _OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind",
                     "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}

@@ -15,6 +15,8 @@ JOBS = {
     "index": ("jobs.index", "build sharded FAISS indexes from a corpus"),
     "answer": ("jobs.answer", "answer questions with one or more strategies"),
     "evaluate": ("jobs.evaluate", "score answers against gold answers and passages"),
+    "compare": ("jobs.compare", "answer with several strategies and evaluate them side by side"),
+    "sweep": ("jobs.sweep", "one answer run per value of a config field (e.g. think_act.beta_threshold)"),
     "models": ("jobs.models", "list or prepare the offline models"),
 }
 

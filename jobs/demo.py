@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         AnswerConfig, None, [f"index.path={index_dir}", f"generator.model={args.generator}", *args.set],
         questions=str(QUESTIONS), output=args.output, strategies=args.strategy.split(","), limit=args.limit,
     )
-    answer(config, log=log)
+    answer(config, log=log, force=True)  # a demo of other settings in the same folder is replaced
     table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
     print_table(table)
     print(resolution_markdown(resolved))

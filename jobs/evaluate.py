@@ -17,7 +17,7 @@ from jobs import metrics as M
 from jobs.io import filesystem, question_columns, read_table
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
-           "errors", "LLM calls/q", "tokens/q", "latency s"]
+           "cite P / R", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "latency s"]
 
 
 def answer_files(output: str) -> list[str]:
@@ -89,7 +89,9 @@ def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict
     em = f1 = acc = 0.0
     yn_n = yn_ok = 0
     rec_any, rec_all, rec_n, errors = 0.0, 0.0, 0, 0
-    calls = tokens = latency = 0.0
+    calls = tokens = latency = retrievals = subs = 0.0
+    cite_p = cite_r = 0.0
+    cite_n = 0
     for row in rows:
         golds = row["_gold"].get("answers") or []
         pred = row["answer"] or ""
@@ -104,7 +106,12 @@ def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict
         if gold_ids and row["retrieved_ids"]:
             a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
             rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
+        if gold_ids and row.get("citations"):  # citation precision / recall against gold passages
+            hit = len(set(row["citations"]) & set(gold_ids))
+            cite_p, cite_r, cite_n = cite_p + hit / len(set(row["citations"])), cite_r + hit / len(set(gold_ids)), cite_n + 1
         calls += row["n_llm_calls"]
+        retrievals += row["n_retrievals"]
+        subs += row["n_subquestions"]
         tokens += row["prompt_tokens"] + row["completion_tokens"]
         latency += row["latency_s"]
     pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
@@ -113,8 +120,10 @@ def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict
         "EM": pct(em, n), "F1": pct(f1, n), "acc": pct(acc, n),
         "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
         "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
+        "cite P / R": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)}" if cite_n else None,
         "errors": errors,
-        "LLM calls/q": round(calls / n, 2), "tokens/q": round(tokens / n, 1),
+        "LLM calls/q": round(calls / n, 2), "retrievals/q": round(retrievals / n, 2),
+        "sub-q/q": round(subs / n, 2), "tokens/q": round(tokens / n, 1),
         "latency s": round(latency / n, 2),
     }
 
@@ -162,6 +171,34 @@ def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None =
         (out / "resolution.json").write_text(json.dumps(resolved, indent=2))
         text += "\n## How questions were resolved\n\n" + resolution_markdown(resolved)
     (out / "eval.md").write_text(text)
+    chart(table, out / "eval.png")
+
+
+def chart(table: list[dict], path: Path) -> None:
+    """F1 per strategy and dataset, and LLM calls per question, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = sorted({r["strategy"] for r in table})
+    datasets = sorted({r["dataset"] for r in table}, key=lambda d: (d == "ALL", d))
+    f1 = {(r["strategy"], r["dataset"]): r["F1"] or 0 for r in table}
+    fig, (ax, cost) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    width = 0.8 / len(strategies)
+    for i, s in enumerate(strategies):
+        ax.bar([d + i * width for d in range(len(datasets))], [f1.get((s, d), 0) for d in datasets], width, label=s)
+    ax.set_xticks([d + 0.4 - width / 2 for d in range(len(datasets))], datasets, rotation=30)
+    ax.set_ylabel("F1 (%)")
+    ax.legend(fontsize=8)
+    ax.set_title("F1 by dataset")
+    overall = {r["strategy"]: r for r in table if r["dataset"] == "ALL"}
+    cost.bar(strategies, [overall[s]["LLM calls/q"] if s in overall else 0 for s in strategies])
+    cost.set_title("LLM calls per question")
+    cost.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -67,6 +67,7 @@ class Question:
     question: str
     error: str | None = None  # set when the row cannot be answered (it becomes an error row)
     shard: int = 0  # input shard (output is committed per shard)
+    kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
 
 
 def hash_ids(ids) -> np.ndarray:
@@ -148,20 +149,25 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
         if start < total and any(s not in skip_shards for s in shards):
             groups.append((g, start))
         start += size
+    with_kind = "kind" in check_schema(pf.schema_arrow, {}, {"kind": QUESTION_OPTIONAL["kind"]}, redact(uri))
     for g, n in groups:
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=["id", "question"]):
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g],
+                                     columns=["id", "question", *(["kind"] if with_kind else [])]):
             if n >= total:
                 return
             ids = batch.column("id").to_pylist()
             # as binary: one row of invalid UTF-8 must not fail the whole batch
             texts = pc.cast(batch.column("question"), pa.binary()).to_pylist()
-            for qid, raw in zip(ids, texts):
+            kinds = batch.column("kind").to_pylist() if with_kind else [None] * len(ids)
+            for qid, raw, kind in zip(ids, texts, kinds):
                 row, n = n, n + 1
                 if row >= total:
                     return
                 if row // shard_rows in skip_shards or row in drop_rows:
                     continue
-                yield _question(qid, raw, row, row // shard_rows, max_chars)
+                question = _question(qid, raw, row, row // shard_rows, max_chars)
+                question.kind = kind
+                yield question
 
 
 def _question(qid: str | None, raw: bytes | None, row: int, shard: int, max_chars: int) -> Question:

@@ -165,29 +165,47 @@ class ShardedOutput:
         return sorted(f"{self.root}/{strategy}/part-{s:05d}.parquet" for st, s in self.committed if st == strategy)
 
     def verify(self, plan: InputPlan, questions_uri: str, read_batch_rows: int, max_chars: int) -> dict:
-        """Every answered input id appears exactly once per strategy (an answer or an error row)."""
-        expected = np.sort(np.concatenate([hash_ids([q.id for q in chunk]) for chunk in _chunks(
-            question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
-                          drop_rows=plan.duplicate_rows, max_chars=max_chars))] or [np.empty(0, np.uint64)]))
-        report = {}
-        for strategy in self.strategies:
-            got = [hash_ids(pq.read_table(self.fs.open_input_file(p), columns=["id"])["id"].to_pylist())
-                   for p in self.files(strategy)]
-            got = np.sort(np.concatenate(got)) if got else np.empty(0, np.uint64)
-            unique = np.unique(got)
-            report[strategy] = {"rows": int(len(got)), "expected": int(len(expected)),
-                                "duplicated": int(len(got) - len(unique)),
-                                "missing": int(len(np.setdiff1d(expected, unique, assume_unique=False))),
-                                "ok": bool(np.array_equal(got, expected))}
+        """Every answered input id appears exactly once per strategy (an answer or an error row).
+
+        Shard by shard, so memory is bounded by one shard: the input's ids of a shard against the
+        ids in that shard's part, for each strategy.
+        """
+        report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "ok": True} for s in self.strategies}
+        questions = question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
+                                  drop_rows=plan.duplicate_rows, max_chars=max_chars)
+        for shard, ids in _by_shard(questions, range(-(-plan.rows // self.shard_rows))):
+            expected = np.sort(hash_ids(ids))
+            for strategy in self.strategies:
+                r = report[strategy]
+                path = f"{self.root}/{strategy}/part-{shard:05d}.parquet"
+                got = np.empty(0, np.uint64)
+                if (strategy, shard) in self.committed:
+                    with self.fs.open_input_file(path) as f:
+                        got = np.sort(hash_ids(pq.read_table(f, columns=["id"])["id"].to_pylist()))
+                unique = np.unique(got)
+                r["rows"] += len(got)
+                r["expected"] += len(expected)
+                r["duplicated"] += len(got) - len(unique)
+                r["missing"] += len(np.setdiff1d(expected, unique))
+                r["ok"] = r["ok"] and bool(np.array_equal(got, expected))
         return report
 
 
-def _chunks(rows, size: int = 65536):
-    chunk = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+def _by_shard(questions, shards):
+    """(shard, ids) for every shard number in ``shards``, in order, including shards with no rows."""
+    current, ids = None, []
+    pending = iter(shards)
+    for q in questions:
+        if q.shard != current:
+            if current is not None:
+                yield current, ids
+            for shard in pending:  # shards with no rows left (all dropped) still get checked
+                if shard == q.shard:
+                    break
+                yield shard, []
+            current, ids = q.shard, []
+        ids.append(q.id)
+    if current is not None:
+        yield current, ids
+    for shard in pending:
+        yield shard, []

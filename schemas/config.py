@@ -92,6 +92,7 @@ class EngineConfig(Section):
     generator: LLMBatching = Field(default_factory=LLMBatching)
     judge: LLMBatching = Field(default_factory=LLMBatching)
     retriever: RetrieverBatching = Field(default_factory=RetrieverBatching)
+    ranker: RetrieverBatching = Field(default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(64, ge=1, description="question nodes per root tree; extra sub-questions are dropped")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
@@ -130,6 +131,33 @@ class RaisfConfig(Section):
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
 
 
+class LeastToMostConfig(Section):
+    """Least-to-most prompting (Zhou et al.), closed-book: decompose, solve in order, answer."""
+
+    max_subquestions: int = Field(4, ge=1)
+
+
+class SelfReasoningConfig(Section):
+    """Self-Reasoning (Xia et al.): one JSON trajectory (relevance, cited evidence, analysis, answer)."""
+
+    k: int = Field(5, ge=1, description="passages in the trajectory's evidence (the paper: top 5)")
+    max_tokens: int = Field(384, ge=32, description="tokens for the trajectory; doubled on the one retry")
+
+
+class ThinkActConfig(Section):
+    """Think-then-Act (Shen et al.): query assessment and rewriting, then a capability check that
+    gates retrieval. Defaults are the paper's."""
+
+    assess: bool = Field(True, description="assess the query (CLEAR AND COMPLETE / INCOMPLETE / AMBIGUOUS) and rewrite it")
+    capability: Literal["confidence", "decision"] = Field(
+        "confidence", description="confidence: retrieve when beta = P('yes') < beta_threshold; decision: "
+                                  "the model says RETRIEVAL / NO RETRIEVAL")
+    beta_threshold: float = Field(0.5, ge=0, le=1, description="beta'; 0 = never retrieve, 1 = always")
+    k: int = Field(5, ge=1, description="passages retrieved; their sentences are ranked")
+    top_sentences: int = Field(3, ge=1, description="sentences kept as context (the paper: top 3 by Sentence-BERT)")
+    max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = None
@@ -153,6 +181,9 @@ class AnswerConfig(Section):
     index: IndexConfig = Field(default_factory=IndexConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     raisf: RaisfConfig = Field(default_factory=RaisfConfig)
+    least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
+    self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)
+    think_act: ThinkActConfig = Field(default_factory=ThinkActConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

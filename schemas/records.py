@@ -48,6 +48,17 @@ class Retrieve:
     stage = "retriever"
 
 
+@dataclass(frozen=True)
+class Rank:
+    """Score ``texts`` against ``query`` on the ranker pool and keep the best ``top`` (e.g. sentences)."""
+
+    query: str
+    texts: tuple[str, ...]
+    top: int
+
+    stage = "ranker"
+
+
 @dataclass
 class Generation:
     text: str
@@ -85,5 +96,12 @@ class Retrieval:
     error: str | None = None
 
 
-Request = Generate | Judge | Retrieve
-Response = Generation | Judgment | Retrieval
+@dataclass
+class Ranking:
+    indices: list[int] = field(default_factory=list)  # into the request's texts, best first
+    scores: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+Request = Generate | Judge | Retrieve | Rank
+Response = Generation | Judgment | Retrieval | Ranking

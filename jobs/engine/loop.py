@@ -212,7 +212,7 @@ class Engine:
         root = Root(question, self.strategies[strategy_name])
         self.roots_in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.roots_in_flight)
-        node = Node(Item(question.question), root)
+        node = Node(Item(question.question, kind=question.kind), root)
         if question.error:
             self._finish(node, Done("", "error", error=question.error))
             return
@@ -295,6 +295,8 @@ class Engine:
 
     def _finish(self, node: Node, done: Done) -> None:
         node.root.counters["n_parse_failures"] += node.item.counts.get("parse_failures", 0)
+        # sub-questions a strategy solved inline (least-to-most), besides the children it spawned
+        node.root.counters["n_subquestions"] += node.item.counts.get("subquestions", 0)
         self.parse_failures += node.item.counts.get("parse_failures", 0)
         if node.parent is not None:
             parent = node.parent

@@ -14,7 +14,7 @@ from typing import Any
 
 from actors.retriever import merge_topk
 from schemas.config import StageBatching
-from schemas.records import Generate, Generation, Request, Response, Retrieval, Retrieve
+from schemas.records import Generate, Generation, Rank, Ranking, Request, Response, Retrieval, Retrieve
 
 
 @dataclass
@@ -147,6 +147,21 @@ class GeneratorStage(Stage):
 
     def failed(self, batch, error):
         return [Generation("", error=error) for _ in batch]
+
+
+class RankerStage(Stage):
+    """Replicas rank texts against a query (encoder actors: bi-encoder cosine)."""
+
+    name = "ranker"
+
+    def launch(self, replica, batch: list[Rank]):
+        return [self.replicas[replica].rank.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Ranking(error=error) for _ in batch]
 
 
 class RetrieverStage(Stage):

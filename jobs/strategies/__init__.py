@@ -2,14 +2,23 @@
 
 from jobs.strategies.base import StrategySettings
 from jobs.strategies.direct import Direct
+from jobs.strategies.least_to_most import LeastToMost
 from jobs.strategies.rag import RetrieveThenRead
 from jobs.strategies.raisf import RAISF
+from jobs.strategies.self_reasoning import SelfReasoning
+from jobs.strategies.think_act import ThinkThenAct
 
-STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF)}
+STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct)}
 
 
 def make_strategy(name: str, config):
-    """Build strategy ``name`` from an AnswerConfig."""
+    """Build strategy ``name`` from an AnswerConfig (each reads its own section)."""
     if name == RAISF.name:
         return RAISF(config.raisf)
+    if name == LeastToMost.name:
+        return LeastToMost(config.least_to_most)
+    if name == SelfReasoning.name:
+        return SelfReasoning(config.self_reasoning)
+    if name == ThinkThenAct.name:
+        return ThinkThenAct(config.think_act)
     return STRATEGIES[name](StrategySettings(k=config.retrieval.k))

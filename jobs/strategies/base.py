@@ -45,6 +45,7 @@ class Item:
 
     question: str
     depth: int = 0
+    kind: str | None = None  # the input's `kind` (e.g. "claim" for FEVER) for roots; None for sub-questions
     state: dict[str, Any] = field(default_factory=dict)  # owned by the strategy
     passages: list[Passage] = field(default_factory=list)  # the retrieval reported in the output
     trace: list[dict[str, Any]] = field(default_factory=list)

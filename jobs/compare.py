@@ -1,0 +1,39 @@
+"""``ragsift compare``: answer a question set with several strategies, then evaluate them side by side.
+
+The table (strategies x datasets: EM, F1, accuracy, citations, LLM calls, retrievals, sub-questions,
+tokens, latency per question) is printed and written as eval.md / eval.json / eval.png next to the
+answers. The questions file needs gold `answers` (and `dataset`, `gold_passage_ids` where known).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jobs import answer as answer_job
+from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    answer_job.add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = answer_job.config_from_args(args)
+    answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
+    table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k)
+    print_table(table)
+    print(resolution_markdown(resolved))
+    write_reports(table, config.output, resolved)
+    print(f"wrote {config.output}/eval.md, eval.json and eval.png", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("compare", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""``ragsift sweep``: one answer run per value of a config field, then a table and a chart.
+
+    ragsift sweep --param think_act.beta_threshold --values 0,0.25,0.5,0.75,1 \\
+        --questions q.parquet --index-dir idx --output runs/beta --strategy think_act
+
+Runs go to ``<output>/<param>=<value>/`` (each resumable like ``answer``); the actor pools are built
+once and shared by all runs. ``sweep.md`` / ``sweep.json`` / ``sweep.png`` hold, per value, accuracy,
+F1, the retrieval ratio (share of questions that retrieved: Think-then-Act's Figure 3) and LLM calls
+per question (its Figure 4 is this sweep over beta').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jobs import answer as answer_job
+from jobs.evaluate import evaluate
+from jobs.io import filesystem
+from pydantic import ValidationError
+
+from schemas.config import ConfigError, parse_override
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
+    p.add_argument("--values", required=True, help="comma-separated values (parsed as YAML)")
+    answer_job.add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from jobs.ray_session import init_ray
+
+    log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
+    base = answer_job.config_from_args(args)
+    configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
+    init_ray(base.ray)
+    needs = set().union(*(answer_job.make_strategy(n, base).stages for n in base.strategies))
+    stages = answer_job.build_stages(base, needs)
+    rows = []
+    for value, config in configs:
+        log(f"--- {args.param}={value}")
+        answer_job.answer(config, log=log, force=args.force, stages=stages)
+        table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
+        for strategy in config.strategies:
+            answers = pq.read_table(f"{config.output}/{strategy}", columns=["n_retrievals"])["n_retrievals"].to_pylist()
+            overall = next(r for r in table if r["strategy"] == strategy and r["dataset"] == "ALL")
+            rows.append({"value": value, "strategy": strategy, "acc": overall["acc"], "F1": overall["F1"],
+                         "retrieval ratio": round(100 * sum(n > 0 for n in answers) / len(answers), 1),
+                         "LLM calls/q": overall["LLM calls/q"]})
+    write(rows, args.param, base.output)
+    return 0
+
+
+def with_value(base, param: str, value: str):
+    """``base`` with ``param`` set to ``value`` (validated, naming the field) and its own output folder."""
+    keys, parsed = parse_override(f"{param}={value}")
+    data = base.model_dump()
+    node = data
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            raise ConfigError(f"--param {param}: {k} is not a config section")
+        node = node[k]
+    node[keys[-1]] = parsed
+    data["output"] = f"{base.output}/{param}={value}"
+    try:
+        return type(base).model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"--param {param}={value}: {err.errors()[0]['msg']}") from None
+
+
+def write(rows: list[dict], param: str, output: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    head = ["value", "strategy", "acc", "F1", "retrieval ratio", "LLM calls/q"]
+    text = f"# sweep of {param}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n"
+    text += "".join("| " + " | ".join(str(r[h]) for h in head) + " |\n" for r in rows)
+    fs, root = filesystem(output)
+    with fs.open_output_stream(f"{root}/sweep.md") as f:
+        f.write(text.encode())
+    with fs.open_output_stream(f"{root}/sweep.json") as f:
+        f.write(json.dumps(rows, indent=2).encode())
+    print(text)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy in sorted({r["strategy"] for r in rows}):
+        mine = [r for r in rows if r["strategy"] == strategy]
+        ax.plot([float(r["value"]) for r in mine], [r["acc"] for r in mine], marker="o", label=f"{strategy} acc %")
+        ax.plot([float(r["value"]) for r in mine], [r["retrieval ratio"] for r in mine], marker="x", linestyle="--",
+                label=f"{strategy} retrieval ratio %")
+    ax.set_xlabel(param)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if "://" not in output:
+        fig.savefig(Path(output) / "sweep.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("sweep", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

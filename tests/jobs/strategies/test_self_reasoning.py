@@ -1,0 +1,82 @@
+"""Self-Reasoning transitions with a scripted model: trajectory, citations, irrelevant evidence,
+fact verification, the retry and the fallback."""
+
+import json
+
+import pytest
+
+from jobs.strategies.self_reasoning import SelfReasoning, trajectory_schema
+from schemas.config import SelfReasoningConfig
+from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
+from tests.jobs.strategies.scripted import drive
+
+PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
+
+
+def script(*trajectories, read="Paris"):
+    """Trajectories (dicts or raw text) answer the guided generations in order; plain reads get ``read``."""
+    queue = list(trajectories)
+
+    def respond(request, item):
+        if isinstance(request, Retrieve):
+            return Retrieval(PASSAGES[: request.k])
+        assert isinstance(request, Generate)
+        if request.json_schema:
+            t = queue.pop(0)
+            return Generation(t if isinstance(t, str) else json.dumps(t), 300, 120)
+        return Generation(read, 300, 2)
+    return respond
+
+
+def trajectory(relevant=True, cites=(2,), analysis="Paris is the capital [2][1,9].", answer="Paris"):
+    return {"relevant": relevant, "relevant_reason": "", "analysis": analysis, "answer": answer,
+            "cite_list": [{"cite_index": i, "cite_content": "...", "cite_reason": "why"} for i in cites]}
+
+
+def test_one_guided_trajectory_over_the_top_k_with_citations_as_passage_ids():
+    log = []
+    done, item = drive(SelfReasoning(SelfReasoningConfig()), "capital of France?", script(trajectory()), log=log)
+    assert [type(r).__name__ for _, r in log] == ["Retrieve", "Generate"]
+    schema = json.loads(log[1][1].json_schema)
+    assert schema["properties"]["cite_list"]["items"]["properties"]["cite_index"]["maximum"] == 5
+    assert "[5] T4: text 4" in log[1][1].messages[-1][1]
+    assert (done.answer, done.resolved_by) == ("Paris", "passages")
+    assert done.citations == ["p1", "p0"]  # cite_list first, then [n] markers; index 9 is not a passage
+    assert item.trace[-1]["cite_list"][0]["cite_reason"] == "why"
+
+
+def test_irrelevant_evidence_answers_from_internal_knowledge_without_citations():
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory(relevant=False, answer="Lyon")))
+    assert (done.answer, done.resolved_by, done.citations) == ("Lyon", "internal_knowledge", [])
+
+
+@pytest.mark.parametrize("said, verdict", [("SUPPORT", "SUPPORTS"), ("REFUTE", "REFUTES"),
+                                           ("NOT ENOUGH INFO", "NOT ENOUGH INFO")])
+def test_claims_use_the_fact_verification_variant(said, verdict):
+    from jobs.strategies.base import Item
+    s = SelfReasoning(SelfReasoningConfig())
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    step = s.resume(item, [Retrieval(PASSAGES)])
+    assert "check whether the given claim" in step.requests[0].messages[-1][1]
+    assert json.loads(step.requests[0].json_schema)["properties"]["answer"]["enum"] == list(
+        ["SUPPORT", "REFUTE", "NOT ENOUGH INFO"])
+    assert s.resume(item, [Generation(json.dumps(trajectory(answer=said)))]).answer == verdict
+    assert json.loads(trajectory_schema(5, False))["properties"]["answer"] == {"type": "string"}
+
+
+def test_an_unparseable_trajectory_is_retried_once_then_falls_back_to_a_plain_read():
+    log = []
+    done, item = drive(SelfReasoning(SelfReasoningConfig(max_tokens=100)), "Q",
+                       script('{"relevant": true, "analysis": "cut o', "not json"), log=log)
+    assert [r.max_tokens for _, r in log if isinstance(r, Generate)] == [100, 200, None]
+    assert item.counts["parse_failures"] == 2
+    assert (done.answer, done.resolved_by) == ("Paris", "fallback")
+    # the retry succeeding needs no fallback
+    done, item = drive(SelfReasoning(SelfReasoningConfig()), "Q", script("{", trajectory()))
+    assert done.resolved_by == "passages" and item.counts["parse_failures"] == 1
+
+
+def test_a_failed_retrieval_ends_with_an_error():
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", lambda r, i: Retrieval(error="shard down"))
+    assert done.error == "shard down"
