@@ -17,6 +17,7 @@ class Generator:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
         bind = llm["cpu_threads_bind"]
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if llm["engine_in_process"] else "1"
         from vllm import LLM
 
         from jobs.models import resolve

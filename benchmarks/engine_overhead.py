@@ -85,7 +85,8 @@ def one(n: int) -> dict:
     writer.close()
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
-    config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"])
+    config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],
+                          engine={"cache_size": int(os.environ.get("OVERHEAD_CACHE_SIZE", 100_000))})
     gen = [ray.remote(StubGenerator).options(num_cpus=0).remote()]
     enc = [ray.remote(StubEncoder).options(num_cpus=0).remote()]
     shards = [ray.remote(StubShard).options(num_cpus=0).remote(i) for i in range(2)]

@@ -32,6 +32,10 @@ class LLMConfig(Section):
         "all", description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
                            "faster than vLLM's default on an otherwise idle 2-core box), 'auto' = vLLM's "
                            "default (one core left for other work), or a list like '0-7'")
+    engine_in_process: bool = Field(
+        True, description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+                          "so it dies with the actor; False = vLLM's separate engine process (overlaps "
+                          "scheduling with execution on GPUs, but outlives a SIGKILLed actor when no raylet reaps it)")
     seed: int = 0
     replicas: int = Field(1, ge=1)
     num_gpus: float = Field(0, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")

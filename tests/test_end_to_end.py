@@ -86,6 +86,38 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     assert raisf_all["retrievals/q"] == pytest.approx(sum(r["n_retrievals"] for r in raisf) / 10)
 
 
+def test_paper_strategies_compare_with_the_real_model(ten_questions):
+    """least_to_most, self_reasoning and think_act on the real stack, through `ragsift compare`."""
+    tmp, picked = ten_questions
+    if not (tmp / "idx" / "manifest.json").exists():
+        ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    three = picked.slice(0, 2).to_pylist() + picked.slice(8, 1).to_pylist()
+    claim = {**three[0], "id": "claim-1", "question": "Paris is the capital of France.", "kind": "claim",
+             "answers": ["SUPPORTS"], "dataset": "fever", "gold_passage_ids": []}
+    pq.write_table(pa.Table.from_pylist(three + [claim], schema=picked.schema), tmp / "q4.parquet")
+    ragsift("compare", "--questions", tmp / "q4.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cmp",
+            "--strategy", "least_to_most,self_reasoning,think_act", "--generator", "smollm2-135m-instruct",
+            "--set", "self_reasoning.max_tokens=256")
+    rows = {(r["strategy"], r["id"]): r for s in ("least_to_most", "self_reasoning", "think_act")
+            for r in pq.read_table(tmp / "cmp" / s).to_pylist()}
+    assert len(rows) == 12 and all(r["error"] is None for r in rows.values())
+    for (strategy, qid), row in rows.items():
+        steps = [t.get("step") for t in json.loads(row["trace"])]
+        if strategy == "self_reasoning":
+            assert steps[0] == "retrieve" and "trajectory" in steps and row["n_retrievals"] == 1
+            assert set(row["citations"]) <= set(row["retrieved_ids"])
+            if qid == "claim-1" and row["resolved_by"] != "fallback":
+                assert row["answer"] in ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
+        if strategy == "think_act":
+            assert "capability" in steps or "split" in steps
+            assert row["resolved_by"] in ("closed_book", "retrieval", "sub_queries")
+        if strategy == "least_to_most":
+            assert steps[0] == "decompose" and row["n_llm_calls"] == row["n_subquestions"] + 2
+    assert (tmp / "cmp" / "eval.png").stat().st_size > 10_000
+    table = json.loads((tmp / "cmp" / "eval.json").read_text())
+    assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act"}
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing_column", "missing required column 'question'"),
     ("wrong_type", "column 'id' has type int64"),

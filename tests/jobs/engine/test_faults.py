@@ -28,7 +28,8 @@ def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageB
 
     def chaos(e):
         if kill and not killed and e.roots_done >= 5:
-            killed.append(kill(stages))
+            kill(stages)
+            killed.append(True)
 
     config = EngineConfig(**{"window": 16, "failure_cooldown_s": 0.0, **engine})
     eng = Engine(stages, {strategy: STRATEGIES[strategy](StrategySettings(k=2))}, config, rows.append,
@@ -42,18 +43,14 @@ def answers(by_id):
     return {i: (r["answer"], r["retrieved_ids"], r["error"]) for i, r in by_id.items()}
 
 
-def test_killed_generator_replica_restarts_and_its_batches_are_retried(ray_session):
-    calm, _, _ = run(ray_session, QUESTIONS)
-    by_id, rows, engine = run(ray_session, QUESTIONS,
-                              kill=lambda s: ray_session.kill(s["generator"].replicas[0], no_restart=False))
-    assert len(rows) == len(QUESTIONS) and answers(by_id) == answers(calm)
-    assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
+@pytest.mark.parametrize("victim", ["generator replica", "retriever shard"])
+def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim):
+    def kill(stages):
+        actor = stages["generator"].replicas[0] if victim == "generator replica" else stages["retriever"].shards[1]
+        ray_session.kill(actor, no_restart=False)
 
-
-def test_killed_retriever_shard_restarts_and_its_batches_are_retried(ray_session):
     calm, _, _ = run(ray_session, QUESTIONS)
-    by_id, rows, engine = run(ray_session, QUESTIONS,
-                              kill=lambda s: ray_session.kill(s["retriever"].shards[1], no_restart=False))
+    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
     assert len(rows) == len(QUESTIONS) and answers(by_id) == answers(calm)
     assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
 
