@@ -162,6 +162,21 @@ class ThinkActConfig(Section):
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
 
 
+class MigresConfig(Section):
+    """MIGRES (Wang et al.). Iterations, k and N are the paper's (Table 11); delta is on the ranker's
+    scale (bi-encoder cosine by default, not the paper's BGE-reranker logits)."""
+
+    max_iterations: int = Field(5, ge=1, description="T for multi-hop, yes/no and claims")
+    max_iterations_open_domain: int = Field(3, ge=1, description="T for kind=single-hop (open-domain QA)")
+    passages_per_query: int = Field(50, ge=1, description="N passages retrieved per query")
+    max_passages: int = Field(5, ge=1, description="k passages kept per query after the knowledge filter")
+    relevance_threshold: float = Field(0.3, description="delta: passages and sentences scoring under it are dropped")
+    max_queries: int = Field(3, ge=1, description="new queries per iteration")
+    max_uses: int = Field(2, ge=1, description="memory: a passage used this often is not used again")
+    knowledge_prompting: bool = Field(True, description="ask the LLM about a query no passage survives for")
+    entailment_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') for an extracted statement to be kept")
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = None
@@ -188,6 +203,7 @@ class AnswerConfig(Section):
     least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
     self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)
     think_act: ThinkActConfig = Field(default_factory=ThinkActConfig)
+    migres: MigresConfig = Field(default_factory=MigresConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

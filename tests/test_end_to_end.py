@@ -87,7 +87,7 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
 
 
 def test_paper_strategies_compare_with_the_real_model(ten_questions):
-    """least_to_most, self_reasoning and think_act on the real stack, through `ragsift compare`."""
+    """least_to_most, self_reasoning, think_act and migres on the real stack, through `ragsift compare`."""
     tmp, picked = ten_questions
     if not (tmp / "idx" / "manifest.json").exists():
         ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
@@ -96,11 +96,12 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
              "answers": ["SUPPORTS"], "dataset": "fever", "gold_passage_ids": []}
     pq.write_table(pa.Table.from_pylist(three + [claim], schema=picked.schema), tmp / "q4.parquet")
     ragsift("compare", "--questions", tmp / "q4.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cmp",
-            "--strategy", "least_to_most,self_reasoning,think_act", "--generator", "smollm2-135m-instruct",
-            "--set", "self_reasoning.max_tokens=256")
-    rows = {(r["strategy"], r["id"]): r for s in ("least_to_most", "self_reasoning", "think_act")
+            "--strategy", "least_to_most,self_reasoning,think_act,migres", "--generator", "smollm2-135m-instruct",
+            "--set", "self_reasoning.max_tokens=256", "--set", "migres.max_iterations=2",
+            "--set", "migres.max_iterations_open_domain=2", "--set", "migres.passages_per_query=10")
+    rows = {(r["strategy"], r["id"]): r for s in ("least_to_most", "self_reasoning", "think_act", "migres")
             for r in pq.read_table(tmp / "cmp" / s).to_pylist()}
-    assert len(rows) == 12 and all(r["error"] is None for r in rows.values())
+    assert len(rows) == 16 and all(r["error"] is None for r in rows.values())
     for (strategy, qid), row in rows.items():
         steps = [t.get("step") for t in json.loads(row["trace"])]
         if strategy == "self_reasoning":
@@ -113,9 +114,14 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
             assert row["resolved_by"] in ("closed_book", "retrieval", "sub_queries")
         if strategy == "least_to_most":
             assert steps[0] == "decompose" and row["n_llm_calls"] == row["n_subquestions"] + 2
+        if strategy == "migres":
+            trace = json.loads(row["trace"])[-1]
+            assert trace["step"] == "migres" and 1 <= len(trace["iterations"]) <= 2
+            assert row["resolved_by"] in ("answered", "max_iterations") and row["n_retrievals"] >= 1
+            assert set(row["citations"]) <= set(row["retrieved_ids"])
     assert (tmp / "cmp" / "eval.png").stat().st_size > 10_000
     table = json.loads((tmp / "cmp" / "eval.json").read_text())
-    assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act"}
+    assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act", "migres"}
 
 
 @pytest.mark.parametrize("case, message", [

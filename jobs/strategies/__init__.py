@@ -3,12 +3,13 @@
 from jobs.strategies.base import StrategySettings
 from jobs.strategies.direct import Direct
 from jobs.strategies.least_to_most import LeastToMost
+from jobs.strategies.migres import MIGRES
 from jobs.strategies.rag import RetrieveThenRead
 from jobs.strategies.raisf import RAISF
 from jobs.strategies.self_reasoning import SelfReasoning
 from jobs.strategies.think_act import ThinkThenAct
 
-STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct)}
+STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct, MIGRES)}
 
 
 def make_strategy(name: str, config):
@@ -21,4 +22,6 @@ def make_strategy(name: str, config):
         return SelfReasoning(config.self_reasoning)
     if name == ThinkThenAct.name:
         return ThinkThenAct(config.think_act)
+    if name == MIGRES.name:
+        return MIGRES(config.migres)
     return STRATEGIES[name](StrategySettings(k=config.retrieval.k))

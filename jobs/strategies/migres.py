@@ -1,0 +1,224 @@
+"""MIGRES (Missing Information Guided Retrieve-Extraction-Solving), Section 3 as a state machine.
+
+Each iteration t (at most T: 5 multi-hop / yes-no, 3 open-domain single-hop):
+
+    Retrieval  queries (t=0: the question; later the Query Generator's <= 3 new single-hop queries
+               from the missing information, different from the history) -> top-N passages each
+               -> Knowledge Filter: passages scored against their query, those under delta dropped,
+               at most k kept; then sentence level: sentences under delta dropped, the whole passage
+               kept when it outscores every one of its sentences
+               -> nothing left: the LLM writes what it knows about the query (knowledge prompting)
+    Leaf       extract useful information with supporting passage indices (JSON); each statement is
+               kept only if its cited passages entail it (the judge, yes/no by log-probability)
+    Memory     the queries asked and the passages used; a passage used twice is not used again
+    Main       answer from the information, or "unanswerable" + a summary of the missing information
+
+Deviations (no weights offline): the re-rank model is the ``ranker`` stage (bi-encoder cosine,
+so delta is on the cosine scale, not BGE-reranker logits); entailment is the judge model, not
+T5-xxl-NLI; retrieval is the dense index (the paper's default is BM25). When T is reached without an
+answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, prompt
+from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
+from jobs.strategies.think_act import sentences
+from schemas.config import MigresConfig
+from schemas.records import Generate, Judge, Passage, Rank, Retrieve
+
+UNANSWERABLE = "unanswerable"
+
+LEAF_SCHEMA = json.dumps({"type": "object", "required": ["useful_information"], "properties": {
+    "useful_information": {"type": "array", "maxItems": 5, "items": {
+        "type": "object", "required": ["info", "support_passages"], "properties": {
+            "info": {"type": "string"},
+            "support_passages": {"type": "array", "items": {"type": "integer"}, "maxItems": 5}}}}}},
+    sort_keys=True)
+MAIN_SCHEMA = json.dumps({"type": "object", "required": ["answer", "confidence", "explanation", "missing_information"],
+                          "properties": {"answer": {"type": "string"},
+                                         "confidence": {"type": "integer", "minimum": 1, "maximum": 5},
+                                         "explanation": {"type": "string"},
+                                         "missing_information": {"type": "string"}}}, sort_keys=True)
+
+
+class MIGRES:
+    name = "migres"
+    stages = frozenset({"generator", "judge", "retriever", "ranker"})
+
+    def __init__(self, config: MigresConfig):
+        self.config = config
+        self.query_schema = string_list_schema("queries", config.max_queries)
+
+    def start(self, item: Item):
+        item.state.update(t=0, info=[], history=[], uses={}, iterations=[])
+        return self._retrieve(item, [item.question])
+
+    def resume(self, item: Item, responses):
+        for r in responses:
+            if r.error:
+                return Done("", "error", error=r.error)
+        return getattr(self, "_after_" + item.state["phase"])(item, responses)
+
+    # --- Retrieval module ----------------------------------------------------------------------
+
+    def _retrieve(self, item, queries):
+        item.state["history"] += queries
+        item.state["queries"] = queries
+        item.state["iterations"].append({"queries": queries})
+        return self._ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query) for q in queries])
+
+    def _after_retrieve(self, item, retrievals):
+        uses = item.state["uses"]
+        candidates = [[p for p in r.passages if uses.get(p.id, 0) < self.config.max_uses] for r in retrievals]
+        item.state["candidates"] = candidates
+        asks = [Rank(q, tuple(p.text for p in c), len(c)) for q, c in zip(item.state["queries"], candidates) if c]
+        return self._ask(item, "rank_passages", asks) if asks else self._after_rank_passages(item, [])
+
+    def _after_rank_passages(self, item, rankings):
+        it = iter(rankings)
+        kept = []  # per query: [(passage, score)]
+        for c in item.state["candidates"]:
+            ranking = next(it) if c else None
+            scored = [(c[i], s) for i, s in zip(ranking.indices, ranking.scores)] if ranking else []
+            kept.append([(p, s) for p, s in scored if s >= self.config.relevance_threshold][: self.config.max_passages])
+        item.state["kept"] = kept
+        asks = [Rank(q, tuple(sentences(p.text)), len(sentences(p.text)))
+                for q, ps in zip(item.state["queries"], kept) for p, _ in ps]
+        return self._ask(item, "rank_sentences", asks) if asks else self._after_rank_sentences(item, [])
+
+    def _after_rank_sentences(self, item, rankings):
+        it = iter(rankings)
+        knowledge = []  # per query: filtered passages
+        for ps in item.state["kept"]:
+            mine = []
+            for p, score in ps:
+                ranking, parts = next(it), sentences(p.text)
+                if not ranking.scores or score > max(ranking.scores):
+                    text = p.text  # the passage outscores every sentence: keep it whole
+                else:
+                    keep = sorted(i for i, s in zip(ranking.indices, ranking.scores) if s >= self.config.relevance_threshold)
+                    text = " ".join(parts[i] for i in keep)
+                if text:
+                    mine.append(Passage(p.id, p.title, text, score))
+                    item.state["uses"][p.id] = item.state["uses"].get(p.id, 0) + 1
+            knowledge.append(mine)
+        item.state["knowledge"] = knowledge
+        item.state["iterations"][-1]["passages"] = [[p.id for p in ps] for ps in knowledge]
+        item.passages = list({p.id: p for p in item.passages + [p for ps in knowledge for p in ps]}.values())
+        asks = []
+        for q, ps in zip(item.state["queries"], knowledge):
+            if ps:
+                listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
+                user = prompt("migres_leaf").format(passages=listing, question=q)
+                asks.append(Generate(answer_messages(user, system=None), max_tokens=200, json_schema=LEAF_SCHEMA))
+            elif self.config.knowledge_prompting:
+                user = prompt("migres_knowledge").format(question=q)
+                asks.append(Generate(answer_messages(user, system=None), max_tokens=96))
+        return self._ask(item, "leaf", asks) if asks else self._main(item)
+
+    # --- Leaf module ---------------------------------------------------------------------------
+
+    def _after_leaf(self, item, generations):
+        it = iter(generations)
+        statements = []  # (info, cited passages)
+        for q, ps in zip(item.state["queries"], item.state["knowledge"]):
+            if not ps and not self.config.knowledge_prompting:
+                continue
+            gen = next(it)
+            if not ps:  # knowledge prompting: the LLM's own account is taken as it is
+                text = " ".join(gen.text.split())
+                if text:
+                    item.state["info"].append({"info": text, "source": []})
+                continue
+            obj = parse_json_object(gen.text)
+            entries = obj.get("useful_information") if obj else None
+            if not isinstance(entries, list):
+                item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+                continue
+            for e in entries:
+                if not isinstance(e, dict) or not isinstance(e.get("info"), str) or not e["info"].strip():
+                    continue
+                cited = [ps[i] for i in dict.fromkeys(e.get("support_passages") or [])
+                         if isinstance(i, int) and 0 <= i < len(ps)]
+                if cited:  # a statement citing nothing cannot be verified: dropped
+                    statements.append((e["info"].strip(), cited))
+        item.state["statements"] = statements
+        judges = [Judge((("user", prompt("migres_entail").format(
+            premise=" ".join(p.text for p in cited), statement=info)),)) for info, cited in statements]
+        return self._ask(item, "verify", judges) if judges else self._main(item)
+
+    def _after_verify(self, item, judgments):
+        verdicts = []
+        for (info, cited), j in zip(item.state["statements"], judgments):
+            entailed = j.prob("yes") >= self.config.entailment_threshold
+            verdicts.append({"info": info, "p_entailed": round(j.prob("yes"), 4), "kept": entailed})
+            if entailed:
+                item.state["info"].append({"info": info, "source": [p.id for p in cited]})
+        item.state["iterations"][-1]["extracted"] = verdicts
+        return self._main(item)
+
+    # --- Main module ---------------------------------------------------------------------------
+
+    def _information(self, item) -> str:
+        return " ".join(i["info"] for i in item.state["info"]) or "(none)"
+
+    def _main(self, item):
+        user = prompt("migres_main").format(information=self._information(item), question=item.question)
+        return self._ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=160,
+                                                 json_schema=MAIN_SCHEMA)])
+
+    def _after_main(self, item, responses):
+        obj = parse_json_object(responses[0].text) or {}
+        answer = obj.get("answer")
+        if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
+            answer = answer.get("text")
+        if not isinstance(answer, str):
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+            answer = UNANSWERABLE
+        missing = str(obj.get("missing_information") or "").strip()
+        item.state["iterations"][-1].update(answer=answer, confidence=obj.get("confidence"), missing=missing)
+        if answer.strip() and UNANSWERABLE not in answer.lower():
+            return self._done(item, clean_answer(answer), "answered")
+        if item.state["t"] + 1 >= self._max_iterations(item):
+            return self._final(item)
+        item.state["missing"] = missing or item.question
+        history = "; ".join(item.state["history"])
+        user = prompt("migres_query").format(question=item.question, history=history,
+                                             information=self._information(item), missing=item.state["missing"])
+        return self._ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=120,
+                                                  json_schema=self.query_schema)])
+
+    def _after_query(self, item, responses):
+        queries, ok = parse_string_list(responses[0].text, "queries", self.config.max_queries)
+        if not ok:
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+        seen = {q.strip().lower() for q in item.state["history"]}
+        new = [q for q in queries if q.strip().lower() not in seen]
+        if not new:  # memory: nothing new to ask; the missing information itself is the query
+            new = [item.state["missing"]] if item.state["missing"].strip().lower() not in seen else []
+        if not new:
+            return self._final(item)
+        item.state["t"] += 1
+        return self._retrieve(item, new)
+
+    def _final(self, item):
+        user = prompt("migres_final").format(information=self._information(item), question=item.question)
+        return self._ask(item, "final", [Generate(answer_messages(user))])
+
+    def _after_final(self, item, responses):
+        return self._done(item, clean_answer(responses[0].text), "max_iterations")
+
+    def _max_iterations(self, item) -> int:
+        return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations
+
+    def _done(self, item, answer, resolved_by):
+        item.trace.append({"step": "migres", "iterations": item.state["iterations"], "information": item.state["info"]})
+        cited = list(dict.fromkeys(pid for i in item.state["info"] for pid in i["source"]))
+        return Done(answer, resolved_by, cited)
+
+    def _ask(self, item, phase, requests):
+        item.state["phase"] = phase
+        return Ask(requests)
