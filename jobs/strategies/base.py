@@ -81,6 +81,19 @@ def format_passages(passages: list[Passage]) -> str:
     return "\n\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(passages, 1))
 
 
+def parse_failed(item: Item, step: str, output: str) -> bool:
+    """Count a structured output that did not parse; True the first time for ``step``: retry it once,
+    with more tokens (under guided decoding an unparseable output was cut off). After that the
+    strategy's fallback runs. The retried output stays in the trace."""
+    item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+    retried = item.state.setdefault("retried", set())
+    if step in retried:
+        return False
+    retried.add(step)
+    item.trace.append({"step": step, "parsed": False, "output": output, "retry": True})
+    return True
+
+
 _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
 
 

@@ -4,7 +4,7 @@ prompt, then answer the question itself with all of them."""
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, prompt
+from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import LeastToMostConfig
 from schemas.records import Generate
@@ -20,8 +20,11 @@ class LeastToMost:
 
     def start(self, item: Item) -> Ask:
         item.state.update(phase="decompose", pairs=[])
+        return self._decompose(item, 160)
+
+    def _decompose(self, item: Item, max_tokens: int) -> Ask:
         user = prompt("ltm_decompose").format(question=item.question)
-        return Ask([Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.schema)])
+        return Ask([Generate(answer_messages(user, system=None), max_tokens=max_tokens, json_schema=self.schema)])
 
     def resume(self, item: Item, responses):
         (gen,) = responses
@@ -29,8 +32,8 @@ class LeastToMost:
             return Done("", "error", error=gen.error)
         if item.state["phase"] == "decompose":
             subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subquestions)
-            if not ok:
-                item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+            if not ok and parse_failed(item, "decompose", gen.text):
+                return self._decompose(item, 320)
             item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
             item.state.update(phase="solve", subs=subs)
             item.counts["subquestions"] = len(subs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, prompt
+from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from jobs.strategies.think_act import sentences
 from schemas.config import MigresConfig
@@ -165,9 +165,9 @@ class MIGRES:
     def _information(self, item) -> str:
         return " ".join(i["info"] for i in item.state["info"]) or "(none)"
 
-    def _main(self, item):
+    def _main(self, item, max_tokens=160):
         user = prompt("migres_main").format(information=self._information(item), question=item.question)
-        return self._ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=160,
+        return self._ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
                                                  json_schema=MAIN_SCHEMA)])
 
     def _after_main(self, item, responses):
@@ -176,7 +176,8 @@ class MIGRES:
         if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
             answer = answer.get("text")
         if not isinstance(answer, str):
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+            if parse_failed(item, f"main {item.state['t']}", responses[0].text):
+                return self._main(item, 320)
             answer = UNANSWERABLE
         missing = str(obj.get("missing_information") or "").strip()
         item.state["iterations"][-1].update(answer=answer, confidence=obj.get("confidence"), missing=missing)
@@ -185,16 +186,19 @@ class MIGRES:
         if item.state["t"] + 1 >= self._max_iterations(item):
             return self._final(item)
         item.state["missing"] = missing or item.question
+        return self._query(item, 120)
+
+    def _query(self, item, max_tokens):
         history = "; ".join(item.state["history"])
         user = prompt("migres_query").format(question=item.question, history=history,
                                              information=self._information(item), missing=item.state["missing"])
-        return self._ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=120,
+        return self._ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
                                                   json_schema=self.query_schema)])
 
     def _after_query(self, item, responses):
         queries, ok = parse_string_list(responses[0].text, "queries", self.config.max_queries)
-        if not ok:
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+        if not ok and parse_failed(item, f"query {item.state['t']}", responses[0].text):
+            return self._query(item, 240)
         seen = {q.strip().lower() for q in item.state["history"]}
         new = [q for q in queries if q.strip().lower() not in seen]
         if not new:  # memory: nothing new to ask; the missing information itself is the query

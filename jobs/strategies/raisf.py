@@ -17,7 +17,7 @@ label. Ablations (paper Table 2): no self-knowledge (go straight to retrieval), 
 from __future__ import annotations
 
 from jobs.strategies.base import (Ask, Done, Item, Spawn, answer_messages, clean_answer,
-                                  format_passages, prompt)
+                                  format_passages, parse_failed, prompt)
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import RaisfConfig
 from schemas.records import Generate, Judge, Judgment, Retrieve
@@ -113,13 +113,8 @@ class RAISF:
         if gen.error:
             return Done("", "error", error=gen.error)
         subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subquestions)
-        if not ok:
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
-            if not item.state.get("decompose_retried"):
-                # under guided decoding, invalid JSON means the output was cut off: one retry with room
-                item.state["decompose_retried"] = True
-                item.trace.append({"step": "decompose", "parsed": False, "output": gen.text, "retry": True})
-                return self._decompose(item, max_tokens=2 * DECOMPOSE_TOKENS)
+        if not ok and parse_failed(item, "decompose", gen.text):
+            return self._decompose(item, max_tokens=2 * DECOMPOSE_TOKENS)
         # a sub-question identical to its parent would recurse on itself until D_th
         subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})

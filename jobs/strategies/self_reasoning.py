@@ -17,7 +17,7 @@ import json
 import re
 
 from jobs.strategies.base import (Ask, Done, Item, answer_messages, clean_answer, format_passages,
-                                  prompt)
+                                  parse_failed, prompt)
 from jobs.strategies.parsing import parse_json_object
 from schemas.config import SelfReasoningConfig
 from schemas.records import Generate, Retrieve
@@ -71,12 +71,9 @@ class SelfReasoning:
         t = parse_json_object(gen.text)
         answer = t.get("answer") if t else None
         if not isinstance(answer, str) or not answer.strip():
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
-            retry = not item.state.get("retried")
-            item.trace.append({"step": "trajectory", "parsed": False, "output": gen.text, "retry": retry})
-            if retry:
-                item.state["retried"] = True
+            if parse_failed(item, "trajectory", gen.text):
                 return self._trajectory(item, 2 * self.config.max_tokens)
+            item.trace.append({"step": "trajectory", "parsed": False, "output": gen.text})
             return self._read(item)
         relevant = t.get("relevant") is not False
         cited = self._citations(item, t) if relevant else []

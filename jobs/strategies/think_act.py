@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from jobs.strategies.base import Ask, Done, Item, Spawn, answer_messages, clean_answer, prompt
+from jobs.strategies.base import Ask, Done, Item, Spawn, answer_messages, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
@@ -60,10 +60,13 @@ class ThinkThenAct:
             user = prompt("ta_complete").format(question=item.question)
             return self._ask(item, "rewrite", Generate(answer_messages(user, system=None), max_tokens=64))
         if label == "AMBIGUOUS":
-            user = prompt("ta_split").format(question=item.question)
-            return self._ask(item, "split", Generate(answer_messages(user, system=None), max_tokens=160,
-                                                     json_schema=self.split_schema))
+            return self._split(item, 160)
         return self._capability(item)
+
+    def _split(self, item, max_tokens):
+        user = prompt("ta_split").format(question=item.question)
+        return self._ask(item, "split", Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                                 json_schema=self.split_schema))
 
     def _after_rewrite(self, item, gen):
         rewritten = clean_answer(gen.text)
@@ -73,8 +76,8 @@ class ThinkThenAct:
 
     def _after_split(self, item, gen):
         subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subqueries)
-        if not ok:
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+        if not ok and parse_failed(item, "split", gen.text):
+            return self._split(item, 320)
         subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
         item.trace.append({"step": "split", "sub_queries": subs, "parsed": ok})
         if not subs:  # nothing to split into: treat the query as it is

@@ -30,10 +30,12 @@ def test_sub_questions_are_solved_in_order_with_earlier_answers_in_context():
     assert item.counts["subquestions"] == 2
 
 
-def test_no_sub_questions_answers_directly_and_counts_the_parse_failure():
-    done, item = drive(LeastToMost(LeastToMostConfig()), "Q", script("no idea"))
+def test_an_unparseable_decomposition_is_retried_once_then_answered_directly():
+    log = []
+    done, item = drive(LeastToMost(LeastToMostConfig()), "Q", script("no idea"), log=log)
+    assert [r.max_tokens for _, r in log if r.json_schema] == [160, 320]
     assert done.resolved_by == "closed_book" and done.answer == "ans(Q)|seen=0"
-    assert item.counts["parse_failures"] == 1
+    assert item.counts["parse_failures"] == 2 and item.trace[0]["retry"] is True
 
 
 def test_sub_questions_are_capped():

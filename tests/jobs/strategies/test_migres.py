@@ -124,3 +124,18 @@ def drive_item(strategy, item, respond):
     while not hasattr(step, "resolved_by"):
         step = strategy.resume(item, [respond(r, item) for r in step.requests])
     return step, item
+
+
+def test_an_unparseable_main_answer_is_retried_once_with_more_tokens():
+    class Garbled(Script):
+        def __call__(self, request, item):
+            if request.__class__.__name__ == "Generate" and request.json_schema == MAIN_SCHEMA:
+                self.main_prompts.append(request.max_tokens)
+                if len(self.main_prompts) == 1:
+                    return Generation('{"answer": "Ame', 160, 160)
+            return super().__call__(request, item)
+
+    script = Garbled()
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is Ed Solomon?", script)
+    assert script.main_prompts[:2] == [160, 320] and item.counts["parse_failures"] == 1
+    assert done.answer == "American"
