@@ -18,6 +18,9 @@ class Generator:
         bind = llm["cpu_threads_bind"]
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if llm["engine_in_process"] else "1"
+        if llm["engine_in_process"]:
+            # the model then runs in this process, whose torch would take OMP_NUM_THREADS (often 1)
+            os.environ["OMP_NUM_THREADS"] = str(bound_cores(bind))
         from vllm import LLM
 
         from jobs.models import resolve
@@ -85,6 +88,20 @@ class Generator:
                       if req.json_schema else None)
         return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
                               structured_outputs=structured)
+
+
+def bound_cores(bind: str) -> int:
+    """How many cores a VLLM_CPU_OMP_THREADS_BIND setting gives the model ('all', 'auto', '0-7,9')."""
+    cores = os.cpu_count() or 1
+    if bind == "all":
+        return cores
+    if bind == "auto":  # vLLM's default leaves one core to the front end
+        return max(1, cores - 1)
+    count = 0
+    for part in bind.replace("|", ",").split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi) - int(lo) + 1 if hi else 1
+    return max(1, count)
 
 
 def choice_probs(first_token: dict, choices: tuple[str, ...]) -> dict[str, float] | None:

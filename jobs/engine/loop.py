@@ -135,6 +135,8 @@ class Engine:
         deadlines += [b.started + b.stage.batching.timeout_s for b in self.launched.values()
                       if b.stage.batching.timeout_s is not None]
         timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
+        if self.on_progress:  # wake up to report even while one long batch runs
+            timeout = min(timeout, self.progress_every_s)
         refs = list(self.launched)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is done too
