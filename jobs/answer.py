@@ -131,12 +131,12 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
                         config.commit.row_group_rows, force=force, log=log)
     skip = out.skip_shards()
     shard_rows = config.commit.shard_rows
-    for shard in range(-(-plan.rows // shard_rows)):
+    sizes = plan.shard_sizes(shard_rows)
+    for shard, questions_in_shard in sizes.items():
         if shard not in skip:
-            rows = range(shard * shard_rows, min(plan.rows, (shard + 1) * shard_rows))
-            out.sealed(shard, len(rows) - sum(r in plan.duplicate_rows for r in rows))
+            out.sealed(shard, questions_in_shard)
     if skip:
-        log(f"resuming: {len(skip)} of {-(-plan.rows // shard_rows)} input shards already committed")
+        log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
     questions = question_rows(config.questions, config.input.read_batch_rows, config.limit,
                               shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
                               max_chars=config.input.max_question_chars)

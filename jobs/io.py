@@ -16,6 +16,7 @@ duplicate id                the first occurrence (by row order) is answered; lat
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
@@ -75,8 +76,13 @@ def hash_ids(ids) -> np.ndarray:
     return pd.util.hash_array(np.asarray(ids, dtype=object))
 
 
+def _row_id(row: int) -> str:
+    """The id a row without one gets (its error row carries it)."""
+    return f"<row {row}>"
+
+
 def _effective_ids(batch_ids: list, first_row: int) -> list[str]:
-    return [qid if qid is not None else f"<row {first_row + i}>" for i, qid in enumerate(batch_ids)]
+    return [qid if qid is not None else _row_id(first_row + i) for i, qid in enumerate(batch_ids)]
 
 
 @dataclass
@@ -92,12 +98,23 @@ class InputPlan:
     def answered(self) -> int:
         return self.rows - len(self.duplicate_rows)
 
+    def shard_sizes(self, shard_rows: int) -> dict[int, int]:
+        """Questions answered per input shard (its rows within the limit, less dropped duplicates)."""
+        dropped = Counter(r // shard_rows for r in self.duplicate_rows)
+        return {s: min(self.rows, (s + 1) * shard_rows) - s * shard_rows - dropped[s]
+                for s in range(-(-self.rows // shard_rows))}
+
+
+def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
+    """The questions file, schema-checked, and how many of its rows are in play."""
+    pf = open_parquet(uri)
+    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
+    return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
+
 
 def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> InputPlan:
     """Validate the schema and find duplicate ids (8 bytes per row, transient)."""
-    pf = open_parquet(uri)
-    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
-    total = pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
+    pf, total = _open_questions(uri, limit)
     hashes = np.empty(total, dtype=np.uint64)
     n = 0
     for ids in _id_batches(pf, batch_rows, total):
@@ -139,9 +156,7 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
     Input shard ``i`` is rows ``[i * shard_rows, (i + 1) * shard_rows)``; rows of ``skip_shards`` are
     not yielded (already committed) and row groups holding only such rows are not read.
     """
-    pf = open_parquet(uri)
-    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
-    total = pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
+    pf, total = _open_questions(uri, limit)
     groups, start = [], 0
     for g in range(pf.metadata.num_row_groups):
         size = pf.metadata.row_group(g).num_rows
@@ -165,26 +180,28 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
                     return
                 if row // shard_rows in skip_shards or row in drop_rows:
                     continue
-                question = _question(qid, raw, row, row // shard_rows, max_chars)
-                question.kind = kind
-                yield question
+                yield _question(qid, raw, kind, row, row // shard_rows, max_chars)
 
 
-def _question(qid: str | None, raw: bytes | None, row: int, shard: int, max_chars: int) -> Question:
+def _question(qid: str | None, raw: bytes | None, kind: str | None, row: int, shard: int,
+              max_chars: int) -> Question:
+    def error(text: str, reason: str) -> Question:
+        return Question(qid if qid is not None else _row_id(row), text, reason, shard, kind)
+
     if qid is None:
-        return Question(f"<row {row}>", "", "null id", shard)
+        return error("", "null id")
     if raw is None:
-        return Question(qid, "", "empty question", shard)
+        return error("", "empty question")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return Question(qid, "", "invalid UTF-8 in question", shard)
+        return error("", "invalid UTF-8 in question")
     if len(text) > max_chars:
-        return Question(qid, text[:200], f"question too long ({len(text)} chars > {max_chars})", shard)
+        return error(text[:200], f"question too long ({len(text)} chars > {max_chars})")
     text = _CONTROL.sub("", text)
     if not text.strip():
-        return Question(qid, text, "empty question", shard)
-    return Question(qid, text, None, shard)
+        return error(text, "empty question")
+    return Question(qid, text, None, shard, kind)
 
 
 def question_columns(uri: str) -> list[str]:

@@ -109,7 +109,7 @@ class ShardedOutput:
     # --- writing -------------------------------------------------------------------------------
 
     def sealed(self, shard: int, questions: int) -> None:
-        """Every question of ``shard`` has been read: it holds ``questions`` rows per strategy."""
+        """``shard`` holds ``questions`` rows per strategy (from the input plan): commit when written."""
         self.expected[shard] = questions
         for strategy in self.strategies:
             self._maybe_commit(strategy, shard)
@@ -123,8 +123,11 @@ class ShardedOutput:
             self._flush(part)
         self._maybe_commit(*key)
 
+    def _path(self, strategy: str, shard: int) -> str:
+        return f"{self.root}/{strategy}/part-{shard:05d}.parquet"
+
     def _open(self, strategy: str, shard: int) -> _Open:
-        path = f"{self.root}/{strategy}/part-{shard:05d}.parquet"
+        path = self._path(strategy, shard)
         stream = self.fs.open_output_stream(path + ".tmp")
         part = _Open(stream, pq.ParquetWriter(stream, self.schema, compression="zstd"), path, [])
         self.open[(strategy, shard)] = part
@@ -162,7 +165,7 @@ class ShardedOutput:
     # --- checking ------------------------------------------------------------------------------
 
     def files(self, strategy: str) -> list[str]:
-        return sorted(f"{self.root}/{strategy}/part-{s:05d}.parquet" for st, s in self.committed if st == strategy)
+        return sorted(self._path(strategy, s) for st, s in self.committed if st == strategy)
 
     def verify(self, plan: InputPlan, questions_uri: str, read_batch_rows: int, max_chars: int) -> dict:
         """Every answered input id appears exactly once per strategy (an answer or an error row).
@@ -173,11 +176,11 @@ class ShardedOutput:
         report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "ok": True} for s in self.strategies}
         questions = question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
                                   drop_rows=plan.duplicate_rows, max_chars=max_chars)
-        for shard, ids in _by_shard(questions, range(-(-plan.rows // self.shard_rows))):
+        for shard, ids in _by_shard(questions, plan.shard_sizes(self.shard_rows)):
             expected = np.sort(hash_ids(ids))
             for strategy in self.strategies:
                 r = report[strategy]
-                path = f"{self.root}/{strategy}/part-{shard:05d}.parquet"
+                path = self._path(strategy, shard)
                 got = np.empty(0, np.uint64)
                 if (strategy, shard) in self.committed:
                     with self.fs.open_input_file(path) as f:

@@ -67,6 +67,12 @@ class Strategy(Protocol):
     def resume(self, item: Item, responses: list[Response]) -> Step: ...
 
 
+def ask(item: Item, phase: str, requests: list[Request]) -> Ask:
+    """Ask for ``requests``; the responses resume ``item`` in ``phase`` (strategies dispatch on it)."""
+    item.state["phase"] = phase
+    return Ask(requests)
+
+
 @cache
 def prompt(name: str) -> str:
     return (PROMPTS / f"{name}.txt").read_text().strip()

@@ -4,7 +4,7 @@ prompt, then answer the question itself with all of them."""
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, parse_failed, prompt
+from jobs.strategies.base import Ask, Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import LeastToMostConfig
 from schemas.records import Generate
@@ -46,8 +46,7 @@ class LeastToMost:
         pairs, subs = item.state["pairs"], item.state["subs"]
         if len(pairs) < len(subs):
             return Ask([self._step(pairs, subs[len(pairs)])])
-        item.state["phase"] = "final"
-        return Ask([self._step(pairs, item.question)])
+        return ask(item, "final", [self._step(pairs, item.question)])
 
     def _step(self, pairs, question) -> Generate:
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, clean_answer, parse_failed, prompt
+from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from jobs.strategies.think_act import sentences
 from schemas.config import MigresConfig
@@ -68,14 +68,14 @@ class MIGRES:
         item.state["history"] += queries
         item.state["queries"] = queries
         item.state["iterations"].append({"queries": queries})
-        return self._ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query) for q in queries])
+        return ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query) for q in queries])
 
     def _after_retrieve(self, item, retrievals):
         uses = item.state["uses"]
         candidates = [[p for p in r.passages if uses.get(p.id, 0) < self.config.max_uses] for r in retrievals]
         item.state["candidates"] = candidates
         asks = [Rank(q, tuple(p.text for p in c), len(c)) for q, c in zip(item.state["queries"], candidates) if c]
-        return self._ask(item, "rank_passages", asks) if asks else self._after_rank_passages(item, [])
+        return ask(item, "rank_passages", asks) if asks else self._after_rank_passages(item, [])
 
     def _after_rank_passages(self, item, rankings):
         it = iter(rankings)
@@ -87,7 +87,7 @@ class MIGRES:
         item.state["kept"] = kept
         asks = [Rank(q, tuple(sentences(p.text)), len(sentences(p.text)))
                 for q, ps in zip(item.state["queries"], kept) for p, _ in ps]
-        return self._ask(item, "rank_sentences", asks) if asks else self._after_rank_sentences(item, [])
+        return ask(item, "rank_sentences", asks) if asks else self._after_rank_sentences(item, [])
 
     def _after_rank_sentences(self, item, rankings):
         it = iter(rankings)
@@ -117,7 +117,7 @@ class MIGRES:
             elif self.config.knowledge_prompting:
                 user = prompt("migres_knowledge").format(question=q)
                 asks.append(Generate(answer_messages(user, system=None), max_tokens=96))
-        return self._ask(item, "leaf", asks) if asks else self._main(item)
+        return ask(item, "leaf", asks) if asks else self._main(item)
 
     # --- Leaf module ---------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class MIGRES:
         item.state["statements"] = statements
         judges = [Judge((("user", prompt("migres_entail").format(
             premise=" ".join(p.text for p in cited), statement=info)),)) for info, cited in statements]
-        return self._ask(item, "verify", judges) if judges else self._main(item)
+        return ask(item, "verify", judges) if judges else self._main(item)
 
     def _after_verify(self, item, judgments):
         verdicts = []
@@ -167,8 +167,8 @@ class MIGRES:
 
     def _main(self, item, max_tokens=160):
         user = prompt("migres_main").format(information=self._information(item), question=item.question)
-        return self._ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                 json_schema=MAIN_SCHEMA)])
+        return ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                           json_schema=MAIN_SCHEMA)])
 
     def _after_main(self, item, responses):
         obj = parse_json_object(responses[0].text) or {}
@@ -192,8 +192,8 @@ class MIGRES:
         history = "; ".join(item.state["history"])
         user = prompt("migres_query").format(question=item.question, history=history,
                                              information=self._information(item), missing=item.state["missing"])
-        return self._ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                  json_schema=self.query_schema)])
+        return ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                            json_schema=self.query_schema)])
 
     def _after_query(self, item, responses):
         queries, ok = parse_string_list(responses[0].text, "queries", self.config.max_queries)
@@ -210,7 +210,7 @@ class MIGRES:
 
     def _final(self, item):
         user = prompt("migres_final").format(information=self._information(item), question=item.question)
-        return self._ask(item, "final", [Generate(answer_messages(user))])
+        return ask(item, "final", [Generate(answer_messages(user))])
 
     def _after_final(self, item, responses):
         return self._done(item, clean_answer(responses[0].text), "max_iterations")
@@ -223,6 +223,3 @@ class MIGRES:
         cited = list(dict.fromkeys(pid for i in item.state["info"] for pid in i["source"]))
         return Done(answer, resolved_by, cited)
 
-    def _ask(self, item, phase, requests):
-        item.state["phase"] = phase
-        return Ask(requests)

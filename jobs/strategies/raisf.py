@@ -16,7 +16,7 @@ label. Ablations (paper Table 2): no self-knowledge (go straight to retrieval), 
 
 from __future__ import annotations
 
-from jobs.strategies.base import (Ask, Done, Item, Spawn, answer_messages, clean_answer,
+from jobs.strategies.base import (Done, Item, Spawn, answer_messages, ask, clean_answer,
                                   format_passages, parse_failed, prompt)
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import RaisfConfig
@@ -41,7 +41,7 @@ class RAISF:
             item.trace.append({"step": "depth_cap", "depth": item.depth})
             return Done(UNKNOWN, "unknown")
         if self.config.self_knowledge:
-            return self._ask(item, "know", [_judge(prompt("raisf_know").format(question=item.question))])
+            return ask(item, "know", [_judge(prompt("raisf_know").format(question=item.question))])
         return self._retrieve(item)
 
     def resume(self, item: Item, responses):
@@ -55,7 +55,7 @@ class RAISF:
                            "know": knows})
         if knows:
             user = prompt("raisf_answer").format(question=item.question)
-            return self._ask(item, "answer_closed", [Generate(answer_messages(user))])
+            return ask(item, "answer_closed", [Generate(answer_messages(user))])
         if self.config.passage_relevance:
             return self._retrieve(item)
         return self._decompose(item)
@@ -64,7 +64,7 @@ class RAISF:
         return self._done(item, responses[0], "self_knowledge")
 
     def _retrieve(self, item):
-        return self._ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
+        return ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
 
     def _after_retrieve(self, item, responses):
         (retrieval,) = responses
@@ -77,7 +77,7 @@ class RAISF:
         judges = [_judge(prompt("raisf_relevance").format(question=item.question,
                                                           passage=f"{p.title}: {p.text}"))
                   for p in retrieval.passages]
-        return self._ask(item, "relevance", judges) if judges else self._no_relevant(item)
+        return ask(item, "relevance", judges) if judges else self._no_relevant(item)
 
     def _after_relevance(self, item, responses):
         scores = [self._p_yes(j) for j in responses]
@@ -92,7 +92,7 @@ class RAISF:
     def _answer_from(self, item, passages):
         user = prompt("raisf_answer_passages").format(passages=format_passages(passages), question=item.question)
         item.state["cited"] = [p.id for p in passages]
-        return self._ask(item, "answer_passages", [Generate(answer_messages(user))])
+        return ask(item, "answer_passages", [Generate(answer_messages(user))])
 
     def _after_answer_passages(self, item, responses):
         return self._done(item, responses[0], "passages", item.state["cited"])
@@ -105,8 +105,8 @@ class RAISF:
 
     def _decompose(self, item, max_tokens=DECOMPOSE_TOKENS):
         user = prompt("raisf_decompose").format(question=item.question)
-        return self._ask(item, "decompose", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                      json_schema=self.decompose_schema)])
+        return ask(item, "decompose", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                                json_schema=self.decompose_schema)])
 
     def _after_decompose(self, item, responses):
         (gen,) = responses
@@ -131,16 +131,13 @@ class RAISF:
     def _synthesize(self, item, pairs):
         lines = "\n".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}" for i, (q, a) in enumerate(pairs, 1))
         user = prompt("raisf_synthesize").format(pairs=lines or "(no sub-questions)", question=item.question)
-        return self._ask(item, "synthesize", [Generate(answer_messages(user))])
+        return ask(item, "synthesize", [Generate(answer_messages(user))])
 
     def _after_synthesize(self, item, responses):
         return self._done(item, responses[0], "decomposition")
 
     # helpers
 
-    def _ask(self, item, phase, requests):
-        item.state["phase"] = phase
-        return Ask(requests)
 
     def _p_yes(self, judgment: Judgment) -> float:
         if judgment.error:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from jobs.strategies.base import (Ask, Done, Item, answer_messages, clean_answer, format_passages,
+from jobs.strategies.base import (Ask, Done, Item, answer_messages, ask, clean_answer, format_passages,
                                   parse_failed, prompt)
 from jobs.strategies.parsing import parse_json_object
 from schemas.config import SelfReasoningConfig
@@ -45,8 +45,7 @@ class SelfReasoning:
         self.config = config
 
     def start(self, item: Item) -> Ask:
-        item.state["phase"] = "retrieve"
-        return Ask([Retrieve(item.question, self.config.k)])
+        return ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
 
     def resume(self, item: Item, responses):
         (response,) = responses
@@ -63,9 +62,8 @@ class SelfReasoning:
         claim = item.kind == "claim"
         user = prompt("selfreason_fever" if claim else "selfreason_qa").format(
             passages=format_passages(item.passages), question=item.question)
-        item.state["phase"] = "trajectory"
-        return Ask([Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                             json_schema=trajectory_schema(max(1, len(item.passages)), claim))])
+        return ask(item, "trajectory", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                                 json_schema=trajectory_schema(max(1, len(item.passages)), claim))])
 
     def _after_trajectory(self, item, gen):
         t = parse_json_object(gen.text)
@@ -94,9 +92,8 @@ class SelfReasoning:
         return ids
 
     def _read(self, item):
-        item.state["phase"] = "read"
         user = prompt("rag_user").format(passages=format_passages(item.passages), question=item.question)
-        return Ask([Generate(answer_messages(user))])
+        return ask(item, "read", [Generate(answer_messages(user))])
 
     def _after_read(self, item, gen):
         item.trace.append({"step": "fallback_read", "output": gen.text})

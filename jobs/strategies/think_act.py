@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from jobs.strategies.base import Ask, Done, Item, Spawn, answer_messages, clean_answer, parse_failed, prompt
+from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
@@ -40,8 +40,8 @@ class ThinkThenAct:
     def start(self, item: Item):
         item.state["query"] = item.question
         if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries
-            return self._ask(item, "assess", Judge(_user(prompt("ta_assess").format(question=item.question)),
-                                                   ASSESSMENTS))
+            return ask(item, "assess", [Judge(_user(prompt("ta_assess").format(question=item.question)),
+                                              ASSESSMENTS)])
         return self._capability(item)
 
     def resume(self, item: Item, responses):
@@ -58,15 +58,15 @@ class ThinkThenAct:
         item.state["assessment"] = label
         if label == "INCOMPLETE":
             user = prompt("ta_complete").format(question=item.question)
-            return self._ask(item, "rewrite", Generate(answer_messages(user, system=None), max_tokens=64))
+            return ask(item, "rewrite", [Generate(answer_messages(user, system=None), max_tokens=64)])
         if label == "AMBIGUOUS":
             return self._split(item, 160)
         return self._capability(item)
 
     def _split(self, item, max_tokens):
         user = prompt("ta_split").format(question=item.question)
-        return self._ask(item, "split", Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                 json_schema=self.split_schema))
+        return ask(item, "split", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
+                                            json_schema=self.split_schema)])
 
     def _after_rewrite(self, item, gen):
         rewritten = clean_answer(gen.text)
@@ -90,7 +90,7 @@ class ThinkThenAct:
                           for i, (q, c) in enumerate(zip(item.state["subs"], children), 1))
         item.state["cited"] = list(dict.fromkeys(p for c in children for p in c.citations))
         user = prompt("ta_aggregate").format(pairs=pairs, question=item.question)
-        return self._ask(item, "aggregate", Generate(answer_messages(user)))
+        return ask(item, "aggregate", [Generate(answer_messages(user))])
 
     def _after_aggregate(self, item, gen):
         item.trace.append({"step": "aggregate", "output": gen.text})
@@ -99,12 +99,12 @@ class ThinkThenAct:
     def _capability(self, item):
         query = item.state["query"]
         if self.config.capability == "decision":
-            return self._ask(item, "capability", Judge(_user(prompt("ta_decision").format(question=query)), DECISIONS))
+            return ask(item, "capability", [Judge(_user(prompt("ta_decision").format(question=query)), DECISIONS)])
         if self.config.beta_threshold <= 0.0:  # beta' = 0: never retrieve, nothing to ask
             return self._decide(item, retrieve=False, beta=None)
         if self.config.beta_threshold >= 1.0:  # beta' = 1: always retrieve
             return self._decide(item, retrieve=True, beta=None)
-        return self._ask(item, "capability", Judge(_user(prompt("ta_confidence").format(question=query))))
+        return ask(item, "capability", [Judge(_user(prompt("ta_confidence").format(question=query)))])
 
     def _after_capability(self, item, judgment):
         if self.config.capability == "decision":
@@ -116,9 +116,9 @@ class ThinkThenAct:
         item.trace.append({"step": "capability", "beta": None if beta is None else round(beta, 4),
                            "label": label, "retrieve": retrieve})
         if retrieve:
-            return self._ask(item, "retrieve", Retrieve(item.state["query"], self.config.k))
+            return ask(item, "retrieve", [Retrieve(item.state["query"], self.config.k)])
         user = prompt("direct_user").format(question=item.state["query"])
-        return self._ask(item, "answer_closed", Generate(answer_messages(user)))
+        return ask(item, "answer_closed", [Generate(answer_messages(user))])
 
     def _after_retrieve(self, item, retrieval):
         item.passages = retrieval.passages
@@ -127,7 +127,7 @@ class ThinkThenAct:
         item.state["pool"] = pool
         if not pool:
             return self._answer_with(item, [])
-        return self._ask(item, "rank", Rank(item.state["query"], tuple(s for _, s in pool), self.config.top_sentences))
+        return ask(item, "rank", [Rank(item.state["query"], tuple(s for _, s in pool), self.config.top_sentences)])
 
     def _after_rank(self, item, ranking):
         chosen = [item.state["pool"][i] for i in ranking.indices]
@@ -139,7 +139,7 @@ class ThinkThenAct:
         item.state["cited"] = list(dict.fromkeys(pid for pid, _ in chosen))
         context = "\n".join(f"- {s}" for _, s in chosen) or "(nothing found)"
         user = prompt("ta_answer_context").format(context=context, question=item.state["query"])
-        return self._ask(item, "answer_context", Generate(answer_messages(user)))
+        return ask(item, "answer_context", [Generate(answer_messages(user))])
 
     def _after_answer_context(self, item, gen):
         item.trace.append({"step": "answer", "output": gen.text})
@@ -149,9 +149,6 @@ class ThinkThenAct:
         item.trace.append({"step": "answer", "output": gen.text})
         return Done(clean_answer(gen.text), "closed_book")
 
-    def _ask(self, item, phase, request):
-        item.state["phase"] = phase
-        return Ask([request])
 
 
 def _user(text: str):
