@@ -1,4 +1,4 @@
-"""Retriever replica: one FAISS shard with its passage store; query vectors in, top-k out."""
+"""Dense retriever replica: one FAISS shard with its passage store; query vectors in, top-k out."""
 
 from __future__ import annotations
 
@@ -9,28 +9,46 @@ import numpy as np
 from schemas.records import Passage
 
 
-class ShardRetriever:
+class PassageStore:
+    """A shard's passages (row i = index row i), kept as Arrow columns rather than Python objects."""
+
     def __init__(self, shard_dir: str):
-        import faiss
         import pyarrow.parquet as pq
 
-        self.index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
-        self.index = _to_gpu_if_available(faiss, self.index)
-        table = pq.read_table(Path(shard_dir) / "passages.parquet")
-        self.ids = table.column("id").to_pylist()
-        self.titles = table.column("title").to_pylist()
-        self.texts = table.column("text").to_pylist()
+        self.table = pq.read_table(Path(shard_dir) / "passages.parquet", columns=["id", "title", "text"])
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def passages(self, rows: list[int], scores: list[float]) -> list[Passage]:
+        if not rows:
+            return []
+        picked = self.table.take(rows).to_pydict()
+        return [Passage(i, t or "", x, s) for i, t, x, s in zip(picked["id"], picked["title"], picked["text"], scores)]
+
+
+class ShardRetriever:
+    def __init__(self, shard_dir: str, nprobe: int | None = None, ef_search: int | None = None):
+        import faiss
+
+        index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
+        if nprobe is not None and _is_ivf(faiss, index):
+            faiss.extract_index_ivf(index).nprobe = nprobe
+        if ef_search is not None and hasattr(index, "hnsw"):
+            index.hnsw.efSearch = ef_search
+        self.index = _to_gpu_if_available(faiss, index)
+        self.store = PassageStore(shard_dir)
 
     def size(self) -> int:
         return self.index.ntotal
 
     def search(self, queries: np.ndarray, k: int) -> list[list[Passage]]:
         scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        return [
-            [Passage(self.ids[r], self.titles[r], self.texts[r], float(s))
-             for s, r in zip(srow, rrow) if r >= 0]
-            for srow, rrow in zip(scores, rows)
-        ]
+        out = []
+        for srow, rrow in zip(scores, rows):
+            hits = [(int(r), float(s)) for s, r in zip(srow, rrow) if r >= 0]
+            out.append(self.store.passages([r for r, _ in hits], [s for _, s in hits]))
+        return out
 
 
 def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passage]]:
@@ -40,6 +58,26 @@ def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passag
         candidates = [p for shard_hits in per_query for p in shard_hits]
         merged.append(sorted(candidates, key=lambda p: -p.score)[:k])
     return merged
+
+
+def fuse_rrf(rankings: list[list[Passage]], weights: list[float], k: int, rrf_k: int = 60) -> list[Passage]:
+    """Reciprocal rank fusion: score(p) = sum_i w_i / (rrf_k + rank_i(p)), rank from 1; top k."""
+    scores: dict[str, float] = {}
+    first: dict[str, Passage] = {}
+    for ranking, w in zip(rankings, weights):
+        for rank, p in enumerate(ranking, start=1):
+            scores[p.id] = scores.get(p.id, 0.0) + w / (rrf_k + rank)
+            first.setdefault(p.id, p)
+    best = sorted(scores, key=lambda pid: -scores[pid])[:k]
+    return [Passage(first[pid].id, first[pid].title, first[pid].text, scores[pid]) for pid in best]
+
+
+def _is_ivf(faiss, index) -> bool:
+    try:
+        faiss.extract_index_ivf(index)
+        return True
+    except RuntimeError:
+        return False
 
 
 def _to_gpu_if_available(faiss, index):

@@ -30,7 +30,7 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
 
     from actors.encoder import Encoder
     from actors.generator import Generator
-    from actors.retriever import ShardRetriever
+    from actors.reranker import CrossEncoderRanker
 
     # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
     restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
@@ -48,17 +48,54 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
     if needs & {"retriever", "ranker"}:
         e = config.embedder
         manifest = read_manifest(config.index.path) if "retriever" in needs else None
-        # the query encoder must be the model the index was built with; the ranker shares the pool
+        # the query encoder must be the model the index was built with; the ranker may share the pool
         encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
         model = manifest["embedder"] if manifest else e.model
         encoders = [encoder.remote(model, e.batch_size, e.device) for _ in range(e.replicas)]
         if manifest:
-            shard = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
-            shards = [shard.remote(str(Path(config.index.path) / s["dir"])) for s in manifest["shards"]]
-            stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever)
+            dense, bm25 = _shard_actors(config, manifest, restarts)
+            stages["retriever"] = RetrieverStage(encoders, dense, config.engine.retriever, bm25, config.retrieval)
         if "ranker" in needs:
-            stages["ranker"] = RankerStage(encoders, config.engine.ranker)
+            rr = config.reranker
+            if rr.model:
+                actor = ray.remote(CrossEncoderRanker).options(num_cpus=rr.num_cpus, num_gpus=rr.num_gpus, **restarts)
+                rankers = [actor.remote(rr.model, rr.batch_size, rr.max_length, rr.device) for _ in range(rr.replicas)]
+            else:
+                rankers = encoders
+            stages["ranker"] = RankerStage(rankers, config.engine.ranker)
     return stages
+
+
+def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple[list, list]:
+    """One dense (FAISS) and, when the index has BM25, one BM25 actor per shard."""
+    import ray
+
+    from actors.bm25 import BM25Shard
+    from actors.retriever import ShardRetriever
+
+    if retrieval_methods(config) - {"dense"} and not manifest.get("bm25"):
+        raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
+                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
+    options = {"num_cpus": config.retrieval.num_cpus_per_shard, **restarts}
+    dirs = [str(Path(config.index.path) / s["dir"]) for s in manifest["shards"]]
+    dense = [ray.remote(ShardRetriever).options(**options).remote(d, config.index.nprobe, config.index.hnsw_ef_search)
+             for d in dirs]
+    bm25 = [ray.remote(BM25Shard).options(**options).remote(d) for d in dirs] if manifest.get("bm25") else []
+    return dense, bm25
+
+
+def retrieval_methods(config: AnswerConfig) -> set[str]:
+    methods = {config.retrieval.method}
+    if "migres" in config.strategies:
+        methods.add(config.migres.retriever)
+    return methods
+
+
+def ranker_name(config: AnswerConfig) -> str:
+    """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
+    if config.reranker.model:
+        return f"cross-encoder:{config.reranker.model}"
+    return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
 
 
 # Fields that change how fast a run goes, not what it answers: a resumed run may change them.
@@ -86,7 +123,7 @@ def _operational(key: str) -> bool:
     head, _, leaf = key.rpartition(".")
     if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
         return True
-    if head == "embedder" and leaf in _OPERATIONAL_EMBEDDER:
+    if head in ("embedder", "reranker") and leaf in _OPERATIONAL_EMBEDDER:
         return True
     return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
 
@@ -111,6 +148,7 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
     return {
         "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
         "generator": config.generator.model,
+        "ranker": ranker_name(config),
         "packages": packages,
     }
 

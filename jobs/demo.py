@@ -15,7 +15,7 @@ from pathlib import Path
 
 from jobs.answer import answer
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
-from jobs.index import IndexJobConfig, build_index, read_manifest
+from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from schemas.config import AnswerConfig, load_config
 
@@ -32,7 +32,8 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
     corpus_sha = _file_sha256(CORPUS)
     try:
         manifest = read_manifest(index_dir)
-        if manifest.get("corpus_sha256") == corpus_sha and len(manifest["shards"]) == shards:
+        if (manifest.get("format") == FORMAT and manifest.get("corpus_sha256") == corpus_sha
+                and len(manifest["shards"]) == shards):
             log(f"using the demo index at {index_dir}")
             return
     except FileNotFoundError:

@@ -1,8 +1,11 @@
-"""``ragsift index``: corpus Parquet -> embeddings -> N FAISS shards with passage stores + manifest.
+"""``ragsift index``: corpus Parquet -> embeddings -> N self-contained shards + manifest.
 
 The corpus is streamed in record batches through encoder actors (a bounded number of batches in
-flight); each shard holds a contiguous range of rows and is written as ``shard-NNN/`` with
-``index.faiss`` and ``passages.parquet`` (row i of the index is row i of the store).
+flight). Shard s holds a contiguous range of corpus rows; while it fills, its vectors spill to a
+memory-mapped ``vectors.npy`` and its passages to ``passages.parquet``. When the stream passes the
+end of a shard, the shard is built from disk (FAISS index trained on a sample when it needs it,
+added in chunks; BM25 with bm25s) and committed with ``done.json``. A rerun skips committed shards,
+so a crash re-does only the unfinished one.
 """
 
 from __future__ import annotations
@@ -10,21 +13,26 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import shutil
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.io import open_parquet
+from jobs.io import hash_ids, open_parquet
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
 MANIFEST = "manifest.json"
+FORMAT = 2  # 2: per-shard done.json, BM25, index_factory types
+ADD_CHUNK = 65_536  # vectors added to a FAISS index per call
 
 
 class IndexJobConfig(Section):
@@ -45,12 +53,31 @@ def passage_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def build_index(config: IndexJobConfig, log=print, extra: dict | None = None) -> dict:
-    """Build the shards and write the manifest (``extra`` adds fields to it, e.g. a corpus checksum)."""
-    import faiss
+def factory_string(index: IndexConfig, dims: int, count: int) -> str:
+    """The FAISS ``index_factory`` description for a shard of ``count`` vectors."""
+    if index.index_type == "flat" or count == 0:
+        return "Flat"
+    if index.index_type == "hnsw":
+        return f"HNSW{index.hnsw_m},Flat"
+    nlist = min(index.nlist or max(1, int(4 * math.sqrt(count))), count)
+    if index.index_type == "ivf_flat":
+        return f"IVF{nlist},Flat"
+    if dims % index.pq_m:
+        raise ValueError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
+    if count < 2 ** index.pq_bits:
+        raise ValueError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
+                         f"per shard to train its codebooks (a shard has {count}); use fewer shards or flat")
+    return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
+
+
+def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, encoders: list | None = None) -> dict:
+    """Build (or finish building) the shards and write the manifest.
+
+    ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
+    actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
+    """
     import ray
 
-    from actors.encoder import Encoder
     from jobs.ray_session import init_ray
 
     corpus = open_parquet(config.corpus)
@@ -62,116 +89,199 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None) ->
     out.mkdir(parents=True, exist_ok=True)
     n_shards = min(config.index.shards, total_rows)
     bounds = [total_rows * s // n_shards for s in range(n_shards + 1)]
+    build_key = _build_key(config, total_rows, bounds)
+    done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), build_key))}
+    if done:
+        log(f"resuming: {len(done)} of {n_shards} shards already built")
 
     init_ray(config.ray)
-    emb = config.embedder
-    EncoderActor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
-    encoders = [EncoderActor.remote(emb.model, emb.batch_size, emb.device) for _ in range(emb.replicas)]
+    if encoders is None:
+        from actors.encoder import Encoder
+
+        emb = config.embedder
+        actor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
+        encoders = [actor.remote(emb.model, emb.batch_size, emb.device) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()
-    shards = [_ShardWriter(out / f"shard-{s:03d}", faiss.IndexFlatIP(dims)) for s in range(n_shards)]
-    skipped = {"null_text": 0, "null_id": 0, "duplicate_id": 0}
-    seen: set[str] = set()
-    in_flight: deque = deque()  # (rows, vectors ref), in corpus order
-    row = 0
+    first = _first_occurrences(corpus)
+    builders: dict[int, _ShardBuilder] = {}
+    in_flight: deque = deque()  # (end row of the batch, [(shard, record)], vectors ref), in corpus order
 
     def drain(limit: int) -> None:
         while len(in_flight) > limit:
-            rows, ref = in_flight.popleft()
-            vectors = ray.get(ref)
-            for (i, rec), vec in zip(rows, vectors):
-                shards[_shard_of(i, bounds)].add(rec, vec)
+            end, rows, ref = in_flight.popleft()
+            vectors = ray.get(ref) if ref is not None else None
+            for n, (s, record) in enumerate(rows):
+                builders[s].add(record, vectors[n])
+            for s in [s for s in builders if bounds[s + 1] <= end and s not in done]:
+                done[s] = builders.pop(s).finish(config.index, dims, build_key, log)
 
     columns = ["id", "text"] + (["title"] if "title" in has else [])
+    row, shard = 0, 0
     for batch in corpus.iter_batches(batch_size=config.index.encode_batch_rows, columns=columns):
         data = batch.to_pydict()
         titles = data.get("title") or [None] * batch.num_rows
         rows = []
         for pid, text, title in zip(data["id"], data["text"], titles):
             i, row = row, row + 1
-            problem = ("null_id" if pid is None else "null_text" if not text or not text.strip()
-                       else "duplicate_id" if pid in seen else None)
-            if problem:
-                skipped[problem] += 1
+            while i >= bounds[shard + 1]:
+                shard += 1
+            if shard in done:
                 continue
-            seen.add(pid)
-            rows.append((i, {"id": pid, "title": title or "", "text": text}))
-        if rows:
-            texts = [passage_text(r["title"], r["text"]) for _, r in rows]
-            in_flight.append((rows, encoders[len(in_flight) % len(encoders)].encode.remote(texts)))
+            if shard not in builders:
+                builders[shard] = _ShardBuilder(out / _dir(shard), bounds[shard + 1] - bounds[shard], dims)
+            problem = ("null_id" if pid is None else "null_text" if not text or not text.strip()
+                       else "duplicate_id" if not first[i] else None)
+            if problem:
+                builders[shard].skipped[problem] += 1
+                continue
+            rows.append((shard, {"id": pid, "title": title or "", "text": text}))
+        texts = [passage_text(r["title"], r["text"]) for _, r in rows]
+        ref = encoders[len(in_flight) % len(encoders)].encode.remote(texts) if texts else None
+        in_flight.append((row, rows, ref))
         drain(2 * len(encoders))
         log(f"indexed {row:,}/{total_rows:,} rows", end="\r")
     drain(0)
-    shard_entries = [s.close() for s in shards]
 
+    shards = [done[s] for s in range(n_shards)]
+    skipped = Counter({"null_text": 0, "null_id": 0, "duplicate_id": 0})
+    for s in shards:
+        skipped.update(s["skipped"])
     manifest = {
-        "format": 1,
-        "embedder": emb.model,
+        "format": FORMAT,
+        "embedder": config.embedder.model,
         "dims": dims,
         "metric": "inner_product",
         "normalized": True,
         "index_type": config.index.index_type,
+        "bm25": _bm25_settings(config.index),
         "corpus": config.corpus,
-        "count": sum(s["count"] for s in shard_entries),
-        "skipped": skipped,
-        "shards": shard_entries,
+        "count": sum(s["count"] for s in shards),
+        "skipped": dict(skipped),
+        "shards": shards,
         "build_s": round(time.perf_counter() - started, 2),
         **(extra or {}),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
-        f"in {manifest['build_s']} s (skipped: {skipped})")
+        f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     return manifest
 
 
-def _shard_of(row: int, bounds: list[int]) -> int:
-    for s in range(len(bounds) - 1):
-        if row < bounds[s + 1]:
-            return s
-    return len(bounds) - 2
+def _dir(shard: int) -> str:
+    return f"shard-{shard:03d}"
 
 
-class _ShardWriter:
-    def __init__(self, path: Path, index):
-        path.mkdir(parents=True, exist_ok=True)
-        self.path, self.index, self.rows, self.vectors, self.count = path, index, [], [], 0
+def _bm25_settings(index: IndexConfig) -> dict | None:
+    from actors.bm25 import TOKENIZATION
+
+    return {"k1": index.bm25_k1, "b": index.bm25_b, "tokenization": TOKENIZATION} if index.bm25 else None
+
+
+def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int]) -> str:
+    """What a committed shard was built from; a shard built from anything else is rebuilt."""
+    what = {"corpus": config.corpus, "rows": total_rows, "bounds": bounds, "embedder": config.embedder.model,
+            "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search"})}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _committed(shard_dir: Path, build_key: str) -> dict | None:
+    try:
+        info = json.loads((shard_dir / "done.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return info if info.get("build_key") == build_key else None
+
+
+def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
+    """Mask of rows whose id is not null and not seen in an earlier row (one pass over the ids)."""
+    hashes, valid = [], []
+    for batch in corpus.iter_batches(batch_size=262_144, columns=["id"]):
+        ids = batch.column(0)
+        valid.append(ids.is_valid().to_numpy(zero_copy_only=False))
+        hashes.append(hash_ids(ids.fill_null("").to_numpy(zero_copy_only=False)))
+    hashes, valid = np.concatenate(hashes), np.concatenate(valid)
+    order = np.flatnonzero(valid)
+    _, first = np.unique(hashes[order], return_index=True)
+    mask = np.zeros(len(hashes), dtype=bool)
+    mask[order[first]] = True
+    return mask
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class _ShardBuilder:
+    """One shard being filled: passages to Parquet, vectors to a memory-mapped spill file."""
+
+    def __init__(self, path: Path, capacity: int, dims: int):
+        shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted build
+        path.mkdir(parents=True)
+        self.path, self.count, self.skipped = path, 0, Counter()
+        self.vectors = np.lib.format.open_memmap(path / "vectors.npy", mode="w+", dtype=np.float32,
+                                                 shape=(max(capacity, 1), dims))
         self.writer = pq.ParquetWriter(path / "passages.parquet", PASSAGES, compression="zstd")
+        self.rows: list[dict] = []
 
-    def add(self, record: dict, vector) -> None:
+    def add(self, record: dict, vector: np.ndarray) -> None:
+        self.vectors[self.count + len(self.rows)] = vector
         self.rows.append(record)
-        self.vectors.append(vector)
         if len(self.rows) >= 4096:
             self._flush()
 
     def _flush(self) -> None:
-        import numpy as np
-
         if self.rows:
-            self.index.add(np.stack(self.vectors))
             self.writer.write_table(pa.Table.from_pylist(self.rows, schema=PASSAGES))
             self.count += len(self.rows)
-            self.rows, self.vectors = [], []
+            self.rows = []
 
-    def close(self) -> dict:
+    def finish(self, index_config: IndexConfig, dims: int, build_key: str, log) -> dict:
         import faiss
 
         self._flush()
         self.writer.close()
-        faiss.write_index(self.index, str(self.path / "index.faiss"))
-        digest = hashlib.sha256((self.path / "index.faiss").read_bytes()).hexdigest()
-        return {"dir": self.path.name, "count": self.count, "index_sha256": digest}
+        vectors = self.vectors[: self.count]
+        factory = factory_string(index_config, dims, self.count)
+        index = faiss.index_factory(dims, factory, faiss.METRIC_INNER_PRODUCT)
+        if not index.is_trained:
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(self.count, min(index_config.train_sample, self.count), replace=False))
+            index.train(np.ascontiguousarray(vectors[sample]))
+        for start in range(0, self.count, ADD_CHUNK):
+            index.add(np.ascontiguousarray(vectors[start: start + ADD_CHUNK]))
+        faiss.write_index(index, str(self.path / "index.faiss"))
+        del vectors, index, self.vectors  # closes the memory map before its file goes
+        (self.path / "vectors.npy").unlink()
+        if index_config.bm25 and self.count:  # bm25s cannot index nothing; an empty shard finds nothing
+            from actors.bm25 import build_bm25
+
+            table = pq.read_table(self.path / "passages.parquet", columns=["title", "text"])
+            texts = [passage_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+            del table
+            build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
+        info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "factory": factory,
+                "index_sha256": _sha256(self.path / "index.faiss"),
+                "passages_sha256": _sha256(self.path / "passages.parquet"), "build_key": build_key}
+        (self.path / "done.json.tmp").write_text(json.dumps(info, indent=2))
+        (self.path / "done.json.tmp").rename(self.path / "done.json")
+        log(f"built {self.path.name}: {self.count:,} passages ({factory}{', BM25' if index_config.bm25 else ''})")
+        return info
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="corpus Parquet (id, text[, title]); any pyarrow/fsspec URI")
     p.add_argument("--index-dir", help="output directory (index.path)")
-    p.add_argument("--shards", type=int, help="number of FAISS shards (index.shards)")
+    p.add_argument("--shards", type=int, help="number of shards (index.shards)")
+    p.add_argument("--index-type", choices=["flat", "ivf_flat", "ivf_pq", "hnsw"], help="index.index_type")
     add_config_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = config_overrides(args, {"index_dir": "index.path", "shards": "index.shards"})
+    overrides = config_overrides(args, {"index_dir": "index.path", "shards": "index.shards",
+                                        "index_type": "index.index_type"})
     config = load_config(IndexJobConfig, args.config, overrides, corpus=args.corpus)
     if not config.corpus:
         raise ValueError("no corpus given: pass --corpus or set `corpus` in the config")

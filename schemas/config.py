@@ -61,15 +61,47 @@ class EmbedderConfig(Section):
 
 
 class IndexConfig(Section):
+    """How ``ragsift index`` builds shards (FAISS ``index_factory`` types) and how searches probe them."""
+
     path: str = Field(".ragsift/index", description="directory holding manifest.json and shard-*/")
     shards: int = Field(2, ge=1)
-    index_type: Literal["flat"] = "flat"
+    index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
+        "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")
+    nlist: int | None = Field(None, ge=1, description="IVF lists per shard; None = 4*sqrt(shard rows)")
+    nprobe: int = Field(16, ge=1, description="IVF lists visited per query (search time, not build)")
+    pq_m: int = Field(16, ge=1, description="IVF-PQ sub-quantizers (must divide the embedding dims)")
+    pq_bits: int = Field(8, ge=1, le=16, description="IVF-PQ bits per sub-quantizer code")
+    hnsw_m: int = Field(32, ge=4, description="HNSW neighbours per node")
+    hnsw_ef_search: int = Field(128, ge=1, description="HNSW candidate list at search time")
+    train_sample: int = Field(100_000, ge=1000, description="vectors per shard the IVF quantizer is trained on")
+    bm25: bool = Field(True, description="also build a BM25 index per shard (bm25s)")
+    bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 (0.9: Pyserini's default, used by MIGRES)")
+    bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 b (0.4: Pyserini's default)")
     encode_batch_rows: int = Field(512, ge=1, description="corpus rows read and encoded per batch")
 
 
 class RetrievalConfig(Section):
+    """How a ``Retrieve`` request is served: dense (FAISS), BM25, or both fused by reciprocal rank."""
+
     k: int = Field(5, ge=1, le=1000)
+    method: Literal["dense", "bm25", "hybrid"] = Field("dense", description="default for requests that name none")
+    rrf_k: int = Field(60, ge=1, description="reciprocal rank fusion constant: score = sum w / (rrf_k + rank)")
+    dense_weight: float = Field(1.0, ge=0, description="hybrid: weight of the dense ranking")
+    bm25_weight: float = Field(1.0, ge=0, description="hybrid: weight of the BM25 ranking")
+    fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion")
     num_cpus_per_shard: float = Field(0.25, ge=0)
+
+
+class RerankerConfig(Section):
+    """The ``ranker`` stage: a CrossEncoder when ``model`` is set, else bi-encoder cosine (the embedder)."""
+
+    model: str | None = Field(None, description="CrossEncoder name or path; None = bi-encoder cosine fallback")
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(512, ge=16)
+    device: str | None = None
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0, ge=0)
 
 
 class StageBatching(Section):
@@ -168,6 +200,7 @@ class MigresConfig(Section):
 
     max_iterations: int = Field(5, ge=1, description="T for multi-hop, yes/no and claims")
     max_iterations_open_domain: int = Field(3, ge=1, description="T for kind=single-hop (open-domain QA)")
+    retriever: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="the paper's default is BM25 (k1 0.9, b 0.4: index.bm25_*)")
     passages_per_query: int = Field(50, ge=1, description="N passages retrieved per query")
     max_passages: int = Field(5, ge=1, description="k passages kept per query after the knowledge filter")
     relevance_threshold: float = Field(0.3, description="delta: passages and sentences scoring under it are dropped")
@@ -199,6 +232,7 @@ class AnswerConfig(Section):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     raisf: RaisfConfig = Field(default_factory=RaisfConfig)
     least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
     self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)

@@ -40,10 +40,14 @@ class Judge:
 
 @dataclass(frozen=True)
 class Retrieve:
-    """Top-k passages for a query, merged over every retriever shard."""
+    """Top-k passages for a query, merged over every retriever shard.
+
+    ``method``: dense, bm25 or hybrid (reciprocal rank fusion); None = the run's ``retrieval.method``.
+    """
 
     query: str
     k: int
+    method: str | None = None
 
     stage = "retriever"
 

@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.retriever import merge_topk
-from schemas.config import StageBatching
+from actors.retriever import fuse_rrf, merge_topk
+from schemas.config import RetrievalConfig, StageBatching
 from schemas.records import Generate, Generation, Rank, Ranking, Request, Response, Retrieval, Retrieve
 
 
@@ -150,7 +150,7 @@ class GeneratorStage(Stage):
 
 
 class RankerStage(Stage):
-    """Replicas rank texts against a query (encoder actors: bi-encoder cosine)."""
+    """Replicas rank texts against a query: CrossEncoder actors, or encoder actors (bi-encoder cosine)."""
 
     name = "ranker"
 
@@ -165,25 +165,57 @@ class RankerStage(Stage):
 
 
 class RetrieverStage(Stage):
-    """Replicas are query encoders; every batch is searched on all shards and merged.
+    """Replicas are query encoders; a batch is searched on every shard and the hits merged.
 
-    The encoder's output ref is passed straight to the shard actors, so vectors never visit the driver.
+    Dense requests go to the FAISS shards with the encoder's output ref, so vectors never visit the
+    driver; BM25 requests go to the BM25 shards as text; hybrid requests search both (to
+    ``fusion_candidates`` each) and fuse the two rankings by reciprocal rank.
     """
 
     name = "retriever"
 
-    def __init__(self, encoders: list, shards: list, batching: StageBatching):
+    def __init__(self, encoders: list, dense_shards: list, batching: StageBatching, bm25_shards: list = (),
+                 retrieval: RetrievalConfig | None = None):
         super().__init__(encoders, batching)
-        self.shards = shards
+        self.dense, self.bm25, self.retrieval = dense_shards, list(bm25_shards), retrieval or RetrievalConfig()
+
+    def _plan(self, batch: list[Retrieve]):
+        methods = [r.method or self.retrieval.method for r in batch]
+        for m in methods:
+            if m not in ("dense", "bm25", "hybrid"):
+                raise ValueError(f"unknown retrieval method {m!r} (dense, bm25 or hybrid)")
+            if m != "dense" and not self.bm25:
+                raise ValueError(f"{m} retrieval needs BM25 shards: rebuild the index with index.bm25=true")
+        dense = [i for i, m in enumerate(methods) if m != "bm25"]
+        sparse = [i for i, m in enumerate(methods) if m != "dense"]
+        depth = max(max(r.k, self.retrieval.fusion_candidates) if m == "hybrid" else r.k
+                    for r, m in zip(batch, methods))
+        return methods, dense, sparse, depth
 
     def launch(self, replica, batch: list[Retrieve]):
-        vectors = self.replicas[replica].encode.remote([r.query for r in batch])
-        k = max(r.k for r in batch)
-        return [shard.search.remote(vectors, k) for shard in self.shards]
+        _, dense, sparse, depth = self._plan(batch)
+        refs = []
+        if dense:
+            vectors = self.replicas[replica].encode.remote([batch[i].query for i in dense])
+            refs += [shard.search.remote(vectors, depth) for shard in self.dense]
+        if sparse:
+            refs += [shard.search.remote([batch[i].query for i in sparse], depth) for shard in self.bm25]
+        return refs
 
     def combine(self, batch, results):
-        merged = merge_topk(results, max(r.k for r in batch))
-        return [Retrieval(hits[: r.k]) for r, hits in zip(batch, merged)]
+        methods, dense, sparse, depth = self._plan(batch)
+        n_dense = len(self.dense) if dense else 0
+        dense_hits = dict(zip(dense, merge_topk(results[:n_dense], depth))) if dense else {}
+        sparse_hits = dict(zip(sparse, merge_topk(results[n_dense:], depth))) if sparse else {}
+        out, rc = [], self.retrieval
+        for i, (r, m) in enumerate(zip(batch, methods)):
+            if m == "hybrid":
+                hits = fuse_rrf([dense_hits[i][: rc.fusion_candidates], sparse_hits[i][: rc.fusion_candidates]],
+                                [rc.dense_weight, rc.bm25_weight], r.k, rc.rrf_k)
+            else:
+                hits = (dense_hits if m == "dense" else sparse_hits)[i][: r.k]
+            out.append(Retrieval(hits))
+        return out
 
     def failed(self, batch, error):
         return [Retrieval(error=error) for _ in batch]

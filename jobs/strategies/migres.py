@@ -15,7 +15,7 @@ Each iteration t (at most T: 5 multi-hop / yes-no, 3 open-domain single-hop):
 
 Deviations (no weights offline): the re-rank model is the ``ranker`` stage (bi-encoder cosine,
 so delta is on the cosine scale, not BGE-reranker logits); entailment is the judge model, not
-T5-xxl-NLI; retrieval is the dense index (the paper's default is BM25). When T is reached without an
+T5-xxl-NLI (a CrossEncoder reranker can be configured: ``reranker.model``). When T is reached without an
 answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``).
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 import json
 
 from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
+from jobs.strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
 from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
-from jobs.strategies.think_act import sentences
 from schemas.config import MigresConfig
-from schemas.records import Generate, Judge, Passage, Rank, Retrieve
+from schemas.records import Generate, Judge, Retrieve
 
 UNANSWERABLE = "unanswerable"
 
@@ -68,42 +68,30 @@ class MIGRES:
         item.state["history"] += queries
         item.state["queries"] = queries
         item.state["iterations"].append({"queries": queries})
-        return ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query) for q in queries])
+        return ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query, self.config.retriever) for q in queries])
 
     def _after_retrieve(self, item, retrievals):
         uses = item.state["uses"]
         candidates = [[p for p in r.passages if uses.get(p.id, 0) < self.config.max_uses] for r in retrievals]
         item.state["candidates"] = candidates
-        asks = [Rank(q, tuple(p.text for p in c), len(c)) for q, c in zip(item.state["queries"], candidates) if c]
+        asks = [passage_requests(q, c) for q, c in zip(item.state["queries"], candidates) if c]
         return ask(item, "rank_passages", asks) if asks else self._after_rank_passages(item, [])
 
     def _after_rank_passages(self, item, rankings):
         it = iter(rankings)
-        kept = []  # per query: [(passage, score)]
-        for c in item.state["candidates"]:
-            ranking = next(it) if c else None
-            scored = [(c[i], s) for i, s in zip(ranking.indices, ranking.scores)] if ranking else []
-            kept.append([(p, s) for p, s in scored if s >= self.config.relevance_threshold][: self.config.max_passages])
+        delta, k = self.config.relevance_threshold, self.config.max_passages
+        kept = [keep_passages(c, next(it), delta, k) if c else [] for c in item.state["candidates"]]
         item.state["kept"] = kept
-        asks = [Rank(q, tuple(sentences(p.text)), len(sentences(p.text)))
-                for q, ps in zip(item.state["queries"], kept) for p, _ in ps]
+        asks = [r for q, ps in zip(item.state["queries"], kept) for r in sentence_requests(q, ps)]
         return ask(item, "rank_sentences", asks) if asks else self._after_rank_sentences(item, [])
 
     def _after_rank_sentences(self, item, rankings):
         it = iter(rankings)
         knowledge = []  # per query: filtered passages
         for ps in item.state["kept"]:
-            mine = []
-            for p, score in ps:
-                ranking, parts = next(it), sentences(p.text)
-                if not ranking.scores or score > max(ranking.scores):
-                    text = p.text  # the passage outscores every sentence: keep it whole
-                else:
-                    keep = sorted(i for i, s in zip(ranking.indices, ranking.scores) if s >= self.config.relevance_threshold)
-                    text = " ".join(parts[i] for i in keep)
-                if text:
-                    mine.append(Passage(p.id, p.title, text, score))
-                    item.state["uses"][p.id] = item.state["uses"].get(p.id, 0) + 1
+            mine = [f for p in ps if (f := filter_sentences(p, next(it), self.config.relevance_threshold))]
+            for p in mine:
+                item.state["uses"][p.id] = item.state["uses"].get(p.id, 0) + 1
             knowledge.append(mine)
         item.state["knowledge"] = knowledge
         item.state["iterations"][-1]["passages"] = [[p.id for p in ps] for ps in knowledge]

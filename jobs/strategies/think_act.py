@@ -13,20 +13,14 @@
 
 from __future__ import annotations
 
-import re
-
 from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
+from jobs.strategies.filtering import sentences
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-
-
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(text) if len(s.strip()) > 1]
 
 
 class ThinkThenAct:

@@ -1,5 +1,6 @@
-"""Index build and sharded search with the real MiniLM embedder on a slice of the sample corpus."""
+"""Index build (flat, IVF, HNSW, BM25), resume, and sharded search on a slice of the sample corpus."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -8,13 +9,32 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from actors.bm25 import BM25Shard
 from actors.encoder import Encoder
-from actors.retriever import ShardRetriever, merge_topk
+from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
 from jobs.index import IndexJobConfig, build_index
 from schemas.config import load_config
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
-pytestmark = [pytest.mark.ray, pytest.mark.model, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+
+class HashEncoder:
+    """Deterministic pseudo-embeddings (tests of index mechanics only); ``fail_after`` breaks it."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.calls, self.fail_after = 0, fail_after
+
+    def dims(self):
+        return 32
+
+    def encode(self, texts):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("encoder died")
+        seeds = [int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little") for t in texts]
+        vectors = np.stack([np.random.default_rng(seed).standard_normal(32) for seed in seeds])
+        return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -31,23 +51,33 @@ def squad_slice(tmp_path_factory):
     return path, squad
 
 
-def _build(ray_session, corpus, out, shards):
-    config = load_config(IndexJobConfig, None, [f"index.path={out}", f"index.shards={shards}",
-                                                "index.encode_batch_rows=64"], corpus=str(corpus))
-    return build_index(config, log=lambda *a, **k: None)
+def _config(corpus, out, shards, *overrides):
+    return load_config(IndexJobConfig, None, [f"index.path={out}", f"index.shards={shards}",
+                                              "index.encode_batch_rows=64", *overrides], corpus=str(corpus))
 
 
-def test_sharded_search_equals_one_index(ray_session, squad_slice, tmp_path):
-    corpus, squad = squad_slice
-    one = _build(ray_session, corpus, tmp_path / "one", 1)
-    three = _build(ray_session, corpus, tmp_path / "three", 3)
+def _build(corpus, out, shards, *overrides, encoders=None, log=None):
+    return build_index(_config(corpus, out, shards, *overrides), log=log or (lambda *a, **k: None), encoders=encoders)
+
+
+@pytest.fixture(scope="module")
+def real_indexes(ray_session, squad_slice, tmp_path_factory):
+    corpus, _ = squad_slice
+    root = tmp_path_factory.mktemp("idx")
+    return root, _build(corpus, root / "one", 1), _build(corpus, root / "three", 3)
+
+
+@pytest.mark.model
+def test_sharded_search_equals_one_index(real_indexes, squad_slice):
+    root, one, three = real_indexes
+    _, squad = squad_slice
     assert one["count"] == three["count"] == 300
     assert [s["count"] for s in three["shards"]] == [100, 100, 100]
-    assert json.loads((tmp_path / "three" / "manifest.json").read_text())["dims"] == 384
+    assert json.loads((root / "three" / "manifest.json").read_text())["dims"] == 384
 
     queries = Encoder("all-minilm-l6-v2").encode([q["question"] for q in squad])
-    single = ShardRetriever(str(tmp_path / "one" / "shard-000")).search(queries, 10)
-    shards = [ShardRetriever(str(tmp_path / "three" / s["dir"])) for s in three["shards"]]
+    single = ShardRetriever(str(root / "one" / "shard-000")).search(queries, 10)
+    shards = [ShardRetriever(str(root / "three" / s["dir"])) for s in three["shards"]]
     merged = merge_topk([s.search(queries, 10) for s in shards], 10)
     for a, b in zip(single, merged):
         assert [p.id for p in a] == [p.id for p in b]
@@ -58,23 +88,102 @@ def test_sharded_search_equals_one_index(ray_session, squad_slice, tmp_path):
     assert sum(hits) / len(hits) >= 0.8
 
 
+@pytest.mark.model
+def test_bm25_and_hybrid_find_gold_passages(real_indexes, squad_slice):
+    root, _, three = real_indexes
+    _, squad = squad_slice
+    assert three["bm25"]["k1"] == 0.9 and three["bm25"]["b"] == 0.4
+    texts = [q["question"] for q in squad]
+    bm25 = merge_topk([BM25Shard(str(root / "three" / s["dir"])).search(texts, 20) for s in three["shards"]], 20)
+    vectors = Encoder("all-minilm-l6-v2").encode(texts)
+    dense = merge_topk([ShardRetriever(str(root / "three" / s["dir"])).search(vectors, 20) for s in three["shards"]], 20)
+    hybrid = [fuse_rrf([d, b], [1.0, 1.0], 5) for d, b in zip(dense, bm25)]
+
+    def recall_at_5(results):
+        return np.mean([bool(set(q["gold_passage_ids"]) & {p.id for p in r[:5]}) for q, r in zip(squad, results)])
+
+    assert recall_at_5(bm25) >= 0.8
+    assert recall_at_5(hybrid) >= 0.8
+    assert all(len(r) == 5 for r in hybrid)
+
+
+def test_flat_ivf_and_hnsw_shards_agree(ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    builds = {t: _build(corpus, tmp_path / t, 2, f"index.index_type={t}", "index.bm25=false", encoders=encoder)
+              for t in ("flat", "ivf_flat", "hnsw")}
+    assert [s["factory"] for s in builds["ivf_flat"]["shards"]] == ["IVF48,Flat"] * 2  # int(4*sqrt(150)) lists
+    assert builds["hnsw"]["shards"][0]["factory"] == "HNSW32,Flat"
+    queries = HashEncoder().encode([f"query {i}" for i in range(20)])
+
+    def search(kind, **kw):
+        return merge_topk([ShardRetriever(str(tmp_path / kind / s["dir"]), **kw).search(queries, 10)
+                           for s in builds[kind]["shards"]], 10)
+
+    flat = search("flat")
+    assert [[p.id for p in r] for r in search("ivf_flat", nprobe=48)] == [[p.id for p in r] for r in flat]
+    overlap = np.mean([len({p.id for p in a} & {p.id for p in b}) / 10 for a, b in zip(flat, search("hnsw"))])
+    assert overlap >= 0.9
+
+
+def test_ivf_pq_on_too_small_a_shard_is_a_clear_error(ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    with pytest.raises(ValueError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages per shard"):
+        _build(corpus, tmp_path / "pq", 2, "index.index_type=ivf_pq", "index.pq_m=8", encoders=encoder)
+
+
+def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    out = tmp_path / "idx"
+    # 300 rows in batches of 64, 3 shards of 100: the 3rd encode call breaks inside shard 1
+    breaking = [ray.remote(HashEncoder).options(num_cpus=0).remote(fail_after=2)]
+    with pytest.raises(ray.exceptions.RayTaskError, match="encoder died"):
+        _build(corpus, out, 3, encoders=breaking)
+    assert (out / "shard-000" / "done.json").exists() and not (out / "shard-001" / "done.json").exists()
+    first = (out / "shard-000" / "index.faiss").stat().st_mtime_ns
+
+    lines = []
+    fresh = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    resumed = _build(corpus, out, 3, encoders=fresh, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert "resuming: 1 of 3 shards already built" in lines
+    assert (out / "shard-000" / "index.faiss").stat().st_mtime_ns == first
+    assert not any((out / s["dir"] / "vectors.npy").exists() for s in resumed["shards"])
+
+    clean = _build(corpus, tmp_path / "clean", 3, encoders=fresh)
+    assert [s["index_sha256"] for s in resumed["shards"]] == [s["index_sha256"] for s in clean["shards"]]
+    assert resumed["count"] == clean["count"] == 300
+
+
 def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
+    import ray
+
     corpus = tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "a", None, "c"], "title": ["A", None, "A2", "N", "C"],
                              "text": ["alpha text", "beta text", "dup", "no id", None]}), corpus)
-    manifest = _build(ray_session, corpus, tmp_path / "idx", 2)
+    manifest = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
     assert manifest["count"] == 2
     assert manifest["skipped"] == {"null_text": 1, "null_id": 1, "duplicate_id": 1}
     ids = [r for s in manifest["shards"] for r in
            pq.read_table(tmp_path / "idx" / s["dir"] / "passages.parquet")["id"].to_pylist()]
     assert ids == ["a", "b"]
+    assert [s["count"] for s in manifest["shards"]] == [2, 0]
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["alpha"], 3)[0][0].id == "a"
+    assert BM25Shard(str(tmp_path / "idx" / "shard-001")).search(["alpha"], 3) == [[]]  # empty shard
 
 
-def test_corpus_without_text_column_is_a_clear_error(tmp_path):
-    from schemas.tables import SchemaError
-
+@pytest.mark.parametrize("table, message", [
+    (pa.table({"id": ["a"], "body": ["x"]}), r"c\.parquet.*'text'"),
+    (pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}), "the corpus has no rows"),
+])
+def test_unusable_corpus_is_a_clear_error(tmp_path, table, message):
     corpus = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"id": ["a"], "body": ["x"]}), corpus)
-    config = load_config(IndexJobConfig, None, [f"index.path={tmp_path / 'i'}"], corpus=str(corpus))
-    with pytest.raises(SchemaError, match=r"c\.parquet.*'text'"):
-        build_index(config)
+    pq.write_table(table, corpus)
+    with pytest.raises(ValueError, match=message):
+        build_index(_config(corpus, tmp_path / "i", 1))

@@ -1,0 +1,51 @@
+"""BM25 replica: one shard's bm25s index with its passage store; query texts in, top-k out.
+
+Tokenization (the same at build and query time): lower-cased, words of 2+ word characters
+(bm25s' default pattern), English stopwords removed, Snowball English stemming (PyStemmer).
+Scores use the shard's own document frequencies, like per-shard IDF in Elasticsearch/Lucene:
+merged rankings across shards are close to, not identical with, one global BM25 index.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.retriever import PassageStore
+from schemas.records import Passage
+
+TOKENIZATION = {"lower": True, "pattern": r"(?u)\b\w\w+\b", "stopwords": "en", "stemmer": "snowball-english"}
+
+
+def tokenize(texts: list[str], return_ids: bool = True):
+    import bm25s
+    import Stemmer
+
+    return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=Stemmer.Stemmer("english"),
+                          return_ids=return_ids, show_progress=False)
+
+
+def build_bm25(texts: list[str], out_dir: Path, k1: float, b: float) -> None:
+    import bm25s
+
+    retriever = bm25s.BM25(k1=k1, b=b)
+    retriever.index(tokenize(texts), show_progress=False)
+    retriever.save(str(out_dir), show_progress=False)
+
+
+class BM25Shard:
+    def __init__(self, shard_dir: str):
+        import bm25s
+
+        self.store = PassageStore(shard_dir)
+        self.index = bm25s.BM25.load(str(Path(shard_dir) / "bm25"), mmap=True, show_progress=False) if len(self.store) else None
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        out = []
+        for tokens in tokenize(queries, return_ids=False):
+            if not tokens or self.index is None:  # only stopwords / no text: nothing can match
+                out.append([])
+                continue
+            rows, scores = self.index.retrieve([tokens], k=min(k, len(self.store)), show_progress=False, n_threads=1)
+            hits = [(int(r), float(s)) for r, s in zip(rows[0], scores[0]) if s > 0]
+            out.append(self.store.passages([r for r, _ in hits], [s for _, s in hits]))
+        return out

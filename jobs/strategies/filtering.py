@@ -1,0 +1,47 @@
+"""Knowledge filtering on ranker scores (MIGRES Section 3.2), reusable by any strategy.
+
+Two steps, each one round of ``Rank`` requests on the ranker stage (a CrossEncoder, or the
+bi-encoder fallback):
+
+    passage level   ``passage_requests`` -> ``keep_passages``: drop passages scoring under delta,
+                    keep at most k, best first
+    sentence level  ``sentence_requests`` -> ``filter_sentences``: drop sentences under delta; keep
+                    the whole passage when it outscores every one of its sentences
+"""
+
+from __future__ import annotations
+
+import re
+
+from schemas.records import Passage, Rank, Ranking
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if len(s.strip()) > 1]
+
+
+def passage_requests(query: str, passages: list[Passage]) -> Rank:
+    return Rank(query, tuple(p.text for p in passages), len(passages))
+
+
+def keep_passages(passages: list[Passage], ranking: Ranking, threshold: float, k: int) -> list[Passage]:
+    """Passages at or above ``threshold``, best first, at most ``k``; score = the ranker's."""
+    scored = [(passages[i], s) for i, s in zip(ranking.indices, ranking.scores) if s >= threshold]
+    return [Passage(p.id, p.title, p.text, s) for p, s in scored[:k]]
+
+
+def sentence_requests(query: str, passages: list[Passage]) -> list[Rank]:
+    return [Rank(query, tuple(parts), len(parts)) for parts in (sentences(p.text) for p in passages)]
+
+
+def filter_sentences(passage: Passage, ranking: Ranking, threshold: float) -> Passage | None:
+    """The passage cut to its sentences at or above ``threshold`` (in text order), or whole when its
+    own score beats every sentence's; None when nothing is left."""
+    parts = sentences(passage.text)
+    if not ranking.scores or passage.score > max(ranking.scores):
+        text = passage.text
+    else:
+        text = " ".join(parts[i] for i in sorted(i for i, s in zip(ranking.indices, ranking.scores) if s >= threshold))
+    return Passage(passage.id, passage.title, text, passage.score) if text else None

@@ -1,0 +1,45 @@
+"""CrossEncoder reranker actor (a tiny random-weight model built here: no reranker weights exist
+offline) and the run metadata naming what the ranker stage really is."""
+
+import numpy as np
+import pytest
+
+from actors.reranker import CrossEncoderRanker
+from jobs.answer import ranker_name
+from schemas.config import AnswerConfig
+from schemas.records import Rank
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from jobs.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2"))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, num_labels=1)
+    path = tmp_path_factory.mktemp("xenc")
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.model
+def test_cross_encoder_ranks_each_request_by_its_predict_scores(tiny_cross_encoder):
+    from sentence_transformers import CrossEncoder
+
+    ranker = CrossEncoderRanker(tiny_cross_encoder, batch_size=4, device="cpu")
+    requests = [Rank("capital of France", ("Paris is in France.", "Bananas are yellow.", "Rome."), 2),
+                Rank("who wrote Hamlet", ("Shakespeare wrote plays.",), 1), Rank("empty", (), 3)]
+    out = ranker.rank(requests)
+    expected = CrossEncoder(tiny_cross_encoder, device="cpu").predict([(requests[0].query, t) for t in requests[0].texts])
+    assert out[0].indices == list(np.argsort(-expected, kind="stable")[:2])
+    np.testing.assert_allclose(out[0].scores, np.sort(expected)[::-1][:2], rtol=1e-4)
+    assert out[1].indices == [0] and out[2].indices == []
+
+
+def test_ranker_fallback_is_named_in_run_metadata():
+    assert ranker_name(AnswerConfig()).startswith("bi-encoder-cosine:all-minilm-l6-v2 (fallback")
+    configured = AnswerConfig.model_validate({"reranker": {"model": "BAAI/bge-reranker-base"}})
+    assert ranker_name(configured) == "cross-encoder:BAAI/bge-reranker-base"

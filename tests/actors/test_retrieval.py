@@ -1,0 +1,39 @@
+"""Hit merging, reciprocal rank fusion and the retriever stage's dense/BM25/hybrid routing (no Ray)."""
+
+from actors.retriever import fuse_rrf, merge_topk
+from jobs.engine.stages import RetrieverStage
+from schemas.config import RetrievalConfig, StageBatching
+from schemas.records import Passage, Retrieve
+
+
+def hits(*ids_scores):
+    return [Passage(i, "", f"text {i}", s) for i, s in ids_scores]
+
+
+def test_rrf_rewards_agreement_and_weights():
+    dense = hits(("a", 0.9), ("b", 0.8), ("c", 0.7))
+    bm25 = hits(("b", 12.0), ("d", 11.0), ("a", 3.0))
+    fused = fuse_rrf([dense, bm25], [1.0, 1.0], 3, rrf_k=60)
+    assert [p.id for p in fused] == ["b", "a", "d"]  # b: 1/62+1/61 > a: 1/61+1/63 > d: 1/62 > c: 1/63
+    assert abs(fused[0].score - (1 / 62 + 1 / 61)) < 1e-12
+    assert [p.id for p in fuse_rrf([dense, bm25], [1.0, 0.0], 2)] == ["a", "b"]  # BM25 weighted out
+
+
+def test_stage_routes_each_method_and_fuses_hybrid():
+    retrieval = RetrievalConfig(method="dense", fusion_candidates=3)
+    stage = RetrieverStage([object()], ["dense-0", "dense-1"], StageBatching(), ["bm25-0", "bm25-1"], retrieval)
+    batch = [Retrieve("q1", 2), Retrieve("q2", 2, "bm25"), Retrieve("q3", 2, "hybrid")]
+    # dense shards see q1 and q3 (the hybrid one), BM25 shards see q2 and q3; each to depth 3
+    dense_results = [[hits(("a", 0.9)), hits(("x", 0.5), ("y", 0.4))],
+                     [hits(("b", 0.95)), hits(("z", 0.45))]]
+    bm25_results = [[hits(("m", 5.0)), hits(("z", 9.0))],
+                    [hits(("n", 7.0), ("o", 1.0)), hits(("w", 8.0), ("x", 2.0))]]
+    out = stage.combine(batch, dense_results + bm25_results)
+    assert [p.id for p in out[0].passages] == ["b", "a"]
+    assert [p.id for p in out[1].passages] == ["n", "m"]
+    assert [p.id for p in out[2].passages] == ["z", "x"]  # dense x,z,y + BM25 z,w,x: z 1/62+1/61 > x 1/61+1/63
+
+
+def test_merge_keeps_global_order_across_shards():
+    merged = merge_topk([[hits(("a", 0.1), ("b", 0.05))], [hits(("c", 0.3))]], 2)
+    assert [p.id for p in merged[0]] == ["c", "a"]
