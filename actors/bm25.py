@@ -1,4 +1,4 @@
-"""BM25 replica: one shard's bm25s index with its passage store; query texts in, top-k out.
+"""BM25 search of one shard (bm25s) over its passage store; query texts in, top-k out.
 
 Tokenization (the same at build and query time): lower-cased, words of 2+ word characters
 (bm25s' default pattern), English stopwords removed, Snowball English stemming (PyStemmer).
@@ -33,10 +33,12 @@ def build_bm25(texts: list[str], out_dir: Path, k1: float, b: float) -> None:
 
 
 class BM25Shard:
-    def __init__(self, shard_dir: str):
+    """A shard's BM25 index; the dense shard actor holds one next to its FAISS index (one passage store)."""
+
+    def __init__(self, shard_dir: str, store: PassageStore | None = None):
         import bm25s
 
-        self.store = PassageStore(shard_dir)
+        self.store = store or PassageStore(shard_dir)
         self.index = bm25s.BM25.load(str(Path(shard_dir) / "bm25"), mmap=True, show_progress=False) if len(self.store) else None
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:

@@ -1,4 +1,5 @@
-"""Dense retriever replica: one FAISS shard with its passage store; query vectors in, top-k out."""
+"""Retriever replica: one shard's passage store with its FAISS index (query vectors in, top-k out)
+and, when built, its BM25 index (query texts in, top-k out)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ class PassageStore:
 
 
 class ShardRetriever:
-    def __init__(self, shard_dir: str, nprobe: int | None = None, ef_search: int | None = None):
+    def __init__(self, shard_dir: str, nprobe: int | None = None, ef_search: int | None = None, bm25: bool = False):
         import faiss
+
+        from actors.bm25 import BM25Shard
 
         index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
         if nprobe is not None and _is_ivf(faiss, index):
@@ -38,6 +41,7 @@ class ShardRetriever:
             index.hnsw.efSearch = ef_search
         self.index = _to_gpu_if_available(faiss, index)
         self.store = PassageStore(shard_dir)
+        self.bm25 = BM25Shard(shard_dir, self.store) if bm25 else None
 
     def size(self) -> int:
         return self.index.ntotal
@@ -49,6 +53,11 @@ class ShardRetriever:
             hits = [(int(r), float(s)) for s, r in zip(srow, rrow) if r >= 0]
             out.append(self.store.passages([r for r, _ in hits], [s for _, s in hits]))
         return out
+
+    def search_bm25(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if self.bm25 is None:
+            raise RuntimeError("this shard was opened without BM25")
+        return self.bm25.search(queries, k)
 
 
 def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passage]]:

@@ -94,7 +94,7 @@ def main() -> None:
     calm = rows(f"{tmp}/calm")
     report = [("none (reference run)", compare(calm, calm), time.perf_counter() - t)]
     for name, kill in [("generator actor killed (ray.kill)", lambda s: s["generator"].replicas[0]),
-                       ("retriever shard killed (ray.kill)", lambda s: s["retriever"].dense[0])]:
+                       ("retriever shard killed (ray.kill)", lambda s: s["retriever"].shards[0])]:
         t = time.perf_counter()
         metrics = in_process(config(name.split()[0]), kill)
         report.append((name, {**compare(calm, rows(f"{tmp}/{name.split()[0]}")),

@@ -53,8 +53,8 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
         model = manifest["embedder"] if manifest else e.model
         encoders = [encoder.remote(model, e.batch_size, e.device) for _ in range(e.replicas)]
         if manifest:
-            dense, bm25 = _shard_actors(config, manifest, restarts)
-            stages["retriever"] = RetrieverStage(encoders, dense, config.engine.retriever, bm25, config.retrieval)
+            shards, bm25 = _shard_actors(config, manifest, restarts)
+            stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever, bm25, config.retrieval)
         if "ranker" in needs:
             rr = config.reranker
             if rr.model:
@@ -66,22 +66,19 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
     return stages
 
 
-def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple[list, list]:
-    """One dense (FAISS) and, when the index has BM25, one BM25 actor per shard."""
+def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple[list, bool]:
+    """One actor per shard: its FAISS index, and its BM25 index when this run retrieves with BM25."""
     import ray
 
-    from actors.bm25 import BM25Shard
     from actors.retriever import ShardRetriever
 
-    if retrieval_methods(config) - {"dense"} and not manifest.get("bm25"):
+    bm25 = bool(retrieval_methods(config) - {"dense"})
+    if bm25 and not manifest.get("bm25"):
         raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
                          "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
-    options = {"num_cpus": config.retrieval.num_cpus_per_shard, **restarts}
-    dirs = [str(Path(config.index.path) / s["dir"]) for s in manifest["shards"]]
-    dense = [ray.remote(ShardRetriever).options(**options).remote(d, config.index.nprobe, config.index.hnsw_ef_search)
-             for d in dirs]
-    bm25 = [ray.remote(BM25Shard).options(**options).remote(d) for d in dirs] if manifest.get("bm25") else []
-    return dense, bm25
+    actor = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
+    return [actor.remote(str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
+            for s in manifest["shards"]], bm25
 
 
 def retrieval_methods(config: AnswerConfig) -> set[str]:

@@ -167,17 +167,17 @@ class RankerStage(Stage):
 class RetrieverStage(Stage):
     """Replicas are query encoders; a batch is searched on every shard and the hits merged.
 
-    Dense requests go to the FAISS shards with the encoder's output ref, so vectors never visit the
-    driver; BM25 requests go to the BM25 shards as text; hybrid requests search both (to
+    Dense requests go to the shards' FAISS indexes with the encoder's output ref, so vectors never
+    visit the driver; BM25 requests go to their BM25 indexes as text; hybrid requests search both (to
     ``fusion_candidates`` each) and fuse the two rankings by reciprocal rank.
     """
 
     name = "retriever"
 
-    def __init__(self, encoders: list, dense_shards: list, batching: StageBatching, bm25_shards: list = (),
+    def __init__(self, encoders: list, shards: list, batching: StageBatching, bm25: bool = False,
                  retrieval: RetrievalConfig | None = None):
         super().__init__(encoders, batching)
-        self.dense, self.bm25, self.retrieval = dense_shards, list(bm25_shards), retrieval or RetrievalConfig()
+        self.shards, self.bm25, self.retrieval = shards, bm25, retrieval or RetrievalConfig()
 
     def _plan(self, batch: list[Retrieve]):
         methods = [r.method or self.retrieval.method for r in batch]
@@ -185,7 +185,7 @@ class RetrieverStage(Stage):
             if m not in ("dense", "bm25", "hybrid"):
                 raise ValueError(f"unknown retrieval method {m!r} (dense, bm25 or hybrid)")
             if m != "dense" and not self.bm25:
-                raise ValueError(f"{m} retrieval needs BM25 shards: rebuild the index with index.bm25=true")
+                raise ValueError(f"{m} retrieval needs an index built with BM25 (index.bm25=true)")
         dense = [i for i, m in enumerate(methods) if m != "bm25"]
         sparse = [i for i, m in enumerate(methods) if m != "dense"]
         depth = max(max(r.k, self.retrieval.fusion_candidates) if m == "hybrid" else r.k
@@ -197,14 +197,14 @@ class RetrieverStage(Stage):
         refs = []
         if dense:
             vectors = self.replicas[replica].encode.remote([batch[i].query for i in dense])
-            refs += [shard.search.remote(vectors, depth) for shard in self.dense]
+            refs += [shard.search.remote(vectors, depth) for shard in self.shards]
         if sparse:
-            refs += [shard.search.remote([batch[i].query for i in sparse], depth) for shard in self.bm25]
+            refs += [shard.search_bm25.remote([batch[i].query for i in sparse], depth) for shard in self.shards]
         return refs
 
     def combine(self, batch, results):
         methods, dense, sparse, depth = self._plan(batch)
-        n_dense = len(self.dense) if dense else 0
+        n_dense = len(self.shards) if dense else 0
         dense_hits = dict(zip(dense, merge_topk(results[:n_dense], depth))) if dense else {}
         sparse_hits = dict(zip(sparse, merge_topk(results[n_dense:], depth))) if sparse else {}
         out, rc = [], self.retrieval

@@ -21,7 +21,7 @@ def test_rrf_rewards_agreement_and_weights():
 
 def test_stage_routes_each_method_and_fuses_hybrid():
     retrieval = RetrievalConfig(method="dense", fusion_candidates=3)
-    stage = RetrieverStage([object()], ["dense-0", "dense-1"], StageBatching(), ["bm25-0", "bm25-1"], retrieval)
+    stage = RetrieverStage([object()], ["shard-0", "shard-1"], StageBatching(), bm25=True, retrieval=retrieval)
     batch = [Retrieve("q1", 2), Retrieve("q2", 2, "bm25"), Retrieve("q3", 2, "hybrid")]
     # dense shards see q1 and q3 (the hybrid one), BM25 shards see q2 and q3; each to depth 3
     dense_results = [[hits(("a", 0.9)), hits(("x", 0.5), ("y", 0.4))],

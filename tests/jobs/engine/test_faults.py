@@ -46,7 +46,7 @@ def answers(by_id):
 @pytest.mark.parametrize("victim", ["generator replica", "retriever shard"])
 def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim):
     def kill(stages):
-        actor = stages["generator"].replicas[0] if victim == "generator replica" else stages["retriever"].dense[1]
+        actor = stages["generator"].replicas[0] if victim == "generator replica" else stages["retriever"].shards[1]
         ray_session.kill(actor, no_restart=False)
 
     calm, _, _ = run(ray_session, QUESTIONS)

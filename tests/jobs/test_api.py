@@ -1,0 +1,40 @@
+"""The notebook API: input conversion and column mapping, and one real run over a DataFrame."""
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from jobs.api import answer_table, to_arrow
+
+
+def test_inputs_of_every_kind_become_one_arrow_table_with_our_names():
+    import datasets
+
+    rows = [{"qid": "a", "query": "Who?", "golds": ["x"]}, {"qid": "b", "query": "What?", "golds": ["y"]}]
+    mapping = {"id": "qid", "question": "query", "answers": "golds"}
+    expected = pa.table({"id": ["a", "b"], "question": ["Who?", "What?"], "answers": [["x"], ["y"]]})
+    for source in (pd.DataFrame(rows), pa.Table.from_pylist(rows), rows, datasets.Dataset.from_list(rows)):
+        assert to_arrow(source, mapping).select(["id", "question", "answers"]).to_pylist() == expected.to_pylist()
+    # a filtered Dataset gives the rows it shows; row numbers become ids when there is no id column
+    filtered = datasets.Dataset.from_list(rows).filter(lambda r: r["qid"] == "b")
+    assert to_arrow(filtered, {"question": "query"}).select(["question", "id"]).to_pylist() == [{"question": "What?", "id": "0"}]
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(KeyError, match=r"\['query'\] are not in the questions"):
+        to_arrow(pa.table({"question": ["q"]}), {"question": "query"})
+    with pytest.raises(TypeError, match="pandas DataFrame, Arrow table"):
+        to_arrow("questions.parquet")
+
+
+@pytest.mark.model
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_answer_table_runs_the_answer_job_on_a_dataframe(tmp_path):
+    df = pd.DataFrame({"query": ["What is the capital of France?", "Who wrote Hamlet?", "What is the capital of France?"]})
+    out = answer_table(df, "direct", columns={"question": "query"}, output=str(tmp_path / "run"),
+                       overrides=["generator.model=smollm2-135m-instruct", "generator.cpu_kvcache_gib=1"])
+    assert isinstance(out, pd.DataFrame)
+    assert sorted(out["id"]) == ["0", "1", "2"] and set(out["strategy"]) == {"direct"}
+    assert out["error"].isna().all() and (out["answer"].str.len() > 0).all()
+    assert (tmp_path / "run" / "metrics.json").exists()
