@@ -161,7 +161,7 @@ def main() -> int:
         if mode == "build":
             shards = max(1, rows // 1_250_000)
             proc = subprocess.run([sys.executable, __file__, "build-one", str(rows), str(shards)],
-                                  capture_output=True, text=True, check=True)
+                                  stdout=subprocess.PIPE, text=True, check=True)
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         else:
             results.extend(shard_overhead(rows))

@@ -25,7 +25,9 @@ def init_ray(config: RayConfig):
     address = config.address or os.environ.get("RAY_ADDRESS")
     env = {k: os.environ[k] for k in [*DEFAULT_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                        "RAGSIFT_HOME", "VLLM_CPU_KVCACHE_SPACE"] if k in os.environ}
-    runtime_env = {"env_vars": env}
+    # Inside a submitted job (`ray job submit`) the job's runtime_env already applies to every actor,
+    # and Ray refuses a driver runtime_env that sets the same keys: pass none there.
+    runtime_env = None if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ else {"env_vars": env}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=config.log_to_driver)
     else:
