@@ -41,8 +41,8 @@ def answer_files(output: str) -> list[str]:
 
 def evaluate(answers: str, questions: str, k: int | None = None) -> tuple[list[dict], list[dict]]:
     """(scores per strategy and dataset, how questions were resolved), from one read of the files."""
-    groups = _groups(answers, questions)
-    return [_score(strategy, dataset, rows, k) for (strategy, dataset), rows in groups], resolution(groups)
+    groups = grouped_rows(answers, questions)
+    return [score(strategy, dataset, rows, k) for (strategy, dataset), rows in groups], resolution(groups)
 
 
 def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
@@ -64,7 +64,7 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
     return table
 
 
-def _groups(answers: str, questions: str) -> list[tuple[tuple[str, str], list[dict]]]:
+def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], list[dict]]]:
     """Answer rows joined with their gold question, grouped by (strategy, dataset) plus (strategy, ALL)."""
     cols = question_columns(questions)
     if "answers" not in cols:
@@ -84,7 +84,7 @@ def _groups(answers: str, questions: str) -> list[tuple[tuple[str, str], list[di
     return sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))
 
 
-def _score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
+def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
     n = len(rows)
     em = f1 = acc = 0.0
     yn_n = yn_ok = 0

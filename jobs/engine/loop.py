@@ -170,7 +170,9 @@ class Engine:
         stage.stats.calls += 1
         stage.stats.requests += len(launched.batch)
         stage.stats.batch_sizes.append(len(launched.batch))
-        stage.stats.busy_s += time.perf_counter() - launched.started
+        finished = time.perf_counter()
+        stage.stats.busy_s += finished - launched.started
+        stage.stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
         try:
             responses = stage.combine(launched.batch, ray.get(launched.refs))
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
@@ -344,7 +346,7 @@ class Engine:
             "batch_failures": self.batch_failures,
             "empty_answers": self.empty_answers,
             "parse_failures": self.parse_failures,
-            "stages": {name: s.stats.summary() for name, s in self.stages.items()},
+            "stages": {name: s.stats.summary(wall, len(s.replicas)) for name, s in self.stages.items()},
             "resolved_by": self.resolved,
         }
 

@@ -24,8 +24,10 @@ class StageStats:
     busy_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
     errors: int = 0
+    # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
+    spans: list[tuple[int, float, float]] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, wall_s: float = 0.0, replicas: int = 1) -> dict[str, Any]:
         sizes = sorted(self.batch_sizes)
         pct = (lambda q: sizes[min(len(sizes) - 1, int(q * len(sizes)))]) if sizes else (lambda q: 0)
         return {
@@ -35,7 +37,25 @@ class StageStats:
             "busy_s": round(self.busy_s, 3),
             "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": pct(0.5),
                            "p90": pct(0.9), "max": sizes[-1] if sizes else 0},
+            "utilisation": utilisation(self.spans, wall_s, replicas),
         }
+
+
+def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: int, bins: int = 50) -> dict:
+    """Busy fraction of the stage's replicas in each of ``bins`` equal slices of the run. A replica
+    counts as busy while it has at least one batch in flight (queued batches overlap: union them)."""
+    width = wall_s / bins if wall_s > 0 else 0.0
+    busy = [0.0] * bins
+    if width:
+        for replica in {r for r, _, _ in spans}:
+            end = 0.0
+            for _, a, b in sorted(s for s in spans if s[0] == replica):
+                a = max(a, end)  # the part not already covered by this replica's earlier batches
+                end = max(end, b)
+                for i in range(int(a // width), min(bins, int(b // width) + 1)):
+                    busy[i] += max(0.0, min(b, (i + 1) * width) - max(a, i * width))
+    return {"bin_s": round(width, 3), "busy": [round(min(1.0, x / (width * replicas)), 3) if width else 0.0
+                                               for x in busy]}
 
 
 class StageDown(RuntimeError):

@@ -185,3 +185,16 @@ def test_a_strategy_exception_fails_one_question_only(ray_session):
     by_id = {r["id"]: r for r in rows}
     assert "fragile.start: ValueError: bad state" in by_id["b"]["error"]
     assert by_id["a"]["answer"] == "echo:fine" and by_id["c"]["error"] is None
+
+
+def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
+    from jobs.engine.stages import utilisation
+
+    # replica 0 busy 0-10 s (two overlapping batches), replica 1 busy 5-10 s
+    assert utilisation([(0, 0, 5), (0, 2, 10), (1, 5, 10)], 10, 2, bins=5) == {
+        "bin_s": 2.0, "busy": [0.5, 0.5, 0.75, 1.0, 1.0]}
+    rows = []
+    engine = make_engine(ray_session, rows)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(40)], ["direct"])
+    u = engine.metrics()["stages"]["generator"]["utilisation"]
+    assert len(u["busy"]) == 50 and u["bin_s"] > 0 and 0 < max(u["busy"]) <= 1

@@ -1,0 +1,200 @@
+"""``ragsift report``: one or more runs -> one self-contained HTML page (plots as embedded PNG).
+
+Accuracy per strategy x dataset, how questions were resolved (RA-ISF Table 7 style), cost per
+question (LLM calls, tokens, retrievals), sub-question depth, and stage utilisation over time (from
+each run's metrics.json). Runs are answer/compare output directories; with several runs, strategies
+are labelled ``<run>/<strategy>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from jobs.evaluate import COLUMNS, grouped_rows, resolution, resolution_markdown, score
+
+
+def load_run(run: str, questions: str, label: str | None) -> dict:
+    """Scores, resolution, raw rows (for distributions) and metrics of one run directory."""
+    groups = grouped_rows(run, questions)
+    if label:
+        groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
+    metrics_path = Path(run) / "metrics.json"
+    return {
+        "scores": [score(s, d, rows, None) for (s, d), rows in groups],
+        "resolution": resolution(groups),
+        "rows": {s: rows for (s, d), rows in groups if d == "ALL"},
+        "metrics": json.loads(metrics_path.read_text()) if metrics_path.exists() else None,
+        "label": label or Path(run).name,
+    }
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def accuracy_figure(scores: list[dict]) -> str:
+    plt = _plt()
+    strategies = sorted({r["strategy"] for r in scores})
+    datasets = sorted({r["dataset"] for r in scores}, key=lambda d: (d == "ALL", d))
+    acc = {(r["strategy"], r["dataset"]): r["acc"] for r in scores}
+    grid = [[acc.get((s, d)) if acc.get((s, d)) is not None else float("nan") for d in datasets] for s in strategies]
+    fig, ax = plt.subplots(figsize=(1.2 * len(datasets) + 3, 0.5 * len(strategies) + 1.5))
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=100, aspect="auto")
+    ax.set_xticks(range(len(datasets)), datasets, rotation=30)
+    ax.set_yticks(range(len(strategies)), strategies)
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if v == v:  # not NaN
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="white" if v < 60 else "black", fontsize=8)
+    fig.colorbar(im, ax=ax, label="accuracy (%)")
+    ax.set_title("Accuracy per strategy and dataset")
+    return _png(fig)
+
+
+def resolution_figure(resolved: list[dict]) -> str:
+    """Share of questions each module resolved (bar) and how many of those were correct (hatched)."""
+    plt = _plt()
+    overall = [r for r in resolved if r["dataset"] == "ALL"]
+    modules = sorted({m for r in overall for m in r["modules"]})
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(overall) + 1.5))
+    colours = plt.get_cmap("tab10")
+    for i, r in enumerate(overall):
+        left = 0.0
+        for k, m in enumerate(modules):
+            if m not in r["modules"]:
+                continue
+            share, correct = r["modules"][m]["WR"], 100 * r["modules"][m]["Corr"] / r["n"]
+            ax.barh(i, share, left=left, color=colours(k % 10), label=m if i == next(
+                j for j, o in enumerate(overall) if m in o["modules"]) else None)
+            ax.barh(i, correct, left=left, color="none", hatch="//", edgecolor="black", linewidth=0)
+            left += share
+    ax.set_yticks(range(len(overall)), [r["strategy"] for r in overall])
+    ax.set_xlabel("questions (%); hatched: answered correctly")
+    ax.set_title("How questions were resolved")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _png(fig)
+
+
+def cost_figure(rows: dict[str, list[dict]]) -> str:
+    plt = _plt()
+    strategies = sorted(rows)
+    measures = [("LLM calls", lambda r: r["n_llm_calls"]), ("tokens", lambda r: r["prompt_tokens"] + r["completion_tokens"]),
+                ("retrievals", lambda r: r["n_retrievals"])]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 0.4 * len(strategies) + 2.5))
+    for ax, (name, value) in zip(axes, measures):
+        ax.boxplot([[value(r) for r in rows[s]] for s in strategies], vert=False, tick_labels=strategies)
+        ax.set_title(f"{name} per question")
+    return _png(fig)
+
+
+def depth_figure(rows: dict[str, list[dict]]) -> str:
+    plt = _plt()
+    strategies = sorted(rows)
+    depths = sorted({r["depth"] for rs in rows.values() for r in rs})
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    width = 0.8 / max(1, len(strategies))
+    for i, s in enumerate(strategies):
+        count = Counter(r["depth"] for r in rows[s])
+        ax.bar([d + i * width for d in range(len(depths))], [count.get(d, 0) for d in depths], width, label=s)
+    ax.set_xticks([d + 0.4 - width / 2 for d in range(len(depths))], [str(d) for d in depths])
+    ax.set_xlabel("sub-question depth (0: answered without sub-questions)")
+    ax.set_ylabel("questions")
+    ax.legend(fontsize=8)
+    ax.set_title("Sub-question depth")
+    return _png(fig)
+
+
+def utilisation_figure(runs: list[dict]) -> str | None:
+    plt = _plt()
+    series = [(f"{run['label']}: {name}", stage["utilisation"]) for run in runs if run["metrics"]
+              for name, stage in run["metrics"].get("stages", {}).items() if "utilisation" in stage]
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for name, u in series:
+        ax.plot([(i + 0.5) * u["bin_s"] for i in range(len(u["busy"]))], [100 * b for b in u["busy"]], label=name)
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("replicas busy (%)")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=8)
+    ax.set_title("Stage utilisation over time")
+    return _png(fig)
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if r.get(c) is None else str(r[c]))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _markdown_table(text: str) -> str:
+    lines = [line.strip().strip("|").split("|") for line in text.strip().splitlines() if not line.startswith("|---")]
+    return _table([dict(zip(lines[0], (c.strip() for c in cells))) for cells in lines[1:]], [c for c in lines[0]])
+
+
+def render(runs: list[dict]) -> str:
+    scores = [r for run in runs for r in run["scores"]]
+    resolved = [r for run in runs for r in run["resolution"]]
+    rows = {s: rs for run in runs for s, rs in run["rows"].items()}
+    figures = [("Accuracy", accuracy_figure(scores)), ("How questions were resolved", resolution_figure(resolved)),
+               ("Cost per question", cost_figure(rows)), ("Sub-question depth", depth_figure(rows)),
+               ("Stage utilisation", utilisation_figure(runs))]
+    sections = "".join(f'<section><h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
+                       f'src="data:image/png;base64,{png}"></section>' for title, png in figures if png)
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
+    names = ", ".join(html.escape(run["label"]) for run in runs)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>ragsift report: {names}</title>"
+            f"<style>{style}</style></head><body><h1>ragsift report</h1><p>Runs: {names}</p>{sections}"
+            f"<section><h2>Scores (percent)</h2>{_table(scores, COLUMNS)}</section>"
+            f"<section><h2>Resolution by module (WR% / correct)</h2>{_markdown_table(resolution_markdown(resolved))}"
+            "</section></body></html>")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", nargs="+", required=True, help="answer or compare output directories")
+    p.add_argument("--questions", required=True, help="questions Parquet with gold `answers`")
+    p.add_argument("--out", required=True, help="HTML file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    labelled = len(args.runs) > 1
+    runs = [load_run(r, args.questions, Path(r).name if labelled else None) for r in args.runs]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(runs))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("report", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

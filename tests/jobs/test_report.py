@@ -1,0 +1,102 @@
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from jobs.report import main
+from schemas.tables import ANSWERS
+
+
+def answer_row(qid: str, strategy: str, answer: str, resolved_by: str, **extra) -> dict:
+    row = {name: None for name in ANSWERS.names}
+    row.update(id=qid, question=f"q {qid}", strategy=strategy, answer=answer, resolved_by=resolved_by,
+               retrieved_ids=["p1", "p2"], retrieved_scores=[0.9, 0.5], citations=["p1"], n_llm_calls=2,
+               n_retrievals=1, n_subquestions=0, depth=0, n_parse_failures=0, prompt_tokens=100,
+               completion_tokens=10, latency_s=1.5, trace="[]")
+    row.update(extra)
+    return row
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"id": "a", "question": "q a", "answers": ["Paris"], "dataset": "nq", "gold_passage_ids": ["p1"]},
+        {"id": "b", "question": "q b", "answers": ["yes"], "dataset": "strategyqa", "gold_passage_ids": ["p9"]},
+    ]), questions)
+    run = tmp_path / "run"
+    for strategy, rows in {
+        "rag": [answer_row("a", "rag", "Paris", "retrieval"), answer_row("b", "rag", "no", "retrieval")],
+        "raisf": [answer_row("a", "raisf", "Paris", "self_knowledge", n_retrievals=0),
+                  answer_row("b", "raisf", "yes", "decomposition", depth=2, n_subquestions=3, n_llm_calls=9)],
+    }.items():
+        (run / strategy).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), run / strategy / "part-00000.parquet")
+    (run / "metrics.json").write_text(json.dumps({"stages": {"generator": {
+        "utilisation": {"bin_s": 2.0, "busy": [1.0, 0.5, 0.25, 0.0]}}}}))
+    return run, questions
+
+
+def images(page: str) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(base64.b64decode(b))) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_report_has_every_plot_and_the_scores(run_dir, tmp_path):
+    run, questions = run_dir
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert [i.size[0] > 300 for i in images(page)] == [True] * 5  # accuracy, resolution, cost, depth, utilisation
+    for title in ("Accuracy", "How questions were resolved", "Cost per question", "Sub-question depth", "Stage utilisation"):
+        assert f"<h2>{title}</h2>" in page
+    # raisf: 2/2 correct overall, the decomposition module resolved b (50% of questions) correctly
+    assert "<td>raisf</td><td>ALL</td><td>2</td><td>100.0</td>" in page
+    assert "<td>rag</td><td>ALL</td><td>2</td><td>50.0</td>" in page
+    assert "<td>50.0 / 1</td>" in page
+
+
+def test_several_runs_are_labelled_and_a_run_without_metrics_has_no_utilisation_plot(run_dir, tmp_path):
+    run, questions = run_dir
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    (other / "metrics.json").unlink()
+    (run / "metrics.json").unlink()
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(run), str(other), "--questions", str(questions), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "<td>run/rag</td>" in page and "<td>other/raisf</td>" in page
+    assert len(images(page)) == 4 and "Stage utilisation" not in page
+
+
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    """The page as a browser shows it: every embedded PNG decodes and paints (a broken image would
+    leave a small icon: the plots' colours would be missing from the screenshot)."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs Debian chromium (.ci/run); it is missing")
+        pytest.skip("no chromium (apt-get install chromium)")
+    run, questions = run_dir
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1400,3000",
+                    f"--screenshot={shot}", out.as_uri()], check=True, capture_output=True, timeout=120)
+    pixels = Image.open(shot).convert("RGB")
+    colours = pixels.getcolors(maxcolors=1 << 20)
+
+    def painted(rgb, tol=12):
+        return sum(n for n, c in colours if all(abs(a - b) <= tol for a, b in zip(c, rgb)))
+
+    assert painted((31, 119, 180)) > 2_000  # tab:blue bars (resolution, depth) and the utilisation line
+    assert painted((68, 1, 84)) > 2_000  # the accuracy heatmap's 0% cells (viridis)
