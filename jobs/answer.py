@@ -98,7 +98,8 @@ def ranker_name(config: AnswerConfig) -> str:
 # Fields that change how fast a run goes, not what it answers: a resumed run may change them.
 OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
                "engine.retriever", "engine.ranker", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
-               "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows"}
+               "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows",
+               "label"}  # label.* only filters what `ragsift label` writes from the answers
 _OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind", "engine_in_process",
                     "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}
 _OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}

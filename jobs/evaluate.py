@@ -14,14 +14,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from jobs import metrics as M
-from jobs.io import filesystem, question_columns, read_table
+from jobs.io import filesystem, open_parquet, question_columns, read_table
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
            "cite P / R", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "latency s"]
 
 
 def answer_files(output: str) -> list[str]:
-    """Committed answer parts under an output directory (``<strategy>/part-*.parquet``), or one file."""
+    """Committed answer parts under an output directory (``<strategy>/part-*.parquet``), or one file.
+    Other Parquet files there (``labels/`` from ``ragsift label``) are not answers: skipped by schema."""
     fs, root = filesystem(output)
     from pyarrow.fs import FileSelector, FileType
 
@@ -33,10 +34,11 @@ def answer_files(output: str) -> list[str]:
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
                    if i.type == FileType.File and i.path.endswith(".parquet")
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
+    scheme = output[: output.index("://") + 3] if "://" in output else ""
+    files = [scheme + f for f in files if {"strategy", "answer"} <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
-    scheme = output[: output.index("://") + 3] if "://" in output else ""
-    return [scheme + f for f in files]
+    return files
 
 
 def evaluate(answers: str, questions: str, k: int | None = None) -> tuple[list[dict], list[dict]]:

@@ -210,6 +210,18 @@ class MigresConfig(Section):
     entailment_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') for an extracted statement to be kept")
 
 
+class LabelConfig(Section):
+    """``ragsift label``: training data for judge models (RA-ISF Appendix A, Self-Reasoning's quality control)."""
+
+    match: Literal["exact", "contains"] = Field(
+        "exact", description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
+        "'exact' (normalised EM: RA-ISF's a_g = a_i) or 'contains' (a gold answer inside the prediction)")
+    citation_filter: bool = Field(False, description="also drop trajectories whose citation precision / recall "
+                                  "against gold passages is under the thresholds (the paper's long-form filter)")
+    citation_precision_min: float = Field(0.8, ge=0, le=1, description="delta_p")
+    citation_recall_min: float = Field(0.8, ge=0, le=1, description="delta_r")
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = None
@@ -238,6 +250,7 @@ class AnswerConfig(Section):
     self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)
     think_act: ThinkActConfig = Field(default_factory=ThinkActConfig)
     migres: MigresConfig = Field(default_factory=MigresConfig)
+    label: LabelConfig = Field(default_factory=LabelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

@@ -124,6 +124,31 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
     assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act", "migres"}
 
 
+def test_label_job_and_report_with_the_real_model(ten_questions):
+    """`ragsift label` on three questions: every kind of label file, chat JSONL, then `ragsift report`."""
+    tmp, picked = ten_questions
+    if not (tmp / "idx" / "manifest.json").exists():
+        ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    pq.write_table(picked.slice(0, 3), tmp / "q3.parquet")
+    ragsift("label", "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "lab",
+            "--generator", "smollm2-135m-instruct", "--set", "self_reasoning.max_tokens=256", "--set", "raisf.k=3")
+    labels = tmp / "lab" / "labels"
+    summary = json.loads((labels / "summary.json").read_text())
+    know = pq.read_table(labels / "self_knowledge.parquet").to_pylist()
+    assert sorted(r["id"] for r in know) == sorted(picked.slice(0, 3)["id"].to_pylist())
+    assert {r["label"] for r in know} <= {"know", "unknown"}
+    relevance = pq.read_table(labels / "relevance.parquet").to_pylist()
+    assert len(relevance) == 9 and all(r["passage"] and r["label"] in ("relevant", "irrelevant") for r in relevance)
+    sr = summary["self_reasoning"]
+    assert sr["of"] == 3 and sr["records"] + sum(sr["dropped"].values()) == 3
+    for kind in ("self_knowledge", "relevance", "decomposition", "self_reasoning"):
+        lines = (labels / f"{kind}.jsonl").read_text().splitlines()
+        assert len(lines) == summary[kind]["records"]
+        assert all([m["role"] for m in json.loads(line)["messages"]] == ["user", "assistant"] for line in lines)
+    ragsift("report", "--runs", tmp / "lab", "--questions", tmp / "q3.parquet", "--out", tmp / "report.html")
+    assert (tmp / "report.html").read_text().count("data:image/png;base64,") == 5
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing_column", "missing required column 'question'"),
     ("wrong_type", "column 'id' has type int64"),

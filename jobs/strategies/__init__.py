@@ -6,16 +6,20 @@ from jobs.strategies.least_to_most import LeastToMost
 from jobs.strategies.migres import MIGRES
 from jobs.strategies.rag import RetrieveThenRead
 from jobs.strategies.raisf import RAISF
+from jobs.strategies.raisf_labels import RaisfLabels
 from jobs.strategies.self_reasoning import SelfReasoning
 from jobs.strategies.think_act import ThinkThenAct
 
-STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct, MIGRES)}
+STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct, MIGRES,
+                                  RaisfLabels)}
 
 
 def make_strategy(name: str, config):
     """Build strategy ``name`` from an AnswerConfig (each reads its own section)."""
     if name == RAISF.name:
         return RAISF(config.raisf)
+    if name == RaisfLabels.name:
+        return RaisfLabels(config.raisf)
     if name == LeastToMost.name:
         return LeastToMost(config.least_to_most)
     if name == SelfReasoning.name:

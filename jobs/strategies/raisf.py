@@ -41,7 +41,7 @@ class RAISF:
             item.trace.append({"step": "depth_cap", "depth": item.depth})
             return Done(UNKNOWN, "unknown")
         if self.config.self_knowledge:
-            return ask(item, "know", [_judge(prompt("raisf_know").format(question=item.question))])
+            return ask(item, "know", [judge_request(prompt("raisf_know").format(question=item.question))])
         return self._retrieve(item)
 
     def resume(self, item: Item, responses):
@@ -74,7 +74,7 @@ class RAISF:
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
         if not self.config.passage_relevance:  # only reachable with self-knowledge ablated too
             return self._answer_from(item, retrieval.passages)
-        judges = [_judge(prompt("raisf_relevance").format(question=item.question,
+        judges = [judge_request(prompt("raisf_relevance").format(question=item.question,
                                                           passage=f"{p.title}: {p.text}"))
                   for p in retrieval.passages]
         return ask(item, "relevance", judges) if judges else self._no_relevant(item)
@@ -140,11 +140,7 @@ class RAISF:
 
 
     def _p_yes(self, judgment: Judgment) -> float:
-        if judgment.error:
-            return 0.0
-        if self.config.judge_by == "label":
-            return float(judgment.label.strip().lower() == "yes")
-        return judgment.prob("yes")
+        return p_yes(judgment, self.config.judge_by)
 
     def _done(self, item, gen, resolved_by, citations=()):
         item.trace.append({"step": resolved_by, "output": gen.text})
@@ -153,5 +149,14 @@ class RAISF:
         return Done(clean_answer(gen.text), resolved_by, list(citations))
 
 
-def _judge(user: str) -> Judge:
+def judge_request(user: str) -> Judge:
     return Judge((("user", user),))
+
+
+def p_yes(judgment: Judgment, judge_by: str) -> float:
+    """P('yes') of a binary judgment: its first-token estimate, or 1/0 from the guided label."""
+    if judgment.error:
+        return 0.0
+    if judge_by == "label":
+        return float(judgment.label.strip().lower() == "yes")
+    return judgment.prob("yes")

@@ -40,6 +40,8 @@ def run_dir(tmp_path):
     }.items():
         (run / strategy).mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), run / strategy / "part-00000.parquet")
+    (run / "labels").mkdir()  # `ragsift label` output beside the answers: not answer rows
+    pq.write_table(pa.table({"id": ["a"], "label": ["relevant"]}), run / "labels" / "relevance.parquet")
     (run / "metrics.json").write_text(json.dumps({"stages": {"generator": {
         "utilisation": {"bin_s": 2.0, "busy": [1.0, 0.5, 0.25, 0.0]}}}}))
     return run, questions

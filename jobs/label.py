@@ -1,0 +1,195 @@
+"""``ragsift label``: bulk training data for judge models, from one answer run.
+
+RA-ISF Appendix A, one pass of the model per question (strategy ``raisf_labels``):
+  self_knowledge   closed-book answer vs gold -> know / unknown            (M_know)
+  relevance        (question, retrieved passage) -> relevant / irrelevant  (M_rel)
+  decomposition    question -> sub-questions                               (M_decom)
+Self-Reasoning's quality control (strategy ``self_reasoning``): a trajectory is kept only when its
+final answer is correct (optionally also its citations, ``label.citation_filter``).
+
+Written to ``<output>/labels/<kind>.parquet`` and ``<kind>.jsonl`` in chat format
+(``{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}``, the prompts the strategies
+use), ready for common fine-tuning tools; the answers stay under ``<output>/<strategy>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from jobs import answer as answer_job
+from jobs import metrics as M
+from jobs.evaluate import answer_files
+from jobs.index import read_manifest
+from jobs.io import filesystem, question_columns, read_table
+from jobs.strategies.base import format_passages, prompt
+from schemas.config import LabelConfig
+from schemas.records import Passage
+
+LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
+
+
+def _chat(user: str, assistant: str) -> list[dict]:
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+
+
+def _correct(prediction: str, golds: list[str], match: str) -> bool:
+    return bool(golds) and bool((M.exact_match if match == "exact" else M.accuracy)(prediction or "", golds))
+
+
+def _steps(row: dict) -> dict[str, dict]:
+    return {t["step"]: t for t in json.loads(row["trace"] or "[]") if "step" in t}
+
+
+def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage], config: LabelConfig) -> dict:
+    """Label records (each with chat ``messages``) from ``raisf_labels`` answer rows."""
+    out = {"self_knowledge": [], "relevance": [], "decomposition": []}
+    for row in rows:
+        if row["error"]:
+            continue
+        q, steps = row["question"], _steps(row)
+        golds = (gold.get(row["id"]) or {}).get("answers") or []
+        if golds:
+            know = _correct(row["answer"], golds, config.match)
+            out["self_knowledge"].append({
+                "id": row["id"], "question": q, "closed_book_answer": row["answer"], "gold_answers": golds,
+                "label": "know" if know else "unknown",
+                "messages": _chat(prompt("raisf_know").format(question=q), "yes" if know else "no")})
+        relevance = steps.get("relevance")
+        if relevance:
+            for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
+                if pid not in passages:
+                    continue
+                text = f"{passages[pid].title}: {passages[pid].text}"
+                out["relevance"].append({
+                    "id": row["id"], "question": q, "passage_id": pid, "passage": text, "p_yes": p_yes,
+                    "label": "relevant" if relevant else "irrelevant",
+                    "messages": _chat(prompt("raisf_relevance").format(question=q, passage=text),
+                                      "yes" if relevant else "no")})
+        decompose = steps.get("decompose")
+        if decompose and decompose["parsed"] and decompose["sub_questions"]:
+            subs = decompose["sub_questions"]
+            out["decomposition"].append({
+                "id": row["id"], "question": q, "sub_questions": subs,
+                "messages": _chat(prompt("raisf_decompose").format(question=q), json.dumps({"sub_questions": subs}))})
+    return out
+
+
+def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage],
+                          config: LabelConfig) -> tuple[list[dict], Counter]:
+    """Trajectories that pass quality control, and why the others were dropped."""
+    kept, dropped = [], Counter()
+    for row in rows:
+        g = gold.get(row["id"]) or {}
+        trajectory = _steps(row).get("trajectory")
+        if row["error"] or not trajectory or trajectory.get("parsed") is False:
+            dropped["no parsed trajectory"] += 1
+            continue
+        if not _correct(row["answer"], g.get("answers") or [], config.match):
+            dropped["wrong answer"] += 1
+            continue
+        gold_ids, cited = set(g.get("gold_passage_ids") or []), set(row["citations"] or [])
+        precision = len(cited & gold_ids) / len(cited) if gold_ids and cited else None
+        recall = len(cited & gold_ids) / len(gold_ids) if gold_ids else None
+        if config.citation_filter and gold_ids and (
+                (precision or 0) < config.citation_precision_min or recall < config.citation_recall_min):
+            dropped["citations under threshold"] += 1
+            continue
+        evidence = [passages[i] for i in row["retrieved_ids"] if i in passages]
+        if len(evidence) < len(row["retrieved_ids"]):
+            dropped["passage missing from the index"] += 1
+            continue
+        target = json.dumps({k: trajectory.get(k) for k in ("relevant", "relevant_reason", "cite_list", "analysis", "answer")})
+        user = prompt("selfreason_fever" if g.get("kind") == "claim" else "selfreason_qa").format(
+            passages=format_passages(evidence), question=row["question"])
+        kept.append({"id": row["id"], "question": row["question"], "passage_ids": row["retrieved_ids"],
+                     "trajectory": target, "answer": row["answer"], "gold_answers": g.get("answers") or [],
+                     "citation_precision": precision, "citation_recall": recall, "messages": _chat(user, target)})
+    return kept, dropped
+
+
+def passages_by_id(index_path: str, ids: set[str]) -> dict[str, Passage]:
+    """Title and text of ``ids`` from the index's passage stores (one filtered scan per shard)."""
+    found: dict[str, Passage] = {}
+    if not ids:
+        return found
+    wanted = pa.array(sorted(ids))
+    for shard in read_manifest(index_path)["shards"]:
+        table = read_table(str(Path(index_path) / shard["dir"] / "passages.parquet"), ["id", "title", "text"])
+        for r in table.filter(pc.is_in(table["id"], value_set=wanted)).to_pylist():
+            found[r["id"]] = Passage(r["id"], r["title"] or "", r["text"], 0.0)
+    return found
+
+
+def write_labels(output: str, kind: str, records: list[dict]) -> None:
+    fs, root = filesystem(output)
+    fs.create_dir(f"{root}/labels", recursive=True)
+    table = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "messages"} for r in records])
+    pq.write_table(table, f"{root}/labels/{kind}.parquet", filesystem=fs)
+    with fs.open_output_stream(f"{root}/labels/{kind}.jsonl") as f:
+        for r in records:
+            f.write((json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n").encode())
+
+
+def label(config, log=print, force: bool = False) -> dict:
+    """Answer with the labelling strategies, then write the label files; returns counts per kind."""
+    answer_job.answer(config, log=log, force=force)
+    cols = question_columns(config.questions)
+    gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids", "kind")
+                                                                        if c in cols]]).to_pylist()}
+    if "answers" not in cols:
+        log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
+    rows = {s: [r for f in answer_files(f"{config.output}/{s}") for r in read_table(f).to_pylist()]
+            for s in config.strategies}
+    ids = {i for rs in rows.values() for r in rs for i in (r["retrieved_ids"] or [])}
+    passages = passages_by_id(config.index.path, ids)
+    summary = {}
+    if "raisf_labels" in rows:
+        for kind, records in raisf_labels(rows["raisf_labels"], gold, passages, config.label).items():
+            write_labels(config.output, kind, records)
+            summary[kind] = {"records": len(records), **_label_counts(records)}
+    if "self_reasoning" in rows:
+        kept, dropped = self_reasoning_labels(rows["self_reasoning"], gold, passages, config.label)
+        write_labels(config.output, "self_reasoning", kept)
+        summary["self_reasoning"] = {"records": len(kept), "of": len(rows["self_reasoning"]), "dropped": dict(dropped)}
+    fs, root = filesystem(config.output)
+    with fs.open_output_stream(f"{root}/labels/summary.json") as f:
+        f.write(json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def _label_counts(records: list[dict]) -> dict:
+    return dict(Counter(r["label"] for r in records)) if records and "label" in records[0] else {}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    answer_job.add_arguments(p)
+    p.set_defaults(strategy=",".join(LABEL_STRATEGIES))
+
+
+def run(args: argparse.Namespace) -> int:
+    config = answer_job.config_from_args(args)
+    other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
+    if other:
+        raise ValueError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
+    summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("label", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
