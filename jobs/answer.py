@@ -19,6 +19,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine.loop import Engine
 from jobs.engine.stages import GeneratorStage, RankerStage, RetrieverStage
 from jobs.index import read_manifest
+from jobs.inputs import materialize_questions
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
 from jobs.strategies import STRATEGIES, make_strategy
@@ -219,7 +220,8 @@ def _progress(log):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--questions", help="questions Parquet (id, question[, answers...])")
+    p.add_argument("--questions", help="questions: Parquet (id, question[, answers...]; local, s3://, gs://) or a "
+                   "datasets save_to_disk directory; rename columns with --set input.columns=...")
     p.add_argument("--output", help="output directory for <strategy>.parquet and metrics.json")
     p.add_argument("--index-dir", help="index directory (index.path)")
     p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
@@ -233,8 +235,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> AnswerConfig:
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     strategies = args.strategy.split(",") if args.strategy else None
-    return load_config(AnswerConfig, args.config, overrides, questions=args.questions,
-                       output=args.output, strategies=strategies, limit=args.limit)
+    config = load_config(AnswerConfig, args.config, overrides, questions=args.questions,
+                         output=args.output, strategies=strategies, limit=args.limit)
+    if config.questions and config.output:
+        questions = materialize_questions(config.questions, config.output, config.input.columns, config.input.split)
+        config = config.model_copy(update={"questions": questions})
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

@@ -143,6 +143,9 @@ class InputConfig(Section):
 
     read_batch_rows: int = Field(1024, ge=1)
     max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")
+    columns: dict[str, str] = Field(default_factory=dict, description="rename the input's columns, ours -> yours, "
+                                    "e.g. {question: query, answers: golds}; ids are row numbers without an id column")
+    split: str | None = Field(None, description="the split of a saved datasets.DatasetDict to answer")
 
 
 class OutputConfig(Section):

@@ -1,0 +1,46 @@
+"""Question sources other than a ragsift-shaped Parquet file: a ``datasets`` directory written by
+``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), or any file whose columns need
+renaming (``input.columns``, ours -> yours). They are converted once to
+``<output>/_input/questions.parquet``, which the run then reads like any question file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from jobs.io import filesystem, read_table, redact
+
+
+def is_datasets_dir(uri: str) -> bool:
+    path = Path(uri)
+    return "://" not in uri and path.is_dir() and any((path / f).exists() for f in ("state.json", "dataset_dict.json"))
+
+
+def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
+    """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
+    from jobs.api import to_arrow
+
+    if not columns and not is_datasets_dir(uri):
+        return uri
+    if is_datasets_dir(uri):
+        import datasets
+
+        loaded = datasets.load_from_disk(uri)
+        if isinstance(loaded, datasets.DatasetDict):
+            if split is None and len(loaded) == 1:
+                split = next(iter(loaded))
+            if split not in loaded:
+                raise ValueError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
+            loaded = loaded[split]
+        table = to_arrow(loaded, columns)
+    else:
+        table = to_arrow(read_table(uri), columns)
+    fs, root = filesystem(output)
+    fs.create_dir(f"{root}/_input", recursive=True)
+    pq.write_table(table, f"{root}/_input/questions.parquet", filesystem=fs)
+    scheme = output[: output.index("://") + 3] if "://" in output else ""
+    target = f"{scheme}{root}/_input/questions.parquet"
+    print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
+    return target

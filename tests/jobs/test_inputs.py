@@ -1,0 +1,51 @@
+"""Question sources converted to ragsift's Parquet: datasets directories and renamed columns, via the CLI's config."""
+
+import argparse
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs import answer as answer_job
+from jobs.cli import main
+
+ROWS = [{"qid": "a", "query": "Who?", "golds": ["x"]}, {"qid": "b", "query": "What?", "golds": ["y"]}]
+COLUMNS = "input.columns={id: qid, question: query, answers: golds}"
+
+
+def config_for(questions, output, *overrides):
+    parser = argparse.ArgumentParser()
+    answer_job.add_arguments(parser)
+    args = parser.parse_args(["--questions", str(questions), "--output", str(output),
+                              *[a for o in overrides for a in ("--set", o)]])
+    return answer_job.config_from_args(args)
+
+
+def test_a_saved_dataset_with_renamed_columns_becomes_a_question_file(tmp_path):
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+    config = config_for(tmp_path / "ds", tmp_path / "out", COLUMNS)
+    assert config.questions == f"{tmp_path}/out/_input/questions.parquet"
+    table = pq.read_table(config.questions)
+    assert table.select(["id", "question", "answers"]).to_pylist() == [
+        {"id": "a", "question": "Who?", "answers": ["x"]}, {"id": "b", "question": "What?", "answers": ["y"]}]
+
+
+def test_a_dataset_dict_needs_a_split_when_it_has_several(tmp_path):
+    d = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS), "validation": datasets.Dataset.from_list(ROWS[:1])})
+    d.save_to_disk(str(tmp_path / "dd"))
+    config = config_for(tmp_path / "dd", tmp_path / "out", COLUMNS, "input.split=validation")
+    assert pq.read_table(config.questions)["id"].to_pylist() == ["a"]
+    with pytest.raises(ValueError, match=r"splits \['train', 'validation'\]: choose one with --set input.split"):
+        config_for(tmp_path / "dd", tmp_path / "out2", COLUMNS)
+    # through the command: a one-line error, exit 2
+    assert main(["answer", "--questions", str(tmp_path / "dd"), "--output", str(tmp_path / "out3")]) == 2
+
+
+def test_parquet_is_read_in_place_unless_columns_are_renamed(tmp_path):
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "q.parquet")
+    assert config_for(tmp_path / "q.parquet", tmp_path / "out").questions == str(tmp_path / "q.parquet")
+    renamed = config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: query}")
+    assert pq.read_table(renamed.questions).select(["question", "id"]).to_pylist()[0] == {"question": "Who?", "id": "0"}
+    with pytest.raises(KeyError, match=r"\['nope'\] are not in the questions"):
+        config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: nope}")
