@@ -156,16 +156,16 @@ def main() -> int:
     if mode == "build-one":
         print(json.dumps(build_one(sizes[0], sizes[1])))
         return 0
-    results = []
     for rows in sizes:
         if mode == "build":
             shards = max(1, rows // 1_250_000)
             proc = subprocess.run([sys.executable, __file__, "build-one", str(rows), str(shards)],
                                   stdout=subprocess.PIPE, text=True, check=True)
-            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            results = [json.loads(proc.stdout.strip().splitlines()[-1])]
         else:
-            results.extend(shard_overhead(rows))
-        print(json.dumps(results[-1]), flush=True)
+            results = [{"rows": rows, **r} for r in shard_overhead(rows)]
+        for result in results:
+            print(json.dumps(result), flush=True)
     return 0
 
 
