@@ -1,7 +1,9 @@
 """Question sources other than a ragsift-shaped Parquet file: a ``datasets`` directory written by
-``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), or any file whose columns need
-renaming (``input.columns``, ours -> yours). They are converted once to
-``<output>/_input/questions.parquet``, which the run then reads like any question file."""
+``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), ``hf:NAME`` for
+``datasets.load_dataset(NAME, split=input.split or "train")`` (a hub name when online, or a local
+folder of Parquet / JSON / CSV files), or any file whose columns need renaming (``input.columns``,
+ours -> yours). They are converted once to ``<output>/_input/questions.parquet``, which the run then
+reads like any question file."""
 
 from __future__ import annotations
 
@@ -22,9 +24,17 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
     from jobs.api import to_arrow
 
-    if not columns and not is_datasets_dir(uri):
+    if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:"):
         return uri
-    if is_datasets_dir(uri):
+    if uri.startswith("hf:"):
+        import datasets
+
+        try:
+            loaded = datasets.load_dataset(uri[3:], split=split or "train")
+        except Exception as err:  # noqa: BLE001 - offline hub names, bad splits...: one clear CLI error
+            raise ValueError(f"{uri}: datasets.load_dataset failed: {type(err).__name__}: {err}") from None
+        table = to_arrow(loaded, columns)
+    elif is_datasets_dir(uri):
         import datasets
 
         loaded = datasets.load_from_disk(uri)

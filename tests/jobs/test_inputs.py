@@ -49,3 +49,12 @@ def test_parquet_is_read_in_place_unless_columns_are_renamed(tmp_path):
     assert pq.read_table(renamed.questions).select(["question", "id"]).to_pylist()[0] == {"question": "Who?", "id": "0"}
     with pytest.raises(KeyError, match=r"\['nope'\] are not in the questions"):
         config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: nope}")
+
+
+def test_hf_names_go_through_load_dataset(tmp_path):
+    """``hf:NAME`` is ``datasets.load_dataset(NAME, split=...)``: a hub name online; here a local folder of files."""
+    (tmp_path / "files").mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "files" / "train.parquet")
+    config = config_for(f"hf:{tmp_path / 'files'}", tmp_path / "out", COLUMNS)
+    assert pq.read_table(config.questions)["question"].to_pylist() == ["Who?", "What?"]
+    assert main(["answer", "--questions", "hf:no-such-owner/no-such-dataset", "--output", str(tmp_path / "o")]) == 2
