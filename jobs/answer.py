@@ -17,7 +17,7 @@ import yaml
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, RankerStage, RetrieverStage
+from jobs.engine.stages import GeneratorStage, NLIStage, RankerStage, RetrieverStage
 from jobs.index import read_manifest
 from jobs.inputs import materialize_questions
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
@@ -31,6 +31,7 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
 
     from actors.encoder import Encoder
     from actors.generator import Generator
+    from actors.nli import NLICrossEncoder
     from actors.reranker import CrossEncoderRanker
 
     # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
@@ -64,6 +65,11 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
             else:
                 rankers = encoders
             stages["ranker"] = RankerStage(rankers, config.engine.ranker)
+    if "nli" in needs:
+        n = config.nli
+        actor = ray.remote(NLICrossEncoder).options(num_cpus=n.num_cpus, num_gpus=n.num_gpus, **restarts)
+        stages["nli"] = NLIStage([actor.remote(n.model, n.batch_size, n.max_length, n.device)
+                                  for _ in range(n.replicas)], config.engine.nli)
     return stages
 
 
@@ -87,6 +93,13 @@ def retrieval_methods(config: AnswerConfig) -> set[str]:
     if "migres" in config.strategies:
         methods.add(config.migres.retriever)
     return methods
+
+
+def entailment_name(config: AnswerConfig) -> str | None:
+    """What verifies MIGRES's extracted statements, for the run metadata."""
+    if "migres" not in config.strategies:
+        return None
+    return f"nli-cross-encoder:{config.nli.model}" if config.nli.model else "judge: P('yes') to an entailment prompt"
 
 
 def ranker_name(config: AnswerConfig) -> str:
@@ -148,6 +161,7 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
         "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
         "generator": config.generator.model,
         "ranker": ranker_name(config),
+        "entailment": entailment_name(config),
         "packages": packages,
     }
 

@@ -104,6 +104,19 @@ class RerankerConfig(Section):
     num_gpus: float = Field(0, ge=0)
 
 
+class NLIConfig(Section):
+    """The ``nli`` stage: an NLI CrossEncoder (e.g. cross-encoder/nli-deberta-v3-base) that MIGRES's leaf
+    module verifies extracted statements with; None = the judge model's P("yes") to an entailment prompt."""
+
+    model: str | None = Field(None, description="NLI CrossEncoder name or path (an 'entailment' label in its config)")
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(512, ge=16)
+    device: str | None = None
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0, ge=0)
+
+
 class StageBatching(Section):
     """Micro-batching policy of one stage pool."""
 
@@ -129,6 +142,7 @@ class EngineConfig(Section):
     judge: LLMBatching = Field(default_factory=LLMBatching)
     retriever: RetrieverBatching = Field(default_factory=RetrieverBatching)
     ranker: RetrieverBatching = Field(default_factory=RetrieverBatching)
+    nli: RetrieverBatching = Field(default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(64, ge=1, description="question nodes per root tree; extra sub-questions are dropped")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
@@ -248,6 +262,7 @@ class AnswerConfig(Section):
     index: IndexConfig = Field(default_factory=IndexConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
+    nli: NLIConfig = Field(default_factory=NLIConfig)
     raisf: RaisfConfig = Field(default_factory=RaisfConfig)
     least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
     self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)

@@ -63,6 +63,16 @@ class Rank:
     stage = "ranker"
 
 
+@dataclass(frozen=True)
+class Entail:
+    """P(``premise`` entails ``hypothesis``) from an NLI cross-encoder on the ``nli`` pool."""
+
+    premise: str
+    hypothesis: str
+
+    stage = "nli"
+
+
 @dataclass
 class Generation:
     text: str
@@ -107,5 +117,11 @@ class Ranking:
     error: str | None = None
 
 
-Request = Generate | Judge | Retrieve | Rank
-Response = Generation | Judgment | Retrieval | Ranking
+@dataclass
+class Entailment:
+    p_entail: float = 0.0
+    error: str | None = None
+
+
+Request = Generate | Judge | Retrieve | Rank | Entail
+Response = Generation | Judgment | Retrieval | Ranking | Entailment

@@ -14,7 +14,8 @@ from typing import Any
 
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
-from schemas.records import Generate, Generation, Rank, Ranking, Request, Response, Retrieval, Retrieve
+from schemas.records import (Entail, Entailment, Generate, Generation, Rank, Ranking, Request, Response,
+                             Retrieval, Retrieve)
 
 
 @dataclass
@@ -182,6 +183,21 @@ class RankerStage(Stage):
 
     def failed(self, batch, error):
         return [Ranking(error=error) for _ in batch]
+
+
+class NLIStage(Stage):
+    """Replicas score (premise, hypothesis) pairs with an NLI cross-encoder (actors/nli.py)."""
+
+    name = "nli"
+
+    def launch(self, replica, batch: list[Entail]):
+        return [self.replicas[replica].entail.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Entailment(error=error) for _ in batch]
 
 
 class RetrieverStage(Stage):

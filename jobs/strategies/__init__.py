@@ -27,5 +27,5 @@ def make_strategy(name: str, config):
     if name == ThinkThenAct.name:
         return ThinkThenAct(config.think_act)
     if name == MIGRES.name:
-        return MIGRES(config.migres)
+        return MIGRES(config.migres, nli=config.nli.model is not None)
     return STRATEGIES[name](StrategySettings(k=config.retrieval.k))

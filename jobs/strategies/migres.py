@@ -14,8 +14,9 @@ Each iteration t (at most T: 5 multi-hop / yes-no, 3 open-domain single-hop):
     Main       answer from the information, or "unanswerable" + a summary of the missing information
 
 Deviations (no weights offline): the re-rank model is the ``ranker`` stage (bi-encoder cosine,
-so delta is on the cosine scale, not BGE-reranker logits); entailment is the judge model, not
-T5-xxl-NLI (a CrossEncoder reranker can be configured: ``reranker.model``). When T is reached without an
+so delta is on the cosine scale, not BGE-reranker logits; a CrossEncoder can be configured:
+``reranker.model``); entailment is the judge model unless an NLI cross-encoder is configured
+(``nli.model``, the paper used T5-xxl-NLI). When T is reached without an
 answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``).
 """
 
@@ -27,7 +28,7 @@ from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer,
 from jobs.strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
 from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from schemas.config import MigresConfig
-from schemas.records import Generate, Judge, Retrieve
+from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
 
 UNANSWERABLE = "unanswerable"
 
@@ -48,8 +49,11 @@ class MIGRES:
     name = "migres"
     stages = frozenset({"generator", "judge", "retriever", "ranker"})
 
-    def __init__(self, config: MigresConfig):
+    def __init__(self, config: MigresConfig, nli: bool = False):
         self.config = config
+        self.nli = nli  # verify entailment on the NLI cross-encoder pool instead of the judge
+        if nli:
+            self.stages = self.stages | {"nli"}
         self.query_schema = string_list_schema("queries", config.max_queries)
 
     def start(self, item: Item):
@@ -134,15 +138,19 @@ class MIGRES:
                 if cited:  # a statement citing nothing cannot be verified: dropped
                     statements.append((e["info"].strip(), cited))
         item.state["statements"] = statements
-        judges = [Judge((("user", prompt("migres_entail").format(
-            premise=" ".join(p.text for p in cited), statement=info)),)) for info, cited in statements]
-        return ask(item, "verify", judges) if judges else self._main(item)
+        if self.nli:
+            checks = [Entail(" ".join(p.text for p in cited), info) for info, cited in statements]
+        else:
+            checks = [Judge((("user", prompt("migres_entail").format(
+                premise=" ".join(p.text for p in cited), statement=info)),)) for info, cited in statements]
+        return ask(item, "verify", checks) if checks else self._main(item)
 
-    def _after_verify(self, item, judgments):
+    def _after_verify(self, item, verdicts_in):
         verdicts = []
-        for (info, cited), j in zip(item.state["statements"], judgments):
-            entailed = j.prob("yes") >= self.config.entailment_threshold
-            verdicts.append({"info": info, "p_entailed": round(j.prob("yes"), 4), "kept": entailed})
+        for (info, cited), v in zip(item.state["statements"], verdicts_in):
+            p = (0.0 if v.error else v.p_entail) if isinstance(v, Entailment) else v.prob("yes")
+            entailed = p >= self.config.entailment_threshold
+            verdicts.append({"info": info, "p_entailed": round(p, 4), "kept": entailed})
             if entailed:
                 item.state["info"].append({"info": info, "source": [p.id for p in cited]})
         item.state["iterations"][-1]["extracted"] = verdicts

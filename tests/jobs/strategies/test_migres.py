@@ -6,7 +6,8 @@ import json
 from jobs.strategies.base import Item
 from jobs.strategies.migres import LEAF_SCHEMA, MAIN_SCHEMA, MIGRES
 from schemas.config import MigresConfig
-from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
+from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Passage, Rank, Ranking,
+                             Retrieval, Retrieve)
 from tests.jobs.strategies.scripted import drive
 
 FILM = Passage("film", "Levity", "Levity is a 2003 film. It was directed by Ed Solomon.", 0.9)
@@ -139,3 +140,23 @@ def test_an_unparseable_main_answer_is_retried_once_with_more_tokens():
     done, item = drive(MIGRES(MigresConfig()), "What nationality is Ed Solomon?", script)
     assert script.main_prompts[:2] == [160, 320] and item.counts["parse_failures"] == 1
     assert done.answer == "American"
+
+
+def test_with_an_nli_model_statements_are_verified_on_the_nli_stage():
+    script = Script(entailed=lambda s: "American" not in s)
+    asked = []
+
+    def respond(request, item):
+        asked.append(type(request).__name__)
+        if isinstance(request, Entail):
+            assert request.premise and request.hypothesis in ("Levity was directed by Ed Solomon.", "Ed Solomon is American.")
+            return Entailment(0.2 if "American" in request.hypothesis else 0.95)
+        return script(request, item)
+
+    strategy = MIGRES(MigresConfig(max_iterations=2), nli=True)
+    assert "nli" in strategy.stages and "nli" not in MIGRES(MigresConfig()).stages
+    done, item = drive(strategy, "What nationality is the director of Levity?", respond)
+    assert "Entail" in asked and "Judge" not in asked
+    assert [i["info"] for i in item.state["info"]] == ["Levity was directed by Ed Solomon."]
+    assert item.state["iterations"][0]["extracted"][0] == {"info": "Levity was directed by Ed Solomon.",
+                                                           "p_entailed": 0.95, "kept": True}

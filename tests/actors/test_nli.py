@@ -1,0 +1,88 @@
+"""NLI cross-encoder actor on tiny random-weight models built here (no NLI weights exist offline)."""
+
+import numpy as np
+import pytest
+
+from actors.nli import NLICrossEncoder, entailment_column
+from schemas.records import Entail
+
+
+def tiny_model(path, num_labels, id2label=None):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from jobs.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2"))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=num_labels, **({"id2label": id2label} if id2label else {}))
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_the_entailment_column_is_found_by_name():
+    assert entailment_column({0: "contradiction", 1: "entailment", 2: "neutral"}) == 1
+    assert entailment_column({0: "ENTAILMENT", 1: "NEUTRAL", 2: "CONTRADICTION"}) == 0
+    assert entailment_column({0: "LABEL_0"}) is None
+    with pytest.raises(ValueError, match="have no 'entailment'"):
+        entailment_column({0: "LABEL_0", 1: "LABEL_1"})
+
+
+@pytest.mark.model
+def test_three_way_nli_gives_the_softmax_probability_of_entailment(tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    path = tiny_model(tmp_path / "nli", 3, {0: "contradiction", 1: "entailment", 2: "neutral"})
+    nli = NLICrossEncoder(path, batch_size=2, device="cpu")
+    requests = [Entail("Paris is the capital of France.", "France's capital is Paris."),
+                Entail("Bananas are yellow.", "The sky is green."), Entail("a", "b")]
+    out = nli.entail(requests)
+    expected = CrossEncoder(path, device="cpu").predict([(r.premise, r.hypothesis) for r in requests], apply_softmax=True)
+    np.testing.assert_allclose([e.p_entail for e in out], expected[:, 1], rtol=1e-4)
+    assert nli.entail([]) == []
+
+
+@pytest.mark.model
+def test_single_output_models_are_read_as_a_sigmoid_probability(tmp_path):
+    nli = NLICrossEncoder(tiny_model(tmp_path / "one", 1), device="cpu")
+    (e,) = nli.entail([Entail("premise", "hypothesis")])
+    assert 0 < e.p_entail < 1
+
+
+def test_run_metadata_names_what_verified_entailment():
+    from jobs.answer import entailment_name
+    from schemas.config import AnswerConfig
+
+    assert entailment_name(AnswerConfig(strategies=["rag"])) is None
+    assert entailment_name(AnswerConfig(strategies=["migres"])).startswith("judge")
+    assert entailment_name(AnswerConfig(strategies=["migres"], nli={"model": "cross-encoder/nli-deberta-v3-base"})) == \
+        "nli-cross-encoder:cross-encoder/nli-deberta-v3-base"
+
+
+@pytest.mark.model
+@pytest.mark.ray
+def test_the_engine_routes_entail_requests_to_nli_actors(ray_session, tmp_path):
+    from jobs.engine.loop import Engine
+    from jobs.engine.stages import NLIStage
+    from jobs.io import Question
+    from jobs.strategies.base import Ask, Done
+    from schemas.config import EngineConfig, StageBatching
+
+    class Verify:
+        name, stages = "verify", frozenset({"nli"})
+
+        def start(self, item):
+            return Ask([Entail("Paris is in France.", item.question)])
+
+        def resume(self, item, responses):
+            return Done(f"{responses[0].p_entail:.6f}", "nli", error=responses[0].error)
+
+    path = tiny_model(tmp_path / "nli", 3, {0: "entailment", 1: "neutral", 2: "contradiction"})
+    actor = ray_session.remote(NLICrossEncoder).options(num_cpus=0).remote(path, 8, 128, "cpu")
+    rows = []
+    Engine({"nli": NLIStage([actor], StageBatching(max_batch=4))}, {"verify": Verify()}, EngineConfig(), rows.append).run(
+        [Question(f"q{i}", f"Hypothesis {i}.") for i in range(6)], ["verify"])
+    direct = NLICrossEncoder(path, device="cpu").entail([Entail("Paris is in France.", f"Hypothesis {i}.") for i in range(6)])
+    by_id = {r["id"]: float(r["answer"]) for r in rows}
+    assert [by_id[f"q{i}"] for i in range(6)] == pytest.approx([e.p_entail for e in direct], abs=1e-5)
+    assert all(r["error"] is None for r in rows)
