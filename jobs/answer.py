@@ -131,6 +131,12 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     return identity
 
 
+def identity_defaults() -> dict:
+    """Default value of every identity field: an output written before a field existed stays resumable
+    while that field keeps its default."""
+    return _flatten(AnswerConfig().model_dump(mode="json"))
+
+
 def _operational(key: str) -> bool:
     head, _, leaf = key.rpartition(".")
     if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
@@ -179,7 +185,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
-                        config.commit.row_group_rows, force=force, log=log)
+                        config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
     skip = out.skip_shards()
     shard_rows = config.commit.shard_rows
     sizes = plan.shard_sizes(shard_rows)

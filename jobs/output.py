@@ -37,15 +37,23 @@ class _Open:
     written: int = 0
 
 
+def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
+    """Fields that differ between two run identities. A field the previous run did not record (a
+    setting added by a later ragsift) counts only when the current value is not its default."""
+    return sorted(k for k in set(previous) | set(current)
+                  if previous.get(k) != current.get(k) and not (k not in previous and current.get(k) == defaults.get(k, [])))
+
+
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
-                 row_group_rows: int = 1024, force: bool = False, log=print):
+                 row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None):
         self.fs, self.root = filesystem(output)
         self.output = output
         self.strategies = strategies
         self.shard_rows = shard_rows
         self.row_group_rows = row_group_rows
         self.identity = identity
+        self.defaults = defaults or {}
         self.log = log
         self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True)})
         self.open: dict[tuple[str, int], _Open] = {}
@@ -63,8 +71,7 @@ class ShardedOutput:
         if info.type == pafs.FileType.File:
             with self.fs.open_input_stream(manifest) as f:
                 previous = json.loads(f.read())
-            changed = sorted(k for k in set(previous) | set(self.identity)
-                             if previous.get(k) != self.identity.get(k))
+            changed = changed_fields(previous, self.identity, self.defaults)
             if changed and not force:
                 raise ConfigError(
                     f"{redact(self.output)} holds output of a different run (differs in: {', '.join(changed)}); "
@@ -94,7 +101,7 @@ class ShardedOutput:
         try:
             with self.fs.open_input_file(path) as f:
                 meta = pq.ParquetFile(f).schema_arrow.metadata or {}
-            return json.loads(meta.get(b"ragsift", b"{}")) == self.identity
+            return not changed_fields(json.loads(meta.get(b"ragsift", b"{}")), self.identity, self.defaults)
         except (OSError, pa.ArrowInvalid, ValueError):
             return False
 

@@ -55,6 +55,19 @@ def test_a_different_run_is_refused_unless_forced(tmp_path):
     assert forced.committed == set() and not list((tmp_path / "rag").iterdir())
 
 
+def test_a_setting_added_later_keeps_old_output_resumable_while_it_has_its_default(tmp_path):
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    newer = {**IDENTITY, "nli.model": None}
+    again = ShardedOutput(str(tmp_path), newer, ["rag"], shard_rows=3, defaults={"nli.model": None})
+    assert again.committed == {("rag", 0)}
+    with pytest.raises(ConfigError, match="differs in: nli.model"):
+        ShardedOutput(str(tmp_path), {**newer, "nli.model": "some-nli"}, ["rag"], shard_rows=3,
+                      defaults={"nli.model": None})
+
+
 def test_verify_counts_missing_and_duplicated_ids(tmp_path):
     q = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "question": ["?"] * 4}), q)
