@@ -92,7 +92,10 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         if row["error"] or not trajectory or trajectory.get("parsed") is False:
             dropped["no parsed trajectory"] += 1
             continue
-        if not _correct(row["answer"], g.get("answers") or [], config.match):
+        if not g.get("answers"):
+            dropped["no gold answer"] += 1
+            continue
+        if not _correct(row["answer"], g["answers"], config.match):
             dropped["wrong answer"] += 1
             continue
         gold_ids, cited = set(g.get("gold_passage_ids") or []), set(row["citations"] or [])
