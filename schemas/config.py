@@ -92,10 +92,9 @@ class RetrievalConfig(Section):
     num_cpus_per_shard: float = Field(0.25, ge=0)
 
 
-class RerankerConfig(Section):
-    """The ``ranker`` stage: a CrossEncoder when ``model`` is set, else bi-encoder cosine (the embedder)."""
+class CrossEncoderPool(Section):
+    """A pool of sentence-transformers CrossEncoder actors."""
 
-    model: str | None = Field(None, description="CrossEncoder name or path; None = bi-encoder cosine fallback")
     batch_size: int = Field(32, ge=1)
     max_length: int = Field(512, ge=16)
     device: str | None = None
@@ -104,17 +103,17 @@ class RerankerConfig(Section):
     num_gpus: float = Field(0, ge=0)
 
 
-class NLIConfig(Section):
+class RerankerConfig(CrossEncoderPool):
+    """The ``ranker`` stage: a CrossEncoder when ``model`` is set, else bi-encoder cosine (the embedder)."""
+
+    model: str | None = Field(None, description="CrossEncoder name or path; None = bi-encoder cosine fallback")
+
+
+class NLIConfig(CrossEncoderPool):
     """The ``nli`` stage: an NLI CrossEncoder (e.g. cross-encoder/nli-deberta-v3-base) that MIGRES's leaf
     module verifies extracted statements with; None = the judge model's P("yes") to an entailment prompt."""
 
     model: str | None = Field(None, description="NLI CrossEncoder name or path (an 'entailment' label in its config)")
-    batch_size: int = Field(32, ge=1)
-    max_length: int = Field(512, ge=16)
-    device: str | None = None
-    replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(0.5, ge=0)
-    num_gpus: float = Field(0, ge=0)
 
 
 class StageBatching(Section):
