@@ -111,7 +111,7 @@ def ranker_name(config: AnswerConfig) -> str:
 
 # Fields that change how fast a run goes, not what it answers: a resumed run may change them.
 OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
-               "engine.retriever", "engine.ranker", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
+               "engine.retriever", "engine.ranker", "engine.nli", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
                "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows",
                "label"}  # label.* only filters what `ragsift label` writes from the answers
 _OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind", "engine_in_process",
@@ -141,7 +141,7 @@ def _operational(key: str) -> bool:
     head, _, leaf = key.rpartition(".")
     if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
         return True
-    if head in ("embedder", "reranker") and leaf in _OPERATIONAL_EMBEDDER:
+    if head in ("embedder", "reranker", "nli") and leaf in _OPERATIONAL_EMBEDDER:
         return True
     return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
 
@@ -240,8 +240,8 @@ def _progress(log):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--questions", help="questions: Parquet (id, question[, answers...]; local, s3://, gs://) or a "
-                   "datasets save_to_disk directory; rename columns with --set input.columns=...")
+    p.add_argument("--questions", help="questions: Parquet (id, question[, answers...]; local, s3://, gs://), a "
+                   "datasets save_to_disk directory or hf:NAME; rename columns with --set input.columns=...")
     p.add_argument("--output", help="output directory for <strategy>.parquet and metrics.json")
     p.add_argument("--index-dir", help="index directory (index.path)")
     p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
