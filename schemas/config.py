@@ -145,8 +145,8 @@ class EngineConfig(Section):
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(64, ge=1, description="question nodes per root tree; extra sub-questions are dropped")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
-    max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its failed batch was "
-                                                   "split to isolate it) before it becomes an error row")
+    max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its batch failed twice "
+                                                   "and was split to isolate it) before it becomes an error row")
     failure_cooldown_s: float = Field(2.0, ge=0, description="a replica that failed gets no batch for this long")
     replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
 

@@ -69,6 +69,7 @@ class Engine:
         self.roots_done = 0
         self.requests_deduped = 0
         self.batch_failures = 0
+        self.batch_splits = 0
         self.empty_answers = 0
         self.parse_failures = 0
         self.resolved: dict[str, dict[str, int]] = {}
@@ -182,22 +183,20 @@ class Engine:
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
                       err: BaseException) -> None:
-        """Retry a failed batch on a healthy replica: split in halves until each request runs on its
-        own, so one request that kills replicas cannot take others down; a request that failed
+        """Retry a failed batch on a healthy replica (see ``retry_plan``); a request that failed
         ``max_attempts`` times on its own becomes an error response."""
         stage.stats.errors += 1
         self.batch_failures += 1
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
         stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
-        if len(batch) > 1:
-            half = len(batch) // 2
-            stage.retry.extend([(batch[:half], 0), (batch[half:], 0)])
-        elif attempts + 1 < self.config.max_attempts:
-            stage.retry.append((batch, attempts + 1))
-        else:
+        plan = retry_plan(batch, attempts, self.config.max_attempts)
+        if plan is None:
             error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"
             self._deliver_batch(stage, batch, stage.failed(batch, error))
+            return
+        self.batch_splits += len(plan) > 1
+        stage.retry.extend(plan)
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
         for request, response in zip(batch, responses):
@@ -344,11 +343,29 @@ class Engine:
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
             "requests_deduped": self.requests_deduped,
             "batch_failures": self.batch_failures,
+            "batch_splits": self.batch_splits,
             "empty_answers": self.empty_answers,
             "parse_failures": self.parse_failures,
             "stages": {name: s.stats.summary(wall, len(s.replicas)) for name, s in self.stages.items()},
             "resolved_by": self.resolved,
         }
+
+
+def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list, int]] | None:
+    """What to run again after ``batch`` failed ``attempts`` times before (None: give up).
+
+    A batch that fails for the first time runs again whole: most failures are the replica's (killed,
+    frozen, restarted), and shredding a big batch into small ones would cost the run its batching.
+    A batch that fails twice probably holds a request that breaks replicas: it is split in halves
+    (already suspect, so they split again on their next failure) until that request is alone, so it
+    cannot take the others down; alone, it gets ``max_attempts`` tries.
+    """
+    if len(batch) == 1:
+        return [(batch, attempts + 1)] if attempts + 1 < max_attempts else None
+    if attempts == 0:
+        return [(batch, 1)]
+    half = len(batch) // 2
+    return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
 
 
 def _describe(err: BaseException) -> str:

@@ -265,7 +265,7 @@ class Launched:
     replica: int
     batch: list[Request]
     refs: list
-    attempts: int = 0  # failures of this batch on its own so far
+    attempts: int = 0  # earlier failures: a single request's tries, or 1 for a suspect batch (retry_plan)
     started: float = field(default_factory=time.perf_counter)
     pending: int = 0
 

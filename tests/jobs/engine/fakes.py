@@ -50,6 +50,20 @@ class SlowShard(FakeShard):
         return super().search(queries, k)
 
 
+class FlakyGenerator(SlowGenerator):
+    """Fails its first batch (a replica's transient fault), then works."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def generate(self, batch):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("transient fault")
+        return super().generate(batch)
+
+
 class BrokenGenerator:
     def __init__(self):
         raise OSError("model weights not found")

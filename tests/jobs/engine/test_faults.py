@@ -9,7 +9,8 @@ from jobs.io import Question
 from jobs.strategies import STRATEGIES
 from jobs.strategies.base import StrategySettings
 from schemas.config import EngineConfig, StageBatching
-from tests.jobs.engine.fakes import BrokenGenerator, FakeEncoder, FakeGenerator, SlowGenerator, SlowShard
+from tests.jobs.engine.fakes import (BrokenGenerator, FakeEncoder, FakeGenerator, FlakyGenerator, SlowGenerator,
+                                     SlowShard)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
@@ -55,11 +56,20 @@ def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim
     assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
 
 
+def test_a_transient_failure_retries_the_batch_whole(ray_session):
+    calm, _, _ = run(ray_session, QUESTIONS)
+    by_id, rows, engine = run(ray_session, QUESTIONS, generator=FlakyGenerator)
+    assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
+    assert engine.batch_failures == 2 and engine.batch_splits == 0  # each replica's first batch failed once
+    assert engine.metrics()["batch_splits"] == 0
+
+
 def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session):
     questions = [*QUESTIONS[:12], Question("killer", "KILLME please"), *QUESTIONS[12:20]]
     by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, max_attempts=2)
     assert len(rows) == len(questions)
     assert "generator failed 2 times" in by_id["killer"]["error"]
+    assert engine.batch_splits >= 2  # a batch of several only splits after failing twice
     assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "killer")
 
 
