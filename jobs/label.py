@@ -32,6 +32,7 @@ from jobs.io import filesystem, question_columns, read_table
 from jobs.strategies.base import format_passages, prompt
 from schemas.config import LabelConfig
 from schemas.records import Passage
+from schemas.tables import LABELS
 
 LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
 
@@ -131,45 +132,87 @@ def passages_by_id(index_path: str, ids: set[str]) -> dict[str, Passage]:
     return found
 
 
+class LabelWriter:
+    """``labels/<kind>.parquet`` (schemas.tables.LABELS) and ``<kind>.jsonl``, written as records come."""
+
+    def __init__(self, output: str, kind: str):
+        fs, root = filesystem(output)
+        fs.create_dir(f"{root}/labels", recursive=True)
+        self.schema = LABELS[kind]
+        self.parquet = pq.ParquetWriter(f"{root}/labels/{kind}.parquet", self.schema, filesystem=fs)
+        self.jsonl = fs.open_output_stream(f"{root}/labels/{kind}.jsonl")
+        self.records = 0
+        self.labels: Counter = Counter()
+
+    def write(self, records: list[dict]) -> None:
+        if not records:
+            return
+        self.parquet.write_table(pa.Table.from_pylist(records, schema=self.schema))
+        self.jsonl.write("".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in records).encode())
+        self.records += len(records)
+        self.labels.update(r["label"] for r in records if "label" in r)
+
+    def close(self) -> None:
+        self.parquet.close()
+        self.jsonl.close()
+
+
 def write_labels(output: str, kind: str, records: list[dict]) -> None:
-    fs, root = filesystem(output)
-    fs.create_dir(f"{root}/labels", recursive=True)
-    table = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "messages"} for r in records])
-    pq.write_table(table, f"{root}/labels/{kind}.parquet", filesystem=fs)
-    with fs.open_output_stream(f"{root}/labels/{kind}.jsonl") as f:
-        for r in records:
-            f.write((json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n").encode())
+    writer = LabelWriter(output, kind)
+    writer.write(records)
+    writer.close()
+
+
+def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
+    """Answer rows of ``strategy`` in chunks of whole parts, each citing about ``max_passage_ids``
+    passages at most (plus one part), so memory stays bounded and a chunk needs one scan of the
+    passage stores."""
+    chunk, ids = [], set()
+    for f in answer_files(f"{output}/{strategy}"):
+        rows = read_table(f).to_pylist()
+        part_ids = {i for r in rows for i in (r["retrieved_ids"] or [])}
+        if chunk and len(ids | part_ids) > max_passage_ids:
+            yield chunk, ids
+            chunk, ids = [], set()
+        chunk += rows
+        ids |= part_ids
+    if chunk:
+        yield chunk, ids
 
 
 def label(config, log=print, force: bool = False) -> dict:
-    """Answer with the labelling strategies, then write the label files; returns counts per kind."""
+    """Answer with the labelling strategies, then write the label files; returns counts per kind.
+
+    Answers are read in chunks of parts and labels written as they come: memory holds the gold
+    answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
     answer_job.answer(config, log=log, force=force)
     cols = question_columns(config.questions)
     gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids", "kind")
                                                                         if c in cols]]).to_pylist()}
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
-    rows = {s: [r for f in answer_files(f"{config.output}/{s}") for r in read_table(f).to_pylist()]
-            for s in config.strategies}
-    ids = {i for rs in rows.values() for r in rs for i in (r["retrieved_ids"] or [])}
-    passages = passages_by_id(config.index.path, ids)
     summary = {}
-    if "raisf_labels" in rows:
-        for kind, records in raisf_labels(rows["raisf_labels"], gold, passages, config.label).items():
-            write_labels(config.output, kind, records)
-            summary[kind] = {"records": len(records), **_label_counts(records)}
-    if "self_reasoning" in rows:
-        kept, dropped = self_reasoning_labels(rows["self_reasoning"], gold, passages, config.label)
-        write_labels(config.output, "self_reasoning", kept)
-        summary["self_reasoning"] = {"records": len(kept), "of": len(rows["self_reasoning"]), "dropped": dict(dropped)}
+    if "raisf_labels" in config.strategies:
+        writers = {kind: LabelWriter(config.output, kind) for kind in ("self_knowledge", "relevance", "decomposition")}
+        for rows, ids in answer_chunks(config.output, "raisf_labels"):
+            for kind, records in raisf_labels(rows, gold, passages_by_id(config.index.path, ids), config.label).items():
+                writers[kind].write(records)
+        for kind, writer in writers.items():
+            writer.close()
+            summary[kind] = {"records": writer.records, **writer.labels}
+    if "self_reasoning" in config.strategies:
+        writer, dropped, seen = LabelWriter(config.output, "self_reasoning"), Counter(), 0
+        for rows, ids in answer_chunks(config.output, "self_reasoning"):
+            kept, why = self_reasoning_labels(rows, gold, passages_by_id(config.index.path, ids), config.label)
+            writer.write(kept)
+            dropped.update(why)
+            seen += len(rows)
+        writer.close()
+        summary["self_reasoning"] = {"records": writer.records, "of": seen, "dropped": dict(dropped)}
     fs, root = filesystem(config.output)
     with fs.open_output_stream(f"{root}/labels/summary.json") as f:
         f.write(json.dumps(summary, indent=2).encode())
     return summary
-
-
-def _label_counts(records: list[dict]) -> dict:
-    return dict(Counter(r["label"] for r in records)) if records and "label" in records[0] else {}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -42,6 +42,20 @@ ANSWERS = pa.schema(
     ]
 )
 
+# `ragsift label` output, one table per kind (each row also has chat messages in <kind>.jsonl).
+LABELS = {
+    "self_knowledge": pa.schema([("id", pa.string()), ("question", pa.string()), ("closed_book_answer", pa.string()),
+                                 ("gold_answers", pa.list_(pa.string())), ("label", pa.string())]),
+    "relevance": pa.schema([("id", pa.string()), ("question", pa.string()), ("passage_id", pa.string()),
+                            ("passage", pa.string()), ("p_yes", pa.float64()), ("label", pa.string())]),
+    "decomposition": pa.schema([("id", pa.string()), ("question", pa.string()),
+                                ("sub_questions", pa.list_(pa.string()))]),
+    "self_reasoning": pa.schema([("id", pa.string()), ("question", pa.string()), ("passage_ids", pa.list_(pa.string())),
+                                 ("trajectory", pa.string()), ("answer", pa.string()),
+                                 ("gold_answers", pa.list_(pa.string())), ("citation_precision", pa.float64()),
+                                 ("citation_recall", pa.float64())]),
+}
+
 
 class SchemaError(ValueError):
     """An input file whose columns do not match what a job needs."""

@@ -2,11 +2,13 @@
 
 import json
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.label import raisf_labels, self_reasoning_labels, write_labels
+from jobs.label import LabelWriter, answer_chunks, raisf_labels, self_reasoning_labels, write_labels
 from schemas.config import LabelConfig
 from schemas.records import Passage
+from schemas.tables import ANSWERS
 
 PASSAGES = {f"p{i}": Passage(f"p{i}", f"T{i}", f"text {i}", 0.0) for i in range(3)}
 
@@ -75,3 +77,31 @@ def test_label_files_are_parquet_and_chat_jsonl(tmp_path):
     assert table.column_names == ["id", "question", "passage_id", "passage", "p_yes", "label"]
     lines = [json.loads(line) for line in (tmp_path / "labels" / "relevance.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and [m["role"] for m in lines[0]["messages"]] == ["user", "assistant"]
+
+
+def test_label_files_are_written_in_chunks_with_a_fixed_schema(tmp_path):
+    """A first chunk with no citation scores (null) must not fix the column type for later ones."""
+    writer = LabelWriter(str(tmp_path), "self_reasoning")
+    common = {"question": "q?", "passage_ids": ["p0"], "trajectory": "{}", "answer": "a", "gold_answers": ["a"],
+              "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    writer.write([{"id": "a", **common, "citation_precision": None, "citation_recall": None}])
+    writer.write([])
+    writer.write([{"id": "b", **common, "citation_precision": 0.5, "citation_recall": 1.0}])
+    writer.close()
+    table = pq.read_table(tmp_path / "labels" / "self_reasoning.parquet")
+    assert table["citation_precision"].to_pylist() == [None, 0.5] and table.schema.field("citation_recall").type == pa.float64()
+    assert writer.records == 2 and len((tmp_path / "labels" / "self_reasoning.jsonl").read_text().splitlines()) == 2
+    write_labels(str(tmp_path), "decomposition", [])  # no records: an empty file that still has the columns
+    assert pq.read_table(tmp_path / "labels" / "decomposition.parquet").column_names == ["id", "question", "sub_questions"]
+
+
+def test_answers_are_read_in_chunks_of_whole_parts_bounded_by_passages(tmp_path):
+    (tmp_path / "raisf_labels").mkdir()
+    for part in range(3):
+        rows = [row(f"q{part}", "x", LABEL_TRACE) | {"retrieved_ids": [f"p{part}a", f"p{part}b"]}]
+        rows = [{name: r.get(name) for name in ANSWERS.names} for r in rows]
+        pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), tmp_path / "raisf_labels" / f"part-{part:05d}.parquet")
+    chunks = list(answer_chunks(str(tmp_path), "raisf_labels", max_passage_ids=4))
+    assert [[r["id"] for r in rows] for rows, _ in chunks] == [["q0", "q1"], ["q2"]]
+    assert chunks[0][1] == {"p0a", "p0b", "p1a", "p1b"}
+    assert len(list(answer_chunks(str(tmp_path), "raisf_labels", max_passage_ids=1))) == 3  # a part is never split
