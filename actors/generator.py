@@ -50,12 +50,12 @@ class Generator:
             ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
             if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
-            if len(ids) + sp.max_tokens > self.max_model_len:
-                error = (f"prompt of {len(ids)} tokens + {sp.max_tokens} to generate exceeds "
-                         f"max_model_len {self.max_model_len}")
-                results[i] = (Judgment("", None, len(ids), error=error) if isinstance(req, Judge)
-                              else Generation("", len(ids), error=error))
+            budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
+            if isinstance(budget, str):
+                results[i] = (Judgment("", None, len(ids), error=budget) if isinstance(req, Judge)
+                              else Generation("", len(ids), error=budget))
                 continue
+            sp.max_tokens = budget
             prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
             params.append(sp)
             slots.append(i)
@@ -88,6 +88,21 @@ class Generator:
                       if req.json_schema else None)
         return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
                               structured_outputs=structured)
+
+
+def min_completion(req: Generate | Judge, sp) -> int:
+    """A judgment needs its whole choice; free text is worth generating with any room left."""
+    return sp.max_tokens if isinstance(req, Judge) else 1
+
+
+def completion_budget(prompt_tokens: int, max_tokens: int, max_model_len: int, minimum: int = 1) -> int | str:
+    """Tokens to generate for a prompt: ``max_tokens`` cut to what the context window leaves (as vLLM
+    caps a sequence at ``max_model_len``), or an error message when less than ``minimum`` is left."""
+    room = max_model_len - prompt_tokens
+    if room < minimum:
+        return (f"prompt of {prompt_tokens} tokens leaves {max(room, 0)} of max_model_len {max_model_len} "
+                f"to generate, needs {minimum}")
+    return min(max_tokens, room)
 
 
 def bound_cores(bind: str) -> int:

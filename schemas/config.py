@@ -23,7 +23,8 @@ class LLMConfig(Section):
 
     model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name")
     dtype: str = "bfloat16"
-    max_model_len: int = Field(2048, ge=256)
+    max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
+                               "its prompt leaves, and a prompt that leaves nothing is an error row")
     enforce_eager: bool = Field(True, description="skip CUDA-graph capture (faster start, CPU-safe)")
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
