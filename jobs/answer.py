@@ -252,11 +252,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
 
 
-def config_from_args(args: argparse.Namespace) -> AnswerConfig:
+def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ...] = ()) -> AnswerConfig:
+    """The config from defaults, --config, --set and flags; ``default_strategies`` (a job's own default)
+    applies only when neither --strategy nor the config file names strategies."""
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     strategies = args.strategy.split(",") if args.strategy else None
     config = load_config(AnswerConfig, args.config, overrides, questions=args.questions,
                          output=args.output, strategies=strategies, limit=args.limit)
+    if default_strategies and "strategies" not in config.model_fields_set:
+        config = config.model_copy(update={"strategies": list(default_strategies)})
     if config.questions and config.output:
         questions = materialize_questions(config.questions, config.output, config.input.columns, config.input.split)
         config = config.model_copy(update={"questions": questions})

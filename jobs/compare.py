@@ -3,6 +3,7 @@
 The table (strategies x datasets: EM, F1, accuracy, citations, LLM calls, retrievals, sub-questions,
 tokens, latency per question) is printed and written as eval.md / eval.json / eval.png next to the
 answers. The questions file needs gold `answers` (and `dataset`, `gold_passage_ids` where known).
+Without --strategy (or `strategies` in the config file) every answering strategy runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import sys
 
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
+from jobs.io import question_columns
+from jobs.strategies import STRATEGIES
+
+ANSWER_STRATEGIES = tuple(s for s in STRATEGIES if s != "raisf_labels")  # that one's answers are labels
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = answer_job.config_from_args(args)
+    config = answer_job.config_from_args(args, default_strategies=ANSWER_STRATEGIES)
+    question_columns(config.questions)  # the gold columns are checked before hours of answering
     answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k)
     print_table(table)

@@ -185,8 +185,8 @@ def label(config, log=print, force: bool = False) -> dict:
 
     Answers are read in chunks of parts and labels written as they come: memory holds the gold
     answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
+    cols = question_columns(config.questions)  # a bad gold column fails before the answering, not after
     answer_job.answer(config, log=log, force=force)
-    cols = question_columns(config.questions)
     gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids", "kind")
                                                                         if c in cols]]).to_pylist()}
     if "answers" not in cols:
@@ -217,11 +217,10 @@ def label(config, log=print, force: bool = False) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     answer_job.add_arguments(p)
-    p.set_defaults(strategy=",".join(LABEL_STRATEGIES))
 
 
 def run(args: argparse.Namespace) -> int:
-    config = answer_job.config_from_args(args)
+    config = answer_job.config_from_args(args, default_strategies=LABEL_STRATEGIES)
     other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
     if other:
         raise ValueError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")

@@ -62,6 +62,8 @@ class SchemaError(ValueError):
 
 
 def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if pa.types.is_null(actual):  # what pyarrow infers for a column of only nulls (or only empty lists)
+        return True
     if pa.types.is_string(expected):
         return pa.types.is_string(actual) or pa.types.is_large_string(actual)
     if pa.types.is_list(expected):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.io import plan_input, question_rows, redact
+from jobs.io import plan_input, question_columns, question_rows, redact
 from schemas.tables import SchemaError
 from tests.conftest import SAMPLE_QUESTIONS
 
@@ -30,6 +30,16 @@ def test_schema_errors_name_file_and_column(tmp_path):
     junk.write_text("not parquet")
     with pytest.raises(SchemaError, match="not a readable Parquet"):
         list(question_rows(str(junk)))
+
+
+def test_columns_of_only_nulls_or_empty_lists_are_accepted(tmp_path):
+    """pyarrow infers null / list<null> for them (e.g. a slice with no gold passages)."""
+    path = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "Who?", "answers": ["x"], "gold_passage_ids": [],
+                                          "kind": None}]), path)
+    assert pq.read_schema(path).field("gold_passage_ids").type == pa.list_(pa.null())
+    assert set(question_columns(str(path))) == {"answers", "gold_passage_ids", "kind"}
+    assert [(q.id, q.kind, q.error) for q in question_rows(str(path))] == [("a", None, None)]
 
 
 def test_bad_rows_become_error_rows(tmp_path):

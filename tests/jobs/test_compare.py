@@ -1,0 +1,41 @@
+"""``ragsift compare`` / ``label``: which strategies run by default, and bad gold fails before answering."""
+
+import argparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs import answer as answer_job
+from jobs import compare, label
+from schemas.tables import SchemaError
+
+
+def args_for(job, *argv):
+    parser = argparse.ArgumentParser()
+    job.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_compare_runs_every_answering_strategy_unless_told(tmp_path):
+    default = answer_job.config_from_args(args_for(compare), default_strategies=compare.ANSWER_STRATEGIES)
+    assert default.strategies == ["direct", "rag", "raisf", "least_to_most", "self_reasoning", "think_act", "migres"]
+    flag = answer_job.config_from_args(args_for(compare, "--strategy", "rag,migres"), compare.ANSWER_STRATEGIES)
+    assert flag.strategies == ["rag", "migres"]
+    (tmp_path / "c.yaml").write_text("strategies: [think_act]\n")
+    from_file = answer_job.config_from_args(args_for(compare, "--config", str(tmp_path / "c.yaml")),
+                                            compare.ANSWER_STRATEGIES)
+    assert from_file.strategies == ["think_act"]  # a job's default never overrides the config file
+    labels = answer_job.config_from_args(args_for(label), default_strategies=label.LABEL_STRATEGIES)
+    assert labels.strategies == ["raisf_labels", "self_reasoning"]
+    assert answer_job.config_from_args(args_for(answer_job)).strategies == ["rag"]
+
+
+def test_a_bad_gold_column_fails_compare_before_any_answering(tmp_path):
+    bad = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]], "gold_passage_ids": [[1]]}), bad)
+    args = args_for(compare, "--questions", str(bad), "--output", str(tmp_path / "out"),
+                    "--index-dir", str(tmp_path / "no-index"))
+    with pytest.raises(SchemaError, match=r"'gold_passage_ids' has type list<element: int64>"):
+        compare.run(args)
+    assert not (tmp_path / "out" / "rag").exists()
