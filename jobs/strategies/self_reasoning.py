@@ -8,7 +8,8 @@ The paper fine-tunes a model to write this trajectory; here the prompt is its GP
 (Appendix, Figures 5 and 6) and vLLM decodes it under a JSON schema. Irrelevant evidence -> the
 answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). FEVER-style claims
 (``kind=claim``) use the fact-verification variant. A trajectory that does not parse is retried once
-with twice the tokens; then the fallback is a plain read of the same passages.
+with twice the tokens; then the fallback is a plain read of the same passages (for a claim, a judgment
+among the three verdicts, so that a claim never gets a free-text answer).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jobs.strategies.base import (Ask, Done, Item, answer_messages, ask, clean_a
                                   parse_failed, prompt)
 from jobs.strategies.parsing import parse_json_object
 from schemas.config import SelfReasoningConfig
-from schemas.records import Generate, Retrieve
+from schemas.records import Generate, Judge, Judgment, Retrieve
 
 VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT ENOUGH INFO"}
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
@@ -39,7 +40,7 @@ def trajectory_schema(k: int, claim: bool) -> str:
 
 class SelfReasoning:
     name = "self_reasoning"
-    stages = frozenset({"generator", "retriever"})
+    stages = frozenset({"generator", "judge", "retriever"})
 
     def __init__(self, config: SelfReasoningConfig):
         self.config = config
@@ -92,9 +93,18 @@ class SelfReasoning:
         return ids
 
     def _read(self, item):
-        user = prompt("rag_user").format(passages=format_passages(item.passages), question=item.question)
+        passages = format_passages(item.passages)
+        if item.kind == "claim":
+            user = prompt("selfreason_fever_read").format(passages=passages, question=item.question)
+            return ask(item, "read", [Judge((("user", user),), tuple(VERDICTS))])
+        user = prompt("rag_user").format(passages=passages, question=item.question)
         return ask(item, "read", [Generate(answer_messages(user))])
 
-    def _after_read(self, item, gen):
-        item.trace.append({"step": "fallback_read", "output": gen.text})
-        return Done(clean_answer(gen.text), "fallback", [p.id for p in item.passages])
+    def _after_read(self, item, response):
+        if isinstance(response, Judgment):
+            item.trace.append({"step": "fallback_verdict", "label": response.label, "probs": response.probs})
+            answer = VERDICTS.get(response.label, response.label)
+        else:
+            item.trace.append({"step": "fallback_read", "output": response.text})
+            answer = clean_answer(response.text)
+        return Done(answer, "fallback", [p.id for p in item.passages])

@@ -7,7 +7,7 @@ import pytest
 
 from jobs.strategies.self_reasoning import SelfReasoning, trajectory_schema
 from schemas.config import SelfReasoningConfig
-from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
+from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval, Retrieve
 from tests.jobs.strategies.scripted import drive
 
 PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
@@ -75,6 +75,22 @@ def test_an_unparseable_trajectory_is_retried_once_then_falls_back_to_a_plain_re
     # the retry succeeding needs no fallback
     done, item = drive(SelfReasoning(SelfReasoningConfig()), "Q", script("{", trajectory()))
     assert done.resolved_by == "passages" and item.counts["parse_failures"] == 1
+
+
+def test_a_claim_whose_trajectory_fails_falls_back_to_a_verdict_judgment_not_free_text():
+    from jobs.strategies.base import Item
+    s = SelfReasoning(SelfReasoningConfig())
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Generation("not json")])
+    step = s.resume(item, [Generation("{")])
+    (judge,) = step.requests
+    assert isinstance(judge, Judge) and judge.choices == ("SUPPORT", "REFUTE", "NOT ENOUGH INFO")
+    assert "Claim: The Eiffel Tower is in Rome." in judge.messages[-1][1] and "[1] T0: text 0" in judge.messages[-1][1]
+    done = s.resume(item, [Judgment("REFUTE", {"SUPPORT": 0.1, "REFUTE": 0.8, "NOT ENOUGH INFO": 0.1})])
+    assert (done.answer, done.resolved_by, done.citations) == ("REFUTES", "fallback", [p.id for p in PASSAGES])
+    assert item.trace[-1]["step"] == "fallback_verdict" and "judge" in s.stages
 
 
 def test_a_failed_retrieval_ends_with_an_error():
