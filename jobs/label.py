@@ -29,7 +29,8 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.io import filesystem, question_columns, read_table
-from jobs.strategies.base import format_passages, prompt
+from jobs.strategies.base import prompt
+from jobs.strategies.self_reasoning import trajectory_prompt
 from schemas.config import LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS
@@ -111,8 +112,7 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
             dropped["passage missing from the index"] += 1
             continue
         target = json.dumps({k: trajectory.get(k) for k in ("relevant", "relevant_reason", "cite_list", "analysis", "answer")})
-        user = prompt("selfreason_fever" if g.get("kind") == "claim" else "selfreason_qa").format(
-            passages=format_passages(evidence), question=row["question"])
+        user = trajectory_prompt(row["question"], evidence, g.get("kind") == "claim")
         kept.append({"id": row["id"], "question": row["question"], "passage_ids": row["retrieved_ids"],
                      "trajectory": target, "answer": row["answer"], "gold_answers": g.get("answers") or [],
                      "citation_precision": precision, "citation_recall": recall, "messages": _chat(user, target)})

@@ -27,6 +27,17 @@ VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT 
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
+def verdict(said: str) -> str:
+    """The model's SUPPORT / REFUTE / NOT ENOUGH INFO as FEVER's label (unknown text is kept as said)."""
+    return VERDICTS.get(said.strip().upper(), said)
+
+
+def trajectory_prompt(question: str, passages, claim: bool) -> str:
+    """The instruction a trajectory is written to (also the prompt of its training label)."""
+    return prompt("selfreason_fever" if claim else "selfreason_qa").format(
+        passages=format_passages(passages), question=question)
+
+
 def trajectory_schema(k: int, claim: bool) -> str:
     answer = {"type": "string", "enum": list(VERDICTS)} if claim else {"type": "string"}
     cite = {"type": "object", "required": ["cite_index", "cite_content", "cite_reason"], "properties": {
@@ -61,8 +72,7 @@ class SelfReasoning:
 
     def _trajectory(self, item, max_tokens):
         claim = item.kind == "claim"
-        user = prompt("selfreason_fever" if claim else "selfreason_qa").format(
-            passages=format_passages(item.passages), question=item.question)
+        user = trajectory_prompt(item.question, item.passages, claim)
         return ask(item, "trajectory", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
                                                  json_schema=trajectory_schema(max(1, len(item.passages)), claim))])
 
@@ -78,7 +88,7 @@ class SelfReasoning:
         cited = self._citations(item, t) if relevant else []
         item.trace.append({"step": "trajectory", "relevant": relevant, "relevant_reason": t.get("relevant_reason"),
                            "cite_list": t.get("cite_list"), "analysis": t.get("analysis"), "answer": answer})
-        answer = VERDICTS.get(answer.strip().upper(), answer) if item.kind == "claim" else clean_answer(answer)
+        answer = verdict(answer) if item.kind == "claim" else clean_answer(answer)
         return Done(answer, "passages" if relevant else "internal_knowledge", cited)
 
     def _citations(self, item, t) -> list[str]:
@@ -103,7 +113,7 @@ class SelfReasoning:
     def _after_read(self, item, response):
         if isinstance(response, Judgment):
             item.trace.append({"step": "fallback_verdict", "label": response.label, "probs": response.probs})
-            answer = VERDICTS.get(response.label, response.label)
+            answer = verdict(response.label)
         else:
             item.trace.append({"step": "fallback_read", "output": response.text})
             answer = clean_answer(response.text)
