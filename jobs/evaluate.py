@@ -17,7 +17,8 @@ from jobs import metrics as M
 from jobs.io import filesystem, open_parquet, question_columns, read_table
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
-           "cite P / R", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "latency s"]
+           "cite P / R (n)", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "tokens/correct",
+           "latency s"]
 
 
 def answer_files(output: str) -> list[str]:
@@ -108,7 +109,9 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         if gold_ids and row["retrieved_ids"]:
             a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
             rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
-        if gold_ids and row.get("citations"):  # citation precision / recall against gold passages
+        # citation precision / recall against gold passages, only where the model cited (a reader's
+        # passages are its retrieval, scored by recall@k above)
+        if gold_ids and row.get("citations"):
             hit = len(set(row["citations"]) & set(gold_ids))
             cite_p, cite_r, cite_n = cite_p + hit / len(set(row["citations"])), cite_r + hit / len(set(gold_ids)), cite_n + 1
         calls += row["n_llm_calls"]
@@ -122,10 +125,11 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         "EM": pct(em, n), "F1": pct(f1, n), "acc": pct(acc, n),
         "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
         "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
-        "cite P / R": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)}" if cite_n else None,
+        "cite P / R (n)": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)} ({cite_n})" if cite_n else None,
         "errors": errors,
         "LLM calls/q": round(calls / n, 2), "retrievals/q": round(retrievals / n, 2),
         "sub-q/q": round(subs / n, 2), "tokens/q": round(tokens / n, 1),
+        "tokens/correct": round(tokens / acc) if acc else None,  # cost of one accurate answer
         "latency s": round(latency / n, 2),
     }
 
@@ -176,8 +180,23 @@ def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None =
     chart(table, out / "eval.png")
 
 
+def cost_quality(ax, table: list[dict]) -> None:
+    """The cost-quality plane: F1 and accuracy against tokens per question, one point per strategy
+    (a strategy that costs more and answers worse sits right of and below another)."""
+    overall = sorted((r for r in table if r["dataset"] == "ALL"), key=lambda r: r["strategy"])
+    for metric, marker in (("F1", "o"), ("acc", "^")):
+        ax.scatter([r["tokens/q"] for r in overall], [r[metric] or 0 for r in overall], marker=marker, label=metric)
+    for r in overall:
+        ax.annotate(r["strategy"], (r["tokens/q"], r["F1"] or 0), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per question")
+    ax.set_ylabel("percent")
+    ax.legend(fontsize=8)
+    ax.set_title("cost and quality (all questions)")
+
+
 def chart(table: list[dict], path: Path) -> None:
-    """F1 per strategy and dataset, and LLM calls per question, as one PNG."""
+    """F1 per strategy and dataset, the cost-quality plane and LLM calls per question, as one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,7 +205,7 @@ def chart(table: list[dict], path: Path) -> None:
     strategies = sorted({r["strategy"] for r in table})
     datasets = sorted({r["dataset"] for r in table}, key=lambda d: (d == "ALL", d))
     f1 = {(r["strategy"], r["dataset"]): r["F1"] or 0 for r in table}
-    fig, (ax, cost) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (ax, plane, cost) = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [3, 1.5, 1]})
     width = 0.8 / len(strategies)
     for i, s in enumerate(strategies):
         ax.bar([d + i * width for d in range(len(datasets))], [f1.get((s, d), 0) for d in datasets], width, label=s)
@@ -194,6 +213,7 @@ def chart(table: list[dict], path: Path) -> None:
     ax.set_ylabel("F1 (%)")
     ax.legend(fontsize=8)
     ax.set_title("F1 by dataset")
+    cost_quality(plane, table)
     overall = {r["strategy"]: r for r in table if r["dataset"] == "ALL"}
     cost.bar(strategies, [overall[s]["LLM calls/q"] if s in overall else 0 for s in strategies])
     cost.set_title("LLM calls per question")

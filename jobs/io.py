@@ -69,6 +69,7 @@ class Question:
     error: str | None = None  # set when the row cannot be answered (it becomes an error row)
     shard: int = 0  # input shard (output is committed per shard)
     kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
+    dataset: str | None = None  # the optional `dataset` column (answer forms may be set per dataset)
 
 
 def hash_ids(ids) -> np.ndarray:
@@ -164,29 +165,29 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
         if start < total and any(s not in skip_shards for s in shards):
             groups.append((g, start))
         start += size
-    with_kind = "kind" in check_schema(pf.schema_arrow, {}, {"kind": QUESTION_OPTIONAL["kind"]}, redact(uri))
+    extra = check_schema(pf.schema_arrow, {}, {c: QUESTION_OPTIONAL[c] for c in ("kind", "dataset")}, redact(uri))
     for g, n in groups:
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g],
-                                     columns=["id", "question", *(["kind"] if with_kind else [])]):
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=["id", "question", *extra]):
             if n >= total:
                 return
             ids = batch.column("id").to_pylist()
             # as binary: one row of invalid UTF-8 must not fail the whole batch
             texts = pc.cast(batch.column("question"), pa.binary()).to_pylist()
-            kinds = batch.column("kind").to_pylist() if with_kind else [None] * len(ids)
-            for qid, raw, kind in zip(ids, texts, kinds):
+            kinds, datasets = ((batch.column(c).to_pylist() if c in extra else [None] * len(ids))
+                               for c in ("kind", "dataset"))
+            for qid, raw, kind, dataset in zip(ids, texts, kinds, datasets):
                 row, n = n, n + 1
                 if row >= total:
                     return
                 if row // shard_rows in skip_shards or row in drop_rows:
                     continue
-                yield _question(qid, raw, kind, row, row // shard_rows, max_chars)
+                yield _question(qid, raw, kind, dataset, row, row // shard_rows, max_chars)
 
 
-def _question(qid: str | None, raw: bytes | None, kind: str | None, row: int, shard: int,
+def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str | None, row: int, shard: int,
               max_chars: int) -> Question:
     def error(text: str, reason: str) -> Question:
-        return Question(qid if qid is not None else _row_id(row), text, reason, shard, kind)
+        return Question(qid if qid is not None else _row_id(row), text, reason, shard, kind, dataset)
 
     if qid is None:
         return error("", "null id")
@@ -201,7 +202,7 @@ def _question(qid: str | None, raw: bytes | None, kind: str | None, row: int, sh
     text = _CONTROL.sub("", text)
     if not text.strip():
         return error(text, "empty question")
-    return Question(qid, text, None, shard, kind)
+    return Question(qid, text, None, shard, kind, dataset)
 
 
 def question_columns(uri: str) -> list[str]:

@@ -30,8 +30,10 @@ from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.io import filesystem, question_columns, read_table
 from jobs.strategies.base import prompt
+from jobs.strategies.base import Item
+from jobs.strategies.forms import form_of
 from jobs.strategies.self_reasoning import trajectory_prompt
-from schemas.config import LabelConfig
+from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS
 
@@ -67,7 +69,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
         relevance = steps.get("relevance")
         if relevance:
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
-                if pid not in passages:
+                if pid not in passages or p_yes is None:
                     continue
                 text = f"{passages[pid].title}: {passages[pid].text}"
                 out["relevance"].append({
@@ -85,9 +87,9 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
 
 
 def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage],
-                          config: LabelConfig) -> tuple[list[dict], Counter]:
+                          config: LabelConfig, forms: AnswerFormConfig | None = None) -> tuple[list[dict], Counter]:
     """Trajectories that pass quality control, and why the others were dropped."""
-    kept, dropped = [], Counter()
+    kept, dropped, forms = [], Counter(), forms or AnswerFormConfig()
     for row in rows:
         g = gold.get(row["id"]) or {}
         trajectory = _steps(row).get("trajectory")
@@ -112,7 +114,8 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
             dropped["passage missing from the index"] += 1
             continue
         target = json.dumps({k: trajectory.get(k) for k in ("relevant", "relevant_reason", "cite_list", "analysis", "answer")})
-        user = trajectory_prompt(row["question"], evidence, g.get("kind") == "claim")
+        form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
+        user = trajectory_prompt(row["question"], evidence, form, forms)
         kept.append({"id": row["id"], "question": row["question"], "passage_ids": row["retrieved_ids"],
                      "trajectory": target, "answer": row["answer"], "gold_answers": g.get("answers") or [],
                      "citation_precision": precision, "citation_recall": recall, "messages": _chat(user, target)})
@@ -187,8 +190,8 @@ def label(config, log=print, force: bool = False) -> dict:
     answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
     cols = question_columns(config.questions)  # a bad gold column fails before the answering, not after
     answer_job.answer(config, log=log, force=force)
-    gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids", "kind")
-                                                                        if c in cols]]).to_pylist()}
+    gold = {r["id"]: r for r in read_table(config.questions, [
+        "id", *[c for c in ("answers", "gold_passage_ids", "kind", "dataset") if c in cols]]).to_pylist()}
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
     summary = {}
@@ -203,7 +206,8 @@ def label(config, log=print, force: bool = False) -> dict:
     if "self_reasoning" in config.strategies:
         writer, dropped, seen = LabelWriter(config.output, "self_reasoning"), Counter(), 0
         for rows, ids in answer_chunks(config.output, "self_reasoning"):
-            kept, why = self_reasoning_labels(rows, gold, passages_by_id(config.index.path, ids), config.label)
+            kept, why = self_reasoning_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
+                                              config.answer_form)
             writer.write(kept)
             dropped.update(why)
             seen += len(rows)

@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from jobs.evaluate import COLUMNS, grouped_rows, resolution, resolution_markdown, score
+from jobs.evaluate import COLUMNS, cost_quality, grouped_rows, resolution, resolution_markdown, score
 
 
 def load_run(run: str, questions: str, label: str | None) -> dict:
@@ -109,6 +109,14 @@ def cost_figure(rows: dict[str, list[dict]]) -> str:
     return _png(fig)
 
 
+def cost_quality_figure(scores: list[dict]) -> str:
+    """F1 and accuracy against tokens per question, one point per strategy (evaluate.cost_quality)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    cost_quality(ax, scores)
+    return _png(fig)
+
+
 def depth_figure(rows: dict[str, list[dict]]) -> str:
     plt = _plt()
     strategies = sorted(rows)
@@ -160,6 +168,7 @@ def render(runs: list[dict]) -> str:
     resolved = [r for run in runs for r in run["resolution"]]
     rows = {s: rs for run in runs for s, rs in run["rows"].items()}
     figures = [("Accuracy", accuracy_figure(scores)), ("How questions were resolved", resolution_figure(resolved)),
+               ("Cost and quality", cost_quality_figure(scores)),
                ("Cost per question", cost_figure(rows)), ("Sub-question depth", depth_figure(rows)),
                ("Stage utilisation", utilisation_figure(runs))]
     sections = "".join(f'<section><h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '

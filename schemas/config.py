@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.models import DEFAULT_EMBEDDER, DEFAULT_GENERATOR
 
@@ -144,7 +144,9 @@ class EngineConfig(Section):
     ranker: RetrieverBatching = Field(default_factory=RetrieverBatching)
     nli: RetrieverBatching = Field(default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
-    max_nodes_per_root: int = Field(64, ge=1, description="question nodes per root tree; extra sub-questions are dropped")
+    max_nodes_per_root: int = Field(256, ge=1, description="question nodes per root tree, a guard against runaway "
+                                    "strategies; sub-questions past it are not run (their parent gets them back as "
+                                    "failed, metrics.json counts trees_capped). Must hold a whole RA-ISF tree")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
     max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its batch failed twice "
                                                    "and was split to isolate it) before it becomes an error row")
@@ -169,6 +171,34 @@ class OutputConfig(Section):
     row_group_rows: int = Field(1024, ge=1)
 
 
+AnswerForm = Literal["short", "yes_no", "verdict"]
+
+
+class AnswerFormConfig(Section):
+    """The form of a final answer, per question. Every strategy's final step (closed-book, from
+    passages, synthesised from sub-answers, fallbacks) answers in it. Changes answers.
+
+    short = a brief free-text answer; yes_no = guided choice of yes / no; verdict = guided choice
+    among ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
+    when its kind is in ``detect_yes_no`` and it is phrased as a yes/no question, else short.
+    """
+
+    by_kind: dict[str, AnswerForm] = Field(
+        default_factory=lambda: {"yes-no": "yes_no", "claim": "verdict"},
+        description="the input's `kind` -> form (a missing kind is a short-answer question)")
+    by_dataset: dict[str, AnswerForm] = Field(
+        default_factory=dict, description="the input's `dataset` -> form; wins over by_kind")
+    detect_yes_no: list[str] = Field(
+        default_factory=lambda: ["multi-hop", "sub-question"],
+        description="kinds (and 'sub-question') whose questions phrased as yes/no questions ('Are both ...?', "
+                    "'Did ...?', without ' or ') are answered yes / no. On DEV outside the 200 sample the rule "
+                    "picks HotpotQA / 2Wiki questions with yes/no gold at 271/272 precision; SQuAD's "
+                    "'Were the centers profitable' has span gold, so single-hop is not in the default")
+    verdicts: list[str] = Field(
+        default_factory=lambda: ["SUPPORTS", "REFUTES"],
+        description="the choices of a verdict (FEVER's labels); add 'NOT ENOUGH INFO' for three-way claims")
+
+
 class RaisfConfig(Section):
     """RA-ISF (Liu et al.), Algorithm 1. Defaults are the paper's; the switches are Table 2's ablations."""
 
@@ -183,6 +213,12 @@ class RaisfConfig(Section):
     relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
 
+    @property
+    def max_nodes(self) -> int:
+        """Question nodes one RA-ISF tree can have: 1 + m + ... + m^D_th (a node at depth D_th answers
+        its sub-questions 'unknown' itself)."""
+        return sum(self.max_subquestions ** d for d in range(self.d_th + 1))
+
 
 class LeastToMostConfig(Section):
     """Least-to-most prompting (Zhou et al.), closed-book: decompose, solve in order, answer."""
@@ -194,7 +230,14 @@ class SelfReasoningConfig(Section):
     """Self-Reasoning (Xia et al.): one JSON trajectory (relevance, cited evidence, analysis, answer)."""
 
     k: int = Field(5, ge=1, description="passages in the trajectory's evidence (the paper: top 5)")
-    max_tokens: int = Field(384, ge=32, description="tokens for the trajectory; doubled on the one retry")
+    max_tokens: int = Field(512, ge=32, description="tokens for the trajectory; doubled on the one retry")
+    # What the trajectory may copy (the schema's maxItems / maxLength): an untuned model otherwise
+    # copies whole passages into quotes and analysis and runs out of tokens before the answer.
+    max_citations: int = Field(3, ge=1, description="entries of cite_list (at most k)")
+    quote_chars: int = Field(200, ge=1, description="characters of one cite_content")
+    reason_chars: int = Field(150, ge=1, description="characters of relevant_reason and of one cite_reason")
+    analysis_chars: int = Field(500, ge=1, description="characters of the analysis (the long answer)")
+    answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
 
 
 class ThinkActConfig(Section):
@@ -269,8 +312,19 @@ class AnswerConfig(Section):
     think_act: ThinkActConfig = Field(default_factory=ThinkActConfig)
     migres: MigresConfig = Field(default_factory=MigresConfig)
     label: LabelConfig = Field(default_factory=LabelConfig)
+    answer_form: AnswerFormConfig = Field(default_factory=AnswerFormConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _trees_fit_the_engine(self):
+        if "raisf" in self.strategies and self.raisf.max_nodes > self.engine.max_nodes_per_root:
+            raise ValueError(f"engine.max_nodes_per_root {self.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
+                             f"of raisf.d_th {self.raisf.d_th} and raisf.max_subquestions {self.raisf.max_subquestions} "
+                             f"({self.raisf.max_nodes} nodes)")
+        if "raisf" in self.strategies and self.raisf.d_th > self.engine.max_depth:
+            raise ValueError(f"engine.max_depth {self.engine.max_depth} is below raisf.d_th {self.raisf.d_th}")
+        return self
 
     @field_validator("strategies")
     @classmethod

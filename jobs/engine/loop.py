@@ -35,6 +35,7 @@ class Root:
                                      n_subquestions=0, depth=0, n_parse_failures=0)
     )
     nodes: int = 1
+    capped: bool = False  # a sub-question of this tree was not run (engine caps)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Engine:
         self.batch_failures = 0
         self.batch_splits = 0
         self.empty_answers = 0
+        self.trees_capped = 0
         self.parse_failures = 0
         self.resolved: dict[str, dict[str, int]] = {}
         self.tokens = 0  # computed by the stages (a deduplicated request counts once)
@@ -215,7 +217,7 @@ class Engine:
         root = Root(question, self.strategies[strategy_name])
         self.roots_in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.roots_in_flight)
-        node = Node(Item(question.question, kind=question.kind), root)
+        node = Node(Item(question.question, kind=question.kind, dataset=question.dataset), root)
         if question.error:
             self._finish(node, Done("", "error", error=question.error))
             return
@@ -228,11 +230,12 @@ class Engine:
                 self._finish(node, step)
                 return
             if isinstance(step, Spawn):
-                questions = self._within_caps(node, step.questions)
-                if not questions:  # the strategy's fallback: resume with no children
+                questions, dropped = self._within_caps(node, step.questions)
+                # sub-questions past a cap come back failed, in their places: the parent decides
+                node.slots, node.missing = [None] * len(questions) + dropped, len(questions)
+                if not questions:
                     step = self._resume(node)
                     continue
-                node.slots, node.missing = [None] * len(questions), len(questions)
                 root = node.root
                 root.counters["n_subquestions"] += len(questions)
                 root.counters["depth"] = max(root.counters["depth"], node.item.depth + 1)
@@ -260,15 +263,20 @@ class Engine:
                 return
             step = self._resume(node)
 
-    def _within_caps(self, node: Node, questions: list[str]) -> list[str]:
+    def _within_caps(self, node: Node, questions: list[str]) -> tuple[list[str], list[Done]]:
+        """The sub-questions that may run, and a failed result for each one past the caps."""
         if node.item.depth + 1 > self.config.max_depth:
             reason, room = "depth_cap", 0
         else:
             reason, room = "node_cap", max(0, self.config.max_nodes_per_root - node.root.nodes)
-        if len(questions) > room:
-            node.item.trace.append({"engine": reason, "dropped": questions[room:]})
-            questions = questions[:room]
-        return questions
+        if len(questions) <= room:
+            return questions, []
+        node.item.trace.append({"engine": reason, "dropped": questions[room:]})
+        if not node.root.capped:
+            node.root.capped = True
+            self.trees_capped += 1
+        field = "max_depth" if reason == "depth_cap" else "max_nodes_per_root"
+        return questions[:room], [Done("", reason, error=f"not run: past engine.{field}") for _ in questions[room:]]
 
     def _resume(self, node: Node):
         responses, node.slots = node.slots, []
@@ -345,6 +353,7 @@ class Engine:
             "batch_failures": self.batch_failures,
             "batch_splits": self.batch_splits,
             "empty_answers": self.empty_answers,
+            "trees_capped": self.trees_capped,
             "parse_failures": self.parse_failures,
             "stages": {name: s.stats.summary(wall, len(s.replicas)) for name, s in self.stages.items()},
             "resolved_by": self.resolved,

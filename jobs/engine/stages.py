@@ -14,8 +14,8 @@ from typing import Any
 
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
-from schemas.records import (Entail, Entailment, Generate, Generation, Rank, Ranking, Request, Response,
-                             Retrieval, Retrieve)
+from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Rank, Ranking, Request,
+                             Response, Retrieval, Retrieve)
 
 
 @dataclass
@@ -167,7 +167,8 @@ class GeneratorStage(Stage):
         return results[0]
 
     def failed(self, batch, error):
-        return [Generation("", error=error) for _ in batch]
+        # each request type gets its own failure: a failed judgment is an error, never a judgment
+        return [Judgment("", error=error) if isinstance(r, Judge) else Generation("", error=error) for r in batch]
 
 
 class RankerStage(Stage):

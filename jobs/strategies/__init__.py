@@ -16,16 +16,17 @@ STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastTo
 
 def make_strategy(name: str, config):
     """Build strategy ``name`` from an AnswerConfig (each reads its own section)."""
+    forms = config.answer_form
     if name == RAISF.name:
-        return RAISF(config.raisf)
+        return RAISF(config.raisf, forms)
     if name == RaisfLabels.name:
-        return RaisfLabels(config.raisf)
+        return RaisfLabels(config.raisf, forms)
     if name == LeastToMost.name:
-        return LeastToMost(config.least_to_most)
+        return LeastToMost(config.least_to_most, forms)
     if name == SelfReasoning.name:
-        return SelfReasoning(config.self_reasoning)
+        return SelfReasoning(config.self_reasoning, forms)
     if name == ThinkThenAct.name:
-        return ThinkThenAct(config.think_act)
+        return ThinkThenAct(config.think_act, forms)
     if name == MIGRES.name:
-        return MIGRES(config.migres, nli=config.nli.model is not None)
-    return STRATEGIES[name](StrategySettings(k=config.retrieval.k))
+        return MIGRES(config.migres, nli=config.nli.model is not None, forms=forms)
+    return STRATEGIES[name](StrategySettings(k=config.retrieval.k, forms=forms))

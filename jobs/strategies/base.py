@@ -13,6 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from schemas.config import AnswerFormConfig
 from schemas.records import Passage, Request, Response
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -46,6 +47,7 @@ class Item:
     question: str
     depth: int = 0
     kind: str | None = None  # the input's `kind` (e.g. "claim" for FEVER) for roots; None for sub-questions
+    dataset: str | None = None  # the input's `dataset` for roots; None for sub-questions
     state: dict[str, Any] = field(default_factory=dict)  # owned by the strategy
     passages: list[Passage] = field(default_factory=list)  # the retrieval reported in the output
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -54,9 +56,10 @@ class Item:
 
 @dataclass(frozen=True)
 class StrategySettings:
-    """What strategies read from the run config."""
+    """What the baselines read from the run config."""
 
     k: int = 5
+    forms: AnswerFormConfig = field(default_factory=AnswerFormConfig)
 
 
 class Strategy(Protocol):

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, StrategySettings, answer_messages, clean_answer, prompt
-from schemas.records import Generate
-
-
-def answer_request(user: str) -> Generate:
-    return Generate(answer_messages(user))
+from jobs.strategies.base import Ask, Done, Item, StrategySettings, prompt
+from jobs.strategies.forms import final_answer, final_request, form_of, response_text
 
 
 class Direct:
@@ -18,11 +14,12 @@ class Direct:
         self.settings = settings
 
     def start(self, item: Item) -> Ask:
-        return Ask([answer_request(prompt("direct_user").format(question=item.question))])
+        user = prompt("direct_user").format(question=item.question)
+        return Ask([final_request(user, form_of(item, self.settings.forms), self.settings.forms)])
 
     def resume(self, item: Item, responses) -> Done:
-        (gen,) = responses
-        item.trace.append({"step": "answer", "output": gen.text})
-        if gen.error:
-            return Done("", "error", error=gen.error)
-        return Done(clean_answer(gen.text), "closed_book")
+        (response,) = responses
+        item.trace.append({"step": "answer", "output": response_text(response)})
+        if response.error:
+            return Done("", "error", error=response.error)
+        return Done(final_answer(response), "closed_book")

@@ -4,9 +4,10 @@ prompt, then answer the question itself with all of them."""
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
+from jobs.strategies.base import Ask, Done, Item, answer_messages, ask, parse_failed, prompt
+from jobs.strategies.forms import SUB_QUESTION, detected_form, final_answer, final_request, form_of, response_text
 from jobs.strategies.parsing import parse_string_list, string_list_schema
-from schemas.config import LeastToMostConfig
+from schemas.config import AnswerFormConfig, LeastToMostConfig
 from schemas.records import Generate
 
 
@@ -14,8 +15,9 @@ class LeastToMost:
     name = "least_to_most"
     stages = frozenset({"generator"})
 
-    def __init__(self, config: LeastToMostConfig):
+    def __init__(self, config: LeastToMostConfig, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
         self.schema = string_list_schema("sub_questions", config.max_subquestions)
 
     def start(self, item: Item) -> Ask:
@@ -38,16 +40,17 @@ class LeastToMost:
             item.state.update(phase="solve", subs=subs)
             item.counts["subquestions"] = len(subs)
         else:
-            answer = clean_answer(gen.text)
-            item.trace.append({"step": item.state["phase"], "output": gen.text})
+            answer = final_answer(gen)
+            item.trace.append({"step": item.state["phase"], "output": response_text(gen)})
             if item.state["phase"] == "final":
                 return Done(answer, "decomposition" if item.state["pairs"] else "closed_book")
             item.state["pairs"].append((item.state["subs"][len(item.state["pairs"])], answer))
         pairs, subs = item.state["pairs"], item.state["subs"]
         if len(pairs) < len(subs):
-            return Ask([self._step(pairs, subs[len(pairs)])])
-        return ask(item, "final", [self._step(pairs, item.question)])
+            sub = subs[len(pairs)]
+            return Ask([self._step(pairs, sub, detected_form(sub, SUB_QUESTION, self.forms))])
+        return ask(item, "final", [self._step(pairs, item.question, form_of(item, self.forms))])
 
-    def _step(self, pairs, question) -> Generate:
+    def _step(self, pairs, question, form):
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
-        return Generate(answer_messages(prompt("ltm_step").format(solved=solved, question=question)))
+        return final_request(prompt("ltm_step").format(solved=solved, question=question), form, self.forms)

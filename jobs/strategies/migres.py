@@ -17,40 +17,59 @@ Deviations (no weights offline): the re-rank model is the ``ranker`` stage (bi-e
 so delta is on the cosine scale, not BGE-reranker logits; a CrossEncoder can be configured:
 ``reranker.model``); entailment is the judge model unless an NLI cross-encoder is configured
 (``nli.model``, the paper used T5-xxl-NLI). When T is reached without an
-answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``).
+answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``;
+``no_new_query`` when the query generator asked nothing new before T). Answers are in the question's
+form (forms.py): for yes/no questions and claims the main module chooses among the form's answers
+and "unanswerable". The structured outputs' strings are bounded so that a small model finishes them.
 """
 
 from __future__ import annotations
 
-import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, create_model
 
 from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
+from jobs.strategies.forms import choices, final_answer, final_request, form_of, response_text
 from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
-from schemas.config import MigresConfig
+from jobs.strategies.structured import schema_of
+from schemas.config import AnswerFormConfig, MigresConfig
 from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
 
 UNANSWERABLE = "unanswerable"
 
-LEAF_SCHEMA = json.dumps({"type": "object", "required": ["useful_information"], "properties": {
-    "useful_information": {"type": "array", "maxItems": 5, "items": {
-        "type": "object", "required": ["info", "support_passages"], "properties": {
-            "info": {"type": "string"},
-            "support_passages": {"type": "array", "items": {"type": "integer"}, "maxItems": 5}}}}}},
-    sort_keys=True)
-MAIN_SCHEMA = json.dumps({"type": "object", "required": ["answer", "confidence", "explanation", "missing_information"],
-                          "properties": {"answer": {"type": "string"},
-                                         "confidence": {"type": "integer", "minimum": 1, "maximum": 5},
-                                         "explanation": {"type": "string"},
-                                         "missing_information": {"type": "string"}}}, sort_keys=True)
+
+class Statement(BaseModel):
+    info: Annotated[str, Field(max_length=240)]
+    support_passages: Annotated[list[int], Field(max_length=5)]
+
+
+class Leaf(BaseModel):
+    """The leaf module's output (Appendix D), in the paper's field order."""
+
+    useful_information: Annotated[list[Statement], Field(max_length=5)]
+
+
+def main_model(answers: tuple[str, ...] | None) -> type[BaseModel]:
+    """The main module's output in the paper's field order; ``answers`` closes the answer set."""
+    answer = Literal[answers + (UNANSWERABLE,)] if answers else Annotated[str, Field(max_length=80)]
+    return create_model("Main", answer=(answer, ...), confidence=(int, Field(ge=1, le=5)),
+                        explanation=(Annotated[str, Field(max_length=300)], ...),
+                        missing_information=(Annotated[str, Field(max_length=200)], ...))
+
+
+LEAF_SCHEMA = schema_of(Leaf)
 
 
 class MIGRES:
     name = "migres"
     stages = frozenset({"generator", "judge", "retriever", "ranker"})
 
-    def __init__(self, config: MigresConfig, nli: bool = False):
+    def __init__(self, config: MigresConfig, nli: bool = False, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
+        self.main_schemas: dict[str, str] = {}  # by answer form
         self.nli = nli  # verify entailment on the NLI cross-encoder pool instead of the judge
         if nli:
             self.stages = self.stages | {"nli"}
@@ -162,9 +181,12 @@ class MIGRES:
         return " ".join(i["info"] for i in item.state["info"]) or "(none)"
 
     def _main(self, item, max_tokens=160):
+        form = form_of(item, self.forms)
+        if form not in self.main_schemas:
+            self.main_schemas[form] = schema_of(main_model(choices(form, self.forms)))
         user = prompt("migres_main").format(information=self._information(item), question=item.question)
         return ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                           json_schema=MAIN_SCHEMA)])
+                                           json_schema=self.main_schemas[form])])
 
     def _after_main(self, item, responses):
         obj = parse_json_object(responses[0].text) or {}
@@ -180,7 +202,7 @@ class MIGRES:
         if answer.strip() and UNANSWERABLE not in answer.lower():
             return self._done(item, clean_answer(answer), "answered")
         if item.state["t"] + 1 >= self._max_iterations(item):
-            return self._final(item)
+            return self._final(item, "max_iterations")
         item.state["missing"] = missing or item.question
         return self._query(item, 120)
 
@@ -200,16 +222,19 @@ class MIGRES:
         if not new:  # memory: nothing new to ask; the missing information itself is the query
             new = [item.state["missing"]] if item.state["missing"].strip().lower() not in seen else []
         if not new:
-            return self._final(item)
+            return self._final(item, "no_new_query")
         item.state["t"] += 1
         return self._retrieve(item, new)
 
-    def _final(self, item):
+    def _final(self, item, ending):
+        """The closing answer from the gathered information, when the loop ends unanswered."""
+        item.state["ending"] = ending
         user = prompt("migres_final").format(information=self._information(item), question=item.question)
-        return ask(item, "final", [Generate(answer_messages(user))])
+        return ask(item, "final", [final_request(user, form_of(item, self.forms), self.forms)])
 
     def _after_final(self, item, responses):
-        return self._done(item, clean_answer(responses[0].text), "max_iterations")
+        item.state["iterations"][-1]["final"] = response_text(responses[0])
+        return self._done(item, final_answer(responses[0]), item.state["ending"])
 
     def _max_iterations(self, item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from jobs.strategies.base import (Ask, Done, Item, StrategySettings, clean_answer,
-                                  format_passages, prompt)
-from jobs.strategies.direct import answer_request
+from jobs.strategies.base import Ask, Done, Item, StrategySettings, format_passages, prompt
+from jobs.strategies.forms import final_answer, final_request, form_of, response_text
 from schemas.records import Retrieve
 
 
@@ -27,11 +26,10 @@ class RetrieveThenRead:
             item.passages = response.passages
             item.trace.append({"step": "retrieve", "ids": [p.id for p in response.passages]})
             item.state["phase"] = "read"
-            user = prompt("rag_user").format(
-                passages=format_passages(response.passages), question=item.question
-            )
-            return Ask([answer_request(user)])
-        item.trace.append({"step": "read", "output": response.text})
+            user = prompt("rag_user").format(passages=format_passages(response.passages), question=item.question)
+            return Ask([final_request(user, form_of(item, self.settings.forms), self.settings.forms)])
+        item.trace.append({"step": "read", "output": response_text(response)})
         if response.error:
             return Done("", "error", error=response.error)
-        return Done(clean_answer(response.text), "passages", [p.id for p in item.passages])
+        # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
+        return Done(final_answer(response), "passages")

@@ -8,18 +8,23 @@
         Q_sub = M_decom(q); a_i = Problem-solving(q_i, iter + 1)
                                          -> M(q, Q_sub, A_sub)           resolved_by=decomposition
 
-Sub-questions are child items on the engine (so all nodes of all trees batch together). Binary
-judgments use P('yes') of the first token against a threshold (``judge_by=logprob``) or the guided
-label. Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage relevance
-(decompose when the model does not know), no decomposition ("unknown" when nothing is relevant).
+Sub-questions are child items on the engine (so all nodes of all trees batch together); a node at
+depth D_th answers its sub-questions "unknown" itself (they would be past D_th) instead of spawning
+them, so a tree has at most 1 + m + ... + m^D_th nodes for m = ``max_subquestions``. A sub-question
+the engine could not run (its node cap) or that failed is "unknown" too. Binary judgments use
+P('yes') of the first token against a threshold (``judge_by=logprob``) or the guided label; a
+judgment that failed is an error, never a "no". Every answer M(...) is in the question's form
+(forms.py). Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage
+relevance (decompose when the model does not know), no decomposition ("unknown" when nothing is
+relevant).
 """
 
 from __future__ import annotations
 
-from jobs.strategies.base import (Done, Item, Spawn, answer_messages, ask, clean_answer,
-                                  format_passages, parse_failed, prompt)
+from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, format_passages, parse_failed, prompt
+from jobs.strategies.forms import final_answer, final_request, form_of, response_text
 from jobs.strategies.parsing import parse_string_list, string_list_schema
-from schemas.config import RaisfConfig
+from schemas.config import AnswerFormConfig, RaisfConfig
 from schemas.records import Generate, Judge, Judgment, Retrieve
 
 UNKNOWN = "unknown"
@@ -30,8 +35,9 @@ class RAISF:
     name = "raisf"
     stages = frozenset({"generator", "judge", "retriever"})
 
-    def __init__(self, config: RaisfConfig):
+    def __init__(self, config: RaisfConfig, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
         self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
 
     # Each phase handler gets the responses to the requests the previous phase asked for.
@@ -49,13 +55,14 @@ class RAISF:
 
     def _after_know(self, item, responses):
         (judgment,) = responses
+        if judgment.error:
+            return Done("", "error", error=judgment.error)
         p_yes = self._p_yes(judgment)
         knows = p_yes >= self.config.know_threshold
         item.trace.append({"step": "self_knowledge", "p_yes": round(p_yes, 4), "label": judgment.label,
                            "know": knows})
         if knows:
-            user = prompt("raisf_answer").format(question=item.question)
-            return ask(item, "answer_closed", [Generate(answer_messages(user))])
+            return self._answer(item, "answer_closed", prompt("raisf_answer").format(question=item.question))
         if self.config.passage_relevance:
             return self._retrieve(item)
         return self._decompose(item)
@@ -80,6 +87,9 @@ class RAISF:
         return ask(item, "relevance", judges) if judges else self._no_relevant(item)
 
     def _after_relevance(self, item, responses):
+        failed = next((j.error for j in responses if j.error), None)
+        if failed:
+            return Done("", "error", error=failed)
         scores = [self._p_yes(j) for j in responses]
         relevant = [p for p, s in zip(item.passages, scores) if s >= self.config.relevance_threshold]
         item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
@@ -91,8 +101,8 @@ class RAISF:
 
     def _answer_from(self, item, passages):
         user = prompt("raisf_answer_passages").format(passages=format_passages(passages), question=item.question)
-        item.state["cited"] = [p.id for p in passages]
-        return ask(item, "answer_passages", [Generate(answer_messages(user))])
+        item.state["cited"] = [p.id for p in passages]  # the evidence M_rel chose: RA-ISF's citations
+        return self._answer(item, "answer_passages", user)
 
     def _after_answer_passages(self, item, responses):
         return self._done(item, responses[0], "passages", item.state["cited"])
@@ -119,34 +129,41 @@ class RAISF:
         subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
         item.state["subs"] = subs
-        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {})
-            return self._synthesize(item, [])
+        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q)
+            return self._answer(item, "synthesize", prompt("raisf_answer").format(question=item.question))
+        if item.depth + 1 > self.config.d_th:  # Problem-solving(q_i, iter + 1) with iter + 1 > D_th
+            item.trace.append({"step": "depth_cap", "depth": item.depth + 1, "sub_questions": len(subs)})
+            return self._synthesize(item, [(q, UNKNOWN) for q in subs])
         item.state["phase"] = "children"
         return Spawn(subs)
 
     def _after_children(self, item, children: list[Done]):
-        # The engine may drop sub-questions past its node cap: answer from those that ran.
-        return self._synthesize(item, list(zip(item.state["subs"], (c.answer for c in children))))
+        # a sub-question that failed, or that the engine did not run (its node cap), is unknown
+        answers = [c.answer if c.answer and not c.error else UNKNOWN for c in children]
+        return self._synthesize(item, list(zip(item.state["subs"], answers)))
 
     def _synthesize(self, item, pairs):
         lines = "\n".join(f"Sub-question {i}: {q}\nAnswer {i}: {a}" for i, (q, a) in enumerate(pairs, 1))
-        user = prompt("raisf_synthesize").format(pairs=lines or "(no sub-questions)", question=item.question)
-        return ask(item, "synthesize", [Generate(answer_messages(user))])
+        return self._answer(item, "synthesize", prompt("raisf_synthesize").format(pairs=lines, question=item.question))
 
     def _after_synthesize(self, item, responses):
         return self._done(item, responses[0], "decomposition")
 
     # helpers
 
+    def _answer(self, item, phase, user):
+        """M(...): the answer step, in the form the question asks."""
+        return ask(item, phase, [final_request(user, form_of(item, self.forms), self.forms)])
 
     def _p_yes(self, judgment: Judgment) -> float:
         return p_yes(judgment, self.config.judge_by)
 
-    def _done(self, item, gen, resolved_by, citations=()):
-        item.trace.append({"step": resolved_by, "output": gen.text})
-        if gen.error:
-            return Done("", "error", error=gen.error)
-        return Done(clean_answer(gen.text), resolved_by, list(citations))
+    def _done(self, item, response, resolved_by, citations=()):
+        item.trace.append({"step": resolved_by, "output": response_text(response)})
+        if response.error:
+            return Done("", "error", error=response.error)
+        return Done(final_answer(response), resolved_by, list(citations))
+
 
 
 def judge_request(user: str) -> Judge:
@@ -154,9 +171,10 @@ def judge_request(user: str) -> Judge:
 
 
 def p_yes(judgment: Judgment, judge_by: str) -> float:
-    """P('yes') of a binary judgment: its first-token estimate, or 1/0 from the guided label."""
+    """P('yes') of a binary judgment: its first-token estimate, or 1/0 from the guided label.
+    A failed judgment has no P('yes'): callers check ``judgment.error`` first."""
     if judgment.error:
-        return 0.0
+        raise ValueError(f"a failed judgment has no P('yes'): {judgment.error}")
     if judge_by == "label":
         return float(judgment.label.strip().lower() == "yes")
     return judgment.prob("yes")

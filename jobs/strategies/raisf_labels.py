@@ -12,10 +12,11 @@ judgments follow. The final answer is the closed-book one; the labels are in the
 
 from __future__ import annotations
 
-from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer, prompt
+from jobs.strategies.base import Done, Item, answer_messages, ask, prompt
+from jobs.strategies.forms import final_answer, final_request, form_of, response_text
 from jobs.strategies.parsing import parse_string_list, string_list_schema
 from jobs.strategies.raisf import DECOMPOSE_TOKENS, judge_request, p_yes
-from schemas.config import RaisfConfig
+from schemas.config import AnswerFormConfig, RaisfConfig
 from schemas.records import Generate, Retrieve
 
 
@@ -23,12 +24,14 @@ class RaisfLabels:
     name = "raisf_labels"
     stages = frozenset({"generator", "judge", "retriever"})
 
-    def __init__(self, config: RaisfConfig):
+    def __init__(self, config: RaisfConfig, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
         self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
 
     def start(self, item: Item):
-        closed = Generate(answer_messages(prompt("raisf_answer").format(question=item.question)))
+        closed = final_request(prompt("raisf_answer").format(question=item.question), form_of(item, self.forms),
+                               self.forms)
         decompose = Generate(answer_messages(prompt("raisf_decompose").format(question=item.question), system=None),
                              max_tokens=DECOMPOSE_TOKENS, json_schema=self.decompose_schema)
         return ask(item, "collect", [closed, Retrieve(item.question, self.config.k), decompose])
@@ -40,8 +43,8 @@ class RaisfLabels:
         closed, retrieval, decomposed = responses
         if closed.error:
             return Done("", "error", error=closed.error)
-        item.state["answer"] = clean_answer(closed.text)
-        item.trace.append({"step": "closed_book", "output": closed.text})
+        item.state["answer"] = final_answer(closed)
+        item.trace.append({"step": "closed_book", "output": response_text(closed)})
         if not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
             if not ok:
@@ -57,9 +60,10 @@ class RaisfLabels:
             for p in retrieval.passages])
 
     def _after_relevance(self, item, judgments):
-        scores = [p_yes(j, self.config.judge_by) for j in judgments]
-        item.trace.append({"step": "relevance", "p_yes": [round(p, 4) for p in scores],
-                           "relevant": [p >= self.config.relevance_threshold for p in scores]})
+        # a failed judgment is no label: None, skipped by the label job
+        scores = [None if j.error else round(p_yes(j, self.config.judge_by), 4) for j in judgments]
+        item.trace.append({"step": "relevance", "p_yes": scores,
+                           "relevant": [None if p is None else p >= self.config.relevance_threshold for p in scores]})
         return self._done(item)
 
     def _done(self, item):

@@ -5,25 +5,34 @@
     TAP  analysis (long answer with [n] citations) + answer (<= 10 words)
 
 The paper fine-tunes a model to write this trajectory; here the prompt is its GPT-4 instruction
-(Appendix, Figures 5 and 6) and vLLM decodes it under a JSON schema. Irrelevant evidence -> the
-answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). FEVER-style claims
-(``kind=claim``) use the fact-verification variant. A trajectory that does not parse is retried once
-with twice the tokens; then the fallback is a plain read of the same passages (for a claim, a judgment
-among the three verdicts, so that a claim never gets a free-text answer).
+(Appendix, Figures 5 and 6) and vLLM decodes it under a JSON schema whose fields are in that order
+(relevance, then evidence, then analysis, then the answer: the model reasons before it answers).
+What the trajectory may copy is bounded (``self_reasoning.max_citations``, ``*_chars``): an untuned
+model otherwise spends its tokens copying whole passages into the quotes and the analysis and never
+reaches the answer. The answer is in the question's form (forms.py): yes / no, a verdict for
+``kind=claim`` (the fact-verification variant), else a short answer. Irrelevant evidence -> the
+answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). A trajectory that
+does not parse is retried once with twice the tokens; then the fallback is a plain read of the same
+passages, in the same form.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from typing import Annotated, Literal
 
-from jobs.strategies.base import (Ask, Done, Item, answer_messages, ask, clean_answer, format_passages,
-                                  parse_failed, prompt)
-from jobs.strategies.parsing import parse_json_object
-from schemas.config import SelfReasoningConfig
-from schemas.records import Generate, Judge, Judgment, Retrieve
+from pydantic import BaseModel, Field, create_model
 
+from jobs.strategies.base import (Done, Item, answer_messages, ask, clean_answer, format_passages, parse_failed,
+                                  prompt)
+from jobs.strategies.forms import VERDICT, YES_NO, choices, final_answer, final_request, form_of, response_text
+from jobs.strategies.structured import parse_as, schema_of
+from schemas.config import AnswerFormConfig, SelfReasoningConfig
+from schemas.records import Generate, Retrieve
+
+# the paper's verdict words and FEVER's labels
 VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT ENOUGH INFO"}
+_PAPER_WORD = {label: word for word, label in VERDICTS.items()}
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
@@ -32,31 +41,39 @@ def verdict(said: str) -> str:
     return VERDICTS.get(said.strip().upper(), said)
 
 
-def trajectory_prompt(question: str, passages, claim: bool) -> str:
+def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfig) -> str:
     """The instruction a trajectory is written to (also the prompt of its training label)."""
-    return prompt("selfreason_fever" if claim else "selfreason_qa").format(
-        passages=format_passages(passages), question=question)
+    if form == VERDICT:
+        words = [_PAPER_WORD.get(v, v) for v in forms.verdicts]
+        return prompt("selfreason_fever").format(passages=format_passages(passages), question=question,
+                                                 verdicts=" / ".join(words),
+                                                 not_enough=prompt("selfreason_fever_nei" if "NOT ENOUGH INFO" in words
+                                                                   else "selfreason_fever_decide"))
+    answer = "yes or no" if form == YES_NO else "no more than 10 words"
+    return prompt("selfreason_qa").format(passages=format_passages(passages), question=question, answer=answer)
 
 
-def trajectory_schema(k: int, claim: bool) -> str:
-    answer = {"type": "string", "enum": list(VERDICTS)} if claim else {"type": "string"}
-    cite = {"type": "object", "required": ["cite_index", "cite_content", "cite_reason"], "properties": {
-        "cite_index": {"type": "integer", "minimum": 1, "maximum": k},
-        "cite_content": {"type": "string"}, "cite_reason": {"type": "string"}}}
-    return json.dumps({"type": "object", "required": ["relevant", "relevant_reason", "cite_list", "analysis", "answer"],
-                       "properties": {"relevant": {"type": "boolean"}, "relevant_reason": {"type": "string"},
-                                      "cite_list": {"type": "array", "items": cite, "maxItems": k},
-                                      "analysis": {"type": "string"}, "answer": answer}}, sort_keys=True)
+def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReasoningConfig) -> type[BaseModel]:
+    """The trajectory as a pydantic model, fields in the paper's order (RAP, EAP, TAP)."""
+    reason = Annotated[str, Field(max_length=config.reason_chars)]
+    citation = create_model("Citation", cite_index=(int, Field(ge=1, le=k)),
+                            cite_content=(str, Field(max_length=config.quote_chars)), cite_reason=(reason, ...))
+    answer = Literal[answers] if answers else Annotated[str, Field(max_length=config.answer_chars)]
+    return create_model("Trajectory", relevant=(bool, ...), relevant_reason=(reason, ...),
+                        cite_list=(list[citation], Field(max_length=min(k, config.max_citations))),
+                        analysis=(str, Field(max_length=config.analysis_chars)), answer=(answer, ...))
 
 
 class SelfReasoning:
     name = "self_reasoning"
-    stages = frozenset({"generator", "judge", "retriever"})
+    stages = frozenset({"generator", "retriever"})
 
-    def __init__(self, config: SelfReasoningConfig):
+    def __init__(self, config: SelfReasoningConfig, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
+        self._models: dict[tuple, tuple[type[BaseModel], str]] = {}  # (model, schema) by (k, answers)
 
-    def start(self, item: Item) -> Ask:
+    def start(self, item: Item):
         return ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
 
     def resume(self, item: Item, responses):
@@ -70,51 +87,53 @@ class SelfReasoning:
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
         return self._trajectory(item, self.config.max_tokens)
 
+    def _model(self, item) -> tuple[type[BaseModel], str]:
+        form = form_of(item, self.forms)
+        answers = choices(form, self.forms)
+        if form == VERDICT:
+            answers = tuple(_PAPER_WORD.get(v, v) for v in answers)
+        key = (max(1, len(item.passages)), answers)
+        if key not in self._models:
+            model = trajectory_model(*key, self.config)
+            self._models[key] = model, schema_of(model)
+        return self._models[key]
+
     def _trajectory(self, item, max_tokens):
-        claim = item.kind == "claim"
-        user = trajectory_prompt(item.question, item.passages, claim)
+        user = trajectory_prompt(item.question, item.passages, form_of(item, self.forms), self.forms)
         return ask(item, "trajectory", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                 json_schema=trajectory_schema(max(1, len(item.passages)), claim))])
+                                                 json_schema=self._model(item)[1])])
 
     def _after_trajectory(self, item, gen):
-        t = parse_json_object(gen.text)
-        answer = t.get("answer") if t else None
-        if not isinstance(answer, str) or not answer.strip():
+        t = parse_as(self._model(item)[0], gen.text)
+        if t is None or not t.answer.strip():
             if parse_failed(item, "trajectory", gen.text):
                 return self._trajectory(item, 2 * self.config.max_tokens)
             item.trace.append({"step": "trajectory", "parsed": False, "output": gen.text})
             return self._read(item)
-        relevant = t.get("relevant") is not False
-        cited = self._citations(item, t) if relevant else []
-        item.trace.append({"step": "trajectory", "relevant": relevant, "relevant_reason": t.get("relevant_reason"),
-                           "cite_list": t.get("cite_list"), "analysis": t.get("analysis"), "answer": answer})
-        answer = verdict(answer) if item.kind == "claim" else clean_answer(answer)
-        return Done(answer, "passages" if relevant else "internal_knowledge", cited)
+        cited = self._citations(item, t) if t.relevant else []
+        item.trace.append({"step": "trajectory", **t.model_dump(), "output": gen.text})
+        form = form_of(item, self.forms)
+        answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
+        return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
 
     def _citations(self, item, t) -> list[str]:
         """Passage ids cited in cite_list or as [n] in the analysis, in order, valid indices only."""
-        indices = [c.get("cite_index") for c in t.get("cite_list") or [] if isinstance(c, dict)]
-        for group in _CITE.findall(str(t.get("analysis") or "")):
+        indices = [c.cite_index for c in t.cite_list]
+        for group in _CITE.findall(t.analysis):
             indices += [int(n) for n in group.split(",")]
         ids = []
         for n in indices:
-            if isinstance(n, int) and 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:
+            if 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:
                 ids.append(item.passages[n - 1].id)
         return ids
 
     def _read(self, item):
-        passages = format_passages(item.passages)
-        if item.kind == "claim":
-            user = prompt("selfreason_fever_read").format(passages=passages, question=item.question)
-            return ask(item, "read", [Judge((("user", user),), tuple(VERDICTS))])
-        user = prompt("rag_user").format(passages=passages, question=item.question)
-        return ask(item, "read", [Generate(answer_messages(user))])
+        form = form_of(item, self.forms)
+        name = "selfreason_fever_read" if form == VERDICT else "rag_user"
+        user = prompt(name).format(passages=format_passages(item.passages), question=item.question)
+        return ask(item, "read", [final_request(user, form, self.forms)])
 
     def _after_read(self, item, response):
-        if isinstance(response, Judgment):
-            item.trace.append({"step": "fallback_verdict", "label": response.label, "probs": response.probs})
-            answer = verdict(response.label)
-        else:
-            item.trace.append({"step": "fallback_read", "output": response.text})
-            answer = clean_answer(response.text)
-        return Done(answer, "fallback", [p.id for p in item.passages])
+        item.trace.append({"step": "fallback_read", "output": response_text(response)})
+        # a plain read cites nothing: its passages are the retrieval, not citations
+        return Done(final_answer(response), "fallback")

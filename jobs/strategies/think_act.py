@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.filtering import sentences
+from jobs.strategies.forms import final_answer, final_request, form_of, response_text
 from jobs.strategies.parsing import parse_string_list, string_list_schema
-from schemas.config import ThinkActConfig
+from schemas.config import AnswerFormConfig, ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
@@ -27,8 +28,9 @@ class ThinkThenAct:
     name = "think_act"
     stages = frozenset({"generator", "judge", "retriever", "ranker"})
 
-    def __init__(self, config: ThinkActConfig):
+    def __init__(self, config: ThinkActConfig, forms: AnswerFormConfig | None = None):
         self.config = config
+        self.forms = forms or AnswerFormConfig()
         self.split_schema = string_list_schema("sub_questions", config.max_subqueries)
 
     def start(self, item: Item):
@@ -82,13 +84,10 @@ class ThinkThenAct:
     def _after_children(self, item, children):
         pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}"
                           for i, (q, c) in enumerate(zip(item.state["subs"], children), 1))
-        item.state["cited"] = list(dict.fromkeys(p for c in children for p in c.citations))
-        user = prompt("ta_aggregate").format(pairs=pairs, question=item.question)
-        return ask(item, "aggregate", [Generate(answer_messages(user))])
+        return self._answer(item, "aggregate", prompt("ta_aggregate").format(pairs=pairs, question=item.question))
 
-    def _after_aggregate(self, item, gen):
-        item.trace.append({"step": "aggregate", "output": gen.text})
-        return Done(clean_answer(gen.text), "sub_queries", item.state["cited"])
+    def _after_aggregate(self, item, response):
+        return self._done(item, "aggregate", response, "sub_queries")
 
     def _capability(self, item):
         query = item.state["query"]
@@ -111,8 +110,7 @@ class ThinkThenAct:
                            "label": label, "retrieve": retrieve})
         if retrieve:
             return ask(item, "retrieve", [Retrieve(item.state["query"], self.config.k)])
-        user = prompt("direct_user").format(question=item.state["query"])
-        return ask(item, "answer_closed", [Generate(answer_messages(user))])
+        return self._answer(item, "answer_closed", prompt("direct_user").format(question=item.state["query"]))
 
     def _after_retrieve(self, item, retrieval):
         item.passages = retrieval.passages
@@ -130,18 +128,23 @@ class ThinkThenAct:
         return self._answer_with(item, chosen)
 
     def _answer_with(self, item, chosen):
-        item.state["cited"] = list(dict.fromkeys(pid for pid, _ in chosen))
         context = "\n".join(f"- {s}" for _, s in chosen) or "(nothing found)"
-        user = prompt("ta_answer_context").format(context=context, question=item.state["query"])
-        return ask(item, "answer_context", [Generate(answer_messages(user))])
+        return self._answer(item, "answer_context",
+                            prompt("ta_answer_context").format(context=context, question=item.state["query"]))
 
-    def _after_answer_context(self, item, gen):
-        item.trace.append({"step": "answer", "output": gen.text})
-        return Done(clean_answer(gen.text), "retrieval", item.state["cited"])
+    def _after_answer_context(self, item, response):
+        return self._done(item, "answer", response, "retrieval")
 
-    def _after_answer_closed(self, item, gen):
-        item.trace.append({"step": "answer", "output": gen.text})
-        return Done(clean_answer(gen.text), "closed_book")
+    def _after_answer_closed(self, item, response):
+        return self._done(item, "answer", response, "closed_book")
+
+    def _answer(self, item, phase, user):
+        """The answer step, in the form the (user's) question asks."""
+        return ask(item, phase, [final_request(user, form_of(item, self.forms), self.forms)])
+
+    def _done(self, item, step, response, resolved_by):
+        item.trace.append({"step": step, "output": response_text(response)})
+        return Done(final_answer(response), resolved_by)
 
 
 

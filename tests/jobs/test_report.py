@@ -56,8 +56,10 @@ def test_report_has_every_plot_and_the_scores(run_dir, tmp_path):
     out = tmp_path / "report.html"
     assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
     page = out.read_text()
-    assert [i.size[0] > 300 for i in images(page)] == [True] * 5  # accuracy, resolution, cost, depth, utilisation
-    for title in ("Accuracy", "How questions were resolved", "Cost per question", "Sub-question depth", "Stage utilisation"):
+    # accuracy, resolution, the cost-quality plane, cost, depth, utilisation
+    assert [i.size[0] > 300 for i in images(page)] == [True] * 6
+    for title in ("Accuracy", "How questions were resolved", "Cost and quality", "Cost per question",
+                  "Sub-question depth", "Stage utilisation"):
         assert f"<h2>{title}</h2>" in page
     # raisf: 2/2 correct overall, the decomposition module resolved b (50% of questions) correctly
     assert "<td>raisf</td><td>ALL</td><td>2</td><td>100.0</td>" in page
@@ -75,7 +77,7 @@ def test_several_runs_are_labelled_and_a_run_without_metrics_has_no_utilisation_
     assert main(["--runs", str(run), str(other), "--questions", str(questions), "--out", str(out)]) == 0
     page = out.read_text()
     assert "<td>run/rag</td>" in page and "<td>other/raisf</td>" in page
-    assert len(images(page)) == 4 and "Stage utilisation" not in page
+    assert len(images(page)) == 5 and "Stage utilisation" not in page
 
 
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):

@@ -131,10 +131,12 @@ class Wide:
         return Spawn([f"{item.question}.{i}" for i in range(5)])
 
     def resume(self, item, children):
-        return Done(f"{len(children)} children", "decomposition")
+        ran = [c for c in children if c.error is None]
+        assert all(c.resolved_by in ("node_cap", "depth_cap") for c in children if c.error)
+        return Done(f"{len(ran)} of {len(children)} children", "decomposition")
 
 
-def test_node_and_depth_caps_bound_trees_and_resume_with_fewer_children(ray_session):
+def test_node_and_depth_caps_bound_trees_and_give_the_parent_its_dropped_children_as_failed(ray_session):
     rows = []
     gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
     engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},
@@ -142,9 +144,11 @@ def test_node_and_depth_caps_bound_trees_and_resume_with_fewer_children(ray_sess
     engine.run([Question("r", "Q")], ["wide"])
     (row,) = rows
     assert row["n_subquestions"] == 11  # the root plus 11 children hit the cap of 12 nodes
-    assert row["answer"] == "5 children" and row["depth"] <= 3 and row["error"] is None
+    assert row["answer"] == "5 of 5 children" and row["depth"] <= 3 and row["error"] is None
     trace = json.loads(row["trace"])
     assert any(t.get("engine") == "node_cap" for t in _walk(trace))
+    assert {t["answer"] for t in _walk(trace) if "child" in t} >= {"5 of 5 children", "1 of 5 children"}
+    assert engine.metrics()["trees_capped"] == 1
 
     rows.clear()
     engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},

@@ -32,3 +32,16 @@ def test_a_poison_request_in_a_batch_of_eight_is_isolated_in_a_bounded_number_of
         else:
             queue.extend(plan)
     assert isolated == [[5]] and failures == 2 + 2 + 3  # whole twice, halves of 4 and 2, then alone 3 times
+
+
+def test_a_failed_generator_batch_answers_each_request_with_its_own_failure_type():
+    # a failed judgment must stay an error: answered with a Generation it crashed RA-ISF's
+    # self-knowledge step and counted as "irrelevant" in its relevance step
+    from jobs.engine.stages import GeneratorStage
+    from schemas.config import StageBatching
+    from schemas.records import Generate, Generation, Judge, Judgment
+
+    failed = GeneratorStage([object()], StageBatching()).failed(
+        [Judge((("user", "q"),)), Generate((("user", "q"),))], "generator failed 3 times")
+    assert [type(r) for r in failed] == [Judgment, Generation]
+    assert all(r.error == "generator failed 3 times" for r in failed)

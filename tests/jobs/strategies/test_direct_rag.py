@@ -14,7 +14,7 @@ def test_direct_asks_once_and_cleans_the_answer():
     assert done == Done("William Shakespeare", "closed_book")
 
 
-def test_rag_retrieves_k_then_reads_the_passages_in_order():
+def test_rag_retrieves_k_then_reads_the_passages_in_order_and_cites_nothing():
     s = STRATEGIES["rag"](StrategySettings(k=2))
     item = Item("capital of France?")
     step = s.start(item)
@@ -24,7 +24,8 @@ def test_rag_retrieves_k_then_reads_the_passages_in_order():
     prompt = step.requests[0].messages[-1][1]
     assert prompt.index("[1] France: Paris") < prompt.index("[2] Lyon") < prompt.index("capital of France?")
     done = s.resume(item, [Generation("Paris", 100, 1)])
-    assert done.answer == "Paris" and done.resolved_by == "passages" and done.citations == ["p1", "p2"]
+    # the reader cites nothing: its passages are the retrieval (retrieved_ids), not citations
+    assert done.answer == "Paris" and done.resolved_by == "passages" and done.citations == []
     assert item.passages == passages
 
 

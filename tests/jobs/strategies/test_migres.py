@@ -4,7 +4,7 @@ sentence level, knowledge prompting, entailment check, memory, and the iteration
 import json
 
 from jobs.strategies.base import Item
-from jobs.strategies.migres import LEAF_SCHEMA, MAIN_SCHEMA, MIGRES
+from jobs.strategies.migres import LEAF_SCHEMA, MIGRES
 from schemas.config import MigresConfig
 from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Passage, Rank, Ranking,
                              Retrieval, Retrieve)
@@ -13,6 +13,10 @@ from tests.jobs.strategies.scripted import drive
 FILM = Passage("film", "Levity", "Levity is a 2003 film. It was directed by Ed Solomon.", 0.9)
 BIO = Passage("bio", "Ed Solomon", "Ed Solomon is an American screenwriter. He was born in 1960.", 0.8)
 NOISE = Passage("noise", "Other", "Unrelated text here. Nothing useful.", 0.7)
+
+
+def is_main(request) -> bool:
+    return isinstance(request, Generate) and "missing_information" in (request.json_schema or "")
 
 
 class Script:
@@ -33,6 +37,8 @@ class Script:
             scores = [self.scores.get(t, 0.5) for t in request.texts]
             order = sorted(range(len(scores)), key=lambda i: -scores[i])[: request.top]
             return Ranking(order, [scores[i] for i in order])
+        if isinstance(request, Judge) and request.stage == "generator":  # a closing answer in a choice form
+            return Judgment("no", {"yes": 0.3, "no": 0.7}, 10, 1)
         if isinstance(request, Judge):
             statement = request.messages[-1][1].split("Hypothesis: ")[1].split("\n")[0]
             p = 0.9 if self.entailed(statement) else 0.1
@@ -45,7 +51,7 @@ class Script:
                      (("Levity was directed by Ed Solomon.", "directed by"), ("Ed Solomon is American.", "American"))
                      if key in user and self.extract]
             return Generation(json.dumps({"useful_information": facts}), 100, 20)
-        if request.json_schema == MAIN_SCHEMA:
+        if is_main(request):
             self.main_prompts.append(user)
             known = "Ed Solomon is American." in user or "LLM says American" in user
             answer = "American" if known else "unanswerable"
@@ -107,7 +113,7 @@ def test_memory_suppresses_used_passages_and_repeated_queries_and_t_depends_on_k
     # the generated query repeats the question, so the missing information is asked instead; when
     # that too has been asked, there is nothing new: the closing answer comes early
     assert item.state["history"] == ["Who directed Levity?", "The nationality of Ed Solomon"]
-    assert len(item.state["iterations"]) == 2 and done.resolved_by == "max_iterations"
+    assert len(item.state["iterations"]) == 2 and done.resolved_by == "no_new_query"
 
     fresh = Script(extract=False, retrieve=lambda q: [FILM],
                    queries=lambda user: [f"query {user.count(';') + 1}"])  # a new query every time
@@ -130,7 +136,7 @@ def drive_item(strategy, item, respond):
 def test_an_unparseable_main_answer_is_retried_once_with_more_tokens():
     class Garbled(Script):
         def __call__(self, request, item):
-            if request.__class__.__name__ == "Generate" and request.json_schema == MAIN_SCHEMA:
+            if is_main(request):
                 self.main_prompts.append(request.max_tokens)
                 if len(self.main_prompts) == 1:
                     return Generation('{"answer": "Ame', 160, 160)
@@ -160,3 +166,14 @@ def test_with_an_nli_model_statements_are_verified_on_the_nli_stage():
     assert [i["info"] for i in item.state["info"]] == ["Levity was directed by Ed Solomon."]
     assert item.state["iterations"][0]["extracted"][0] == {"info": "Levity was directed by Ed Solomon.",
                                                            "p_entailed": 0.95, "kept": True}
+
+
+def test_a_yes_no_question_is_answered_yes_or_no_by_the_main_module_and_the_closing_answer():
+    log, script = [], Script(extract=False)
+    item = Item("Were Levity and Ed Solomon both American?", kind="multi-hop")  # phrased as a yes/no question
+    done, item = drive_item(MIGRES(MigresConfig(max_iterations=1)), item, lambda r, i: log.append((0, r)) or script(r, i))
+    main = next(r for _, r in log if is_main(r))
+    assert json.loads(main.json_schema)["properties"]["answer"]["enum"] == ["yes", "no", "unanswerable"]
+    closing = log[-1][1]  # unanswered at T: the closing answer is a guided yes / no on the generator
+    assert isinstance(closing, Judge) and closing.choices == ("yes", "no") and closing.stage == "generator"
+    assert (done.answer, done.resolved_by) == ("no", "max_iterations")

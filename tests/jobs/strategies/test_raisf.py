@@ -81,7 +81,8 @@ def test_depth_cap_answers_unknown_below_d_th():
     log = []
     done, item = drive(RAISF(RaisfConfig(d_th=1)), "Q", script, log=log)
     assert done.resolved_by == "decomposition"
-    assert max(d for d, _ in log) == 1  # depth-2 nodes make no calls: they are 'unknown' at once
+    # a node at D_th answers its sub-questions 'unknown' itself: no node below D_th exists
+    assert max(d for d, _ in log) == 1
     synth_q_a = [r.messages[-1][1] for d, r in log
                  if d == 1 and isinstance(r, Generate) and "Based on" in r.messages[-1][1]][0]
     assert "Answer 1: unknown" in synth_q_a and "Answer 2: unknown" in synth_q_a
@@ -114,7 +115,7 @@ def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_ans
     assert [r.max_tokens for r in decompositions] == [160, 320]  # one retry, with room to finish the JSON
     assert item.counts["parse_failures"] == 2
     assert [t.get("retry", False) for t in item.trace if t["step"] == "decompose"] == [True, False]
-    assert done.resolved_by == "decomposition" and done.answer == "synth(Q)"
+    assert done.resolved_by == "decomposition" and done.answer == "closed(Q)"  # M(q, {}, {}) is M(q)
     # a numbered list outside JSON is used, but still counted as a parse failure
     done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "1. A?\n2. B?"}, know={"A?": .9, "B?": .9}))
     assert item.state["subs"] == ["A?", "B?"] and item.counts["parse_failures"] == 2
@@ -144,3 +145,54 @@ def test_errors_end_the_item_with_an_error():
     item = Item("Q")
     s.start(item)
     assert s.resume(item, [Retrieval(error="boom")]).error == "boom"
+
+
+def test_a_node_at_d_th_synthesizes_from_unknown_sub_answers_without_spawning():
+    from jobs.strategies.base import Ask, Item, Spawn
+    s = RAISF(RaisfConfig(d_th=2, self_knowledge=False))
+    item = Item("Q", depth=2)
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
+    step = s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?"]}))])
+    assert isinstance(step, Ask) and not isinstance(step, Spawn)
+    assert "Answer 1: unknown\nSub-question 2: B?\nAnswer 2: unknown" in step.requests[0].messages[-1][1]
+    assert RaisfConfig(d_th=3, max_subquestions=4).max_nodes == 1 + 4 + 16 + 64
+
+
+def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
+    from jobs.strategies.base import Done, Item
+    s = RAISF(RaisfConfig(self_knowledge=False))
+    item = Item("Q")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
+    s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?", "C?"]}))])
+    step = s.resume(item, [Done("a", "passages"), Done("", "node_cap", error="not run: past engine.max_nodes_per_root"),
+                           Done("", "error", error="boom")])
+    user = step.requests[0].messages[-1][1]
+    assert "Answer 1: a\n" in user and "Answer 2: unknown\n" in user and "Answer 3: unknown\n" in user
+
+
+@pytest.mark.parametrize("phase", ["know", "relevance"])
+def test_a_failed_judgment_is_an_error_never_a_no(phase):
+    from jobs.strategies.base import Item
+    s = RAISF(RaisfConfig())
+    item = Item("Q")
+    failed = Judgment("", error="generator failed 3 times: boom")
+    s.start(item)
+    if phase == "relevance":
+        s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})])
+        s.resume(item, [Retrieval(PASSAGES)])
+        done = s.resume(item, [Judgment("yes", {"yes": 0.9, "no": 0.1})] * 4 + [failed])
+    else:
+        done = s.resume(item, [failed])
+    assert (done.resolved_by, done.error) == ("error", "generator failed 3 times: boom")
+
+
+def test_the_engine_caps_must_hold_a_whole_ra_isf_tree():
+    from schemas.config import AnswerConfig
+    with pytest.raises(ValueError, match="max_nodes_per_root 64 cannot hold an RA-ISF tree.*85 nodes"):
+        AnswerConfig(strategies=["raisf"], engine={"max_nodes_per_root": 64})
+    AnswerConfig(strategies=["rag"], engine={"max_nodes_per_root": 64})
+    assert AnswerConfig(strategies=["raisf"]).engine.max_nodes_per_root >= RaisfConfig().max_nodes
