@@ -90,7 +90,7 @@ def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple
 
 def retrieval_methods(config: AnswerConfig) -> set[str]:
     methods = {config.retrieval.method}
-    if "migres" in config.strategies:
+    if {"migres", "calibration_probe"} & set(config.strategies):
         methods.add(config.migres.retriever)
     return methods
 
@@ -168,6 +168,7 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
         "generator": config.generator.model,
         "ranker": ranker_name(config),
         "entailment": entailment_name(config),
+        "calibration": config.calibration.model_dump() if config.calibration else None,
         "packages": packages,
     }
 

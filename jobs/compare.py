@@ -16,7 +16,8 @@ from jobs.evaluate import evaluate, print_table, resolution_markdown, write_repo
 from jobs.io import question_columns
 from jobs.strategies import STRATEGIES
 
-ANSWER_STRATEGIES = tuple(s for s in STRATEGIES if s != "raisf_labels")  # that one's answers are labels
+# raisf_labels' answers are labels, calibration_probe's are probes for `ragsift calibrate`
+ANSWER_STRATEGIES = tuple(s for s in STRATEGIES if s not in ("raisf_labels", "calibration_probe"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -282,6 +282,19 @@ class LabelConfig(Section):
     citation_recall_min: float = Field(0.8, ge=0, le=1, description="delta_r")
 
 
+class CalibrationRecord(Section):
+    """Where a config's thresholds came from: written by ``ragsift calibrate``, carried into every run's
+    metadata. Informational; None when nothing was calibrated."""
+
+    questions: str = Field(description="the calibration slice (never the questions a table reports on)")
+    questions_sha256: str
+    n: int = Field(ge=0, description="probe rows")
+    generator: str
+    judge: str | None = None
+    ranker: str
+    chosen: dict[str, float] = Field(default_factory=dict, description="dotted field -> the value chosen")
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = None
@@ -313,6 +326,7 @@ class AnswerConfig(Section):
     migres: MigresConfig = Field(default_factory=MigresConfig)
     label: LabelConfig = Field(default_factory=LabelConfig)
     answer_form: AnswerFormConfig = Field(default_factory=AnswerFormConfig)
+    calibration: CalibrationRecord | None = Field(None, description="written by `ragsift calibrate`")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

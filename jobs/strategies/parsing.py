@@ -8,6 +8,13 @@ import re
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
+_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
+_WORDS = re.compile(r"\w+")
+
+
+def same_question(a: str, b: str) -> bool:
+    """Equal up to case, punctuation and spacing (a sub-question that merely repeats its parent)."""
+    return _WORDS.findall(a.lower()) == _WORDS.findall(b.lower())
 
 
 def _json_candidates(text: str):
@@ -38,7 +45,8 @@ def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]
     if items is None:
         items = [m.group(1) for line in text.splitlines() if (m := _LIST_ITEM.match(line))]
     seen, out = set(), []
-    for item in (" ".join(x.split()) for x in items):
+    # "1. Who ...?" inside the JSON list is the same item as "Who ...?"
+    for item in (" ".join(_MARKER.sub("", x).split()) for x in items):
         if item and item.lower() not in seen:
             seen.add(item.lower())
             out.append(item)

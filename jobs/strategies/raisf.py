@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, format_passages, parse_failed, prompt
 from jobs.strategies.forms import final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, string_list_schema
+from jobs.strategies.parsing import parse_string_list, same_question, string_list_schema
 from schemas.config import AnswerFormConfig, RaisfConfig
 from schemas.records import Generate, Judge, Judgment, Retrieve
 
@@ -126,7 +126,7 @@ class RAISF:
         if not ok and parse_failed(item, "decompose", gen.text):
             return self._decompose(item, max_tokens=2 * DECOMPOSE_TOKENS)
         # a sub-question identical to its parent would recurse on itself until D_th
-        subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
+        subs = [q for q in subs if not same_question(q, item.question)]
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
         item.state["subs"] = subs
         if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q)

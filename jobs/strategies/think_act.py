@@ -16,7 +16,7 @@ from __future__ import annotations
 from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
 from jobs.strategies.filtering import sentences
 from jobs.strategies.forms import final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, string_list_schema
+from jobs.strategies.parsing import parse_string_list, same_question, string_list_schema
 from schemas.config import AnswerFormConfig, ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
 
@@ -74,7 +74,7 @@ class ThinkThenAct:
         subs, ok = parse_string_list(gen.text, "sub_questions", self.config.max_subqueries)
         if not ok and parse_failed(item, "split", gen.text):
             return self._split(item, 320)
-        subs = [q for q in subs if q.strip().lower() != item.question.strip().lower()]
+        subs = [q for q in subs if not same_question(q, item.question)]
         item.trace.append({"step": "split", "sub_queries": subs, "parsed": ok})
         if not subs:  # nothing to split into: treat the query as it is
             return self._capability(item)

@@ -40,3 +40,10 @@ def test_valid_json_round_trips(values):
         if v and v.lower() not in {e.lower() for e in expected}:
             expected.append(v)
     assert items == expected[:10] and ok == bool(expected)
+
+
+def test_list_markers_inside_json_items_are_dropped_and_repeats_recognised():
+    from jobs.strategies.parsing import parse_string_list, same_question
+    items, ok = parse_string_list('{"q": ["1. Who is X?", "- Where is Y?"]}', "q", 4)
+    assert (items, ok) == (["Who is X?", "Where is Y?"], True)
+    assert same_question("Who directed Levity?", "who directed  levity") and not same_question("Who?", "Where?")

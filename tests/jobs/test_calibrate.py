@@ -1,0 +1,82 @@
+"""``ragsift calibrate``: thresholds chosen offline from probe rows, the papers' criteria."""
+
+import json
+
+import pytest
+
+from jobs.calibrate import choose, f1_threshold, keep_threshold, switch_threshold
+from jobs.strategies.calibration_probe import CalibrationProbe
+from schemas.config import AnswerConfig, MigresConfig, RaisfConfig, ThinkActConfig
+from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
+from tests.jobs.strategies.scripted import drive
+
+
+def test_a_switch_threshold_answers_closed_book_only_where_that_is_better():
+    # the model is right closed-book only when it is very sure (0.9); reading is right elsewhere
+    scores, closed, read = [0.9, 0.7, 0.6, 0.2], [1, 0, 0, 0], [0, 1, 1, 0]
+    t, curve = switch_threshold(scores, closed, read)
+    assert t == 0.8 and max(c["value"] for c in curve) == 0.75  # between 0.7 and 0.9
+    assert switch_threshold([0.5, 0.5], [0, 0], [0, 0])[0] == 1.0  # ties: retrieve more
+
+
+def test_relevance_threshold_maximises_f1_against_gold_passages():
+    t, curve = f1_threshold([0.9, 0.8, 0.4, 0.3, 0.1], [True, True, False, True, False])
+    assert t == 0.2 and max(c["F1"] for c in curve) == pytest.approx(6 / 7)  # between 0.1 and 0.3
+
+
+def test_migres_delta_keeps_a_passage_for_the_required_share_of_questions():
+    best = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
+    assert keep_threshold(best, 0.8) == 0.2 and sum(b >= 0.2 for b in best) == 8
+
+
+P = [Passage(f"p{i}", f"T{i}", f"Sentence {i} one. Sentence {i} two.", 1.0) for i in range(3)]
+
+
+def respond(request, item):
+    if isinstance(request, Retrieve):
+        return Retrieval(P[: min(request.k, 3)])
+    if isinstance(request, Rank):
+        return Ranking(list(range(min(request.top, len(request.texts)))), [0.9 - i / 10 for i in range(min(request.top, len(request.texts)))])
+    if isinstance(request, Judge) and request.stage == "judge":
+        user = request.messages[-1][1]
+        p = 0.8 if user.startswith("Can you use") else 0.3 if user.startswith("Can you answer") else (
+            0.9 if "T1:" in user else 0.2)
+        return Judgment("yes", {"yes": p, "no": 1 - p})
+    assert isinstance(request, Generate)
+    user = request.messages[-1][1]
+    return Generation("closed" if "[1]" not in user and "- Sentence" not in user else
+                      "read" if "[1]" in user else "sentences")
+
+
+def test_the_probe_records_every_score_and_both_branches_answers():
+    probe = CalibrationProbe(RaisfConfig(k=3), ThinkActConfig(), MigresConfig(passages_per_query=3))
+    done, item = drive(probe, "Who?", respond)
+    (p,) = item.trace
+    assert (p["know_p_yes"], p["ta_beta"]) == (0.8, 0.3)
+    assert (p["raisf_closed"], p["ta_closed"], p["read"], p["ta_retrieval"]) == ("closed", "closed", "read", "sentences")
+    assert p["relevance_p_yes"] == [0.2, 0.9, 0.2] and p["top_k"] == ["p0", "p1", "p2"]
+    assert p["migres_scores"] == [0.9, 0.8, 0.7] and done.resolved_by == "probe"
+    assert "calibration_probe" not in __import__("jobs.compare").compare.ANSWER_STRATEGIES
+
+
+def test_choose_reads_probe_rows_against_gold():
+    def row(qid, know, beta, closed, read, rel, scores):
+        trace = [{"step": "probe", "know_p_yes": know, "ta_beta": beta, "raisf_closed": closed, "ta_closed": closed,
+                  "read": read, "ta_retrieval": read, "top_k": ["a", "b"], "relevance_p_yes": rel,
+                  "migres_scores": scores}]
+        return {"id": qid, "error": None, "trace": json.dumps(trace)}
+
+    rows = [row("1", 0.95, 0.95, "Paris", "Lyon", [0.9, 0.1], [0.8]),
+            row("2", 0.6, 0.6, "Rome", "Berlin", [0.2, 0.7], [0.4]),
+            row("3", 0.4, 0.4, "x", "Oslo", [0.3, 0.6], [0.6])]
+    gold = {"1": {"answers": ["Paris"], "gold_passage_ids": ["a"]}, "2": {"answers": ["Berlin"], "gold_passage_ids": ["b"]},
+            "3": {"answers": ["Oslo"], "gold_passage_ids": ["b"]}}
+    chosen = choose(rows, gold, keep=0.6)  # 2 of 3 questions keep a passage
+    assert chosen["raisf.know_threshold"]["value"] == 0.775  # closed-book only for question 1
+    assert chosen["think_act.beta_threshold"]["value"] == 0.775  # retrieve below
+    assert chosen["raisf.relevance_threshold"]["value"] == 0.45  # a, b, b relevant; nothing else
+    assert chosen["migres.relevance_threshold"]["value"] == 0.6
+    config = AnswerConfig(raisf={"know_threshold": 0.95},
+                          calibration={"questions": "calib.parquet", "questions_sha256": "x", "n": 3,
+                                       "generator": "g", "ranker": "r", "chosen": {"raisf.know_threshold": 0.95}})
+    assert config.calibration.chosen["raisf.know_threshold"] == 0.95
