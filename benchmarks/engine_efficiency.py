@@ -34,11 +34,11 @@ def main() -> None:
 
     from jobs.answer import build_stages
     from jobs.demo import QUESTIONS, ensure_index
-    from jobs.engine.loop import Engine
+    from engine.loop import Engine
     from jobs.io import question_rows
     from jobs.models import ragsift_home
     from jobs.ray_session import init_ray
-    from jobs.strategies import make_strategy
+    from strategies import make_strategy
     from schemas.config import AnswerConfig, load_config
 
     index_dir = ragsift_home() / "indexes" / "demo"

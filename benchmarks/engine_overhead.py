@@ -72,7 +72,7 @@ def one(n: int) -> dict:
     import ray
 
     from jobs.answer import answer
-    from jobs.engine.stages import GeneratorStage, RetrieverStage
+    from engine.stages import GeneratorStage, RetrieverStage
     from schemas.config import AnswerConfig
 
     tmp = tempfile.mkdtemp()

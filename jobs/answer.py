@@ -16,13 +16,13 @@ from pathlib import Path
 import yaml
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, NLIStage, RankerStage, RetrieverStage
+from engine.loop import Engine
+from engine.stages import GeneratorStage, NLIStage, RankerStage, RetrieverStage
 from jobs.index import read_manifest
 from jobs.inputs import materialize_questions
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
-from jobs.strategies import STRATEGIES, make_strategy
+from strategies import STRATEGIES, make_strategy
 from schemas.config import AnswerConfig, load_config
 
 

@@ -2,7 +2,7 @@
 
     ragsift calibrate --questions calib.parquet --index-dir idx --output runs/calib [--generator ...]
 
-One pass of the ``calibration_probe`` strategy over the slice (jobs/strategies/calibration_probe.py)
+One pass of the ``calibration_probe`` strategy over the slice (strategies/calibration_probe.py)
 records, per question, the scores each threshold cuts and the answers of the branches it chooses
 between; every candidate value is then scored offline against the gold answers:
 

@@ -14,7 +14,7 @@ import sys
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.io import question_columns
-from jobs.strategies import STRATEGIES
+from strategies import STRATEGIES
 
 # raisf_labels' answers are labels, calibration_probe's are probes for `ragsift calibrate`
 ANSWER_STRATEGIES = tuple(s for s in STRATEGIES if s not in ("raisf_labels", "calibration_probe"))

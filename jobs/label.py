@@ -29,10 +29,10 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.io import filesystem, question_columns, read_table
-from jobs.strategies.base import prompt
-from jobs.strategies.base import Item
-from jobs.strategies.forms import form_of
-from jobs.strategies.self_reasoning import trajectory_prompt
+from strategies.base import prompt
+from strategies.base import Item
+from strategies.forms import form_of
+from strategies.self_reasoning import trajectory_prompt
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS

@@ -343,7 +343,7 @@ class AnswerConfig(Section):
     @field_validator("strategies")
     @classmethod
     def _known_strategies(cls, value: list[str]) -> list[str]:
-        from jobs.strategies import STRATEGIES
+        from strategies import STRATEGIES
 
         unknown = [s for s in value if s not in STRATEGIES]
         if unknown or not value:

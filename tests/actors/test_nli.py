@@ -62,10 +62,10 @@ def test_run_metadata_names_what_verified_entailment():
 @pytest.mark.model
 @pytest.mark.ray
 def test_the_engine_routes_entail_requests_to_nli_actors(ray_session, tmp_path):
-    from jobs.engine.loop import Engine
-    from jobs.engine.stages import NLIStage
+    from engine.loop import Engine
+    from engine.stages import NLIStage
     from jobs.io import Question
-    from jobs.strategies.base import Ask, Done
+    from strategies.base import Ask, Done
     from schemas.config import EngineConfig, StageBatching
 
     class Verify:

@@ -8,9 +8,9 @@ import sys
 import ray
 
 from jobs.answer import answer
-from jobs.engine.stages import GeneratorStage, RetrieverStage
+from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import AnswerConfig, StageBatching
-from tests.jobs.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
+from tests.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
 
 if __name__ == "__main__":
     questions, output = sys.argv[1:3]

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.answer import answer
-from jobs.engine.stages import GeneratorStage, RetrieverStage
+from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import AnswerConfig, StageBatching
-from tests.jobs.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
+from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from jobs.calibrate import choose, f1_threshold, keep_threshold, switch_threshold
-from jobs.strategies.calibration_probe import CalibrationProbe
+from strategies.calibration_probe import CalibrationProbe
 from schemas.config import AnswerConfig, MigresConfig, RaisfConfig, ThinkActConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 
 def test_a_switch_threshold_answers_closed_book_only_where_that_is_better():

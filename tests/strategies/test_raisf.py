@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from jobs.strategies.raisf import RAISF
+from strategies.raisf import RAISF
 from schemas.config import RaisfConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval, Retrieve
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
 
@@ -132,7 +132,7 @@ def test_sub_questions_are_capped_and_self_repeats_dropped():
     ("label", 0.1, "yes", True), ("label", 0.9, "no", False)])
 def test_judgments_by_logprob_or_label(judge_by, p_yes, label, knows):
     s = RAISF(RaisfConfig(judge_by=judge_by))
-    from jobs.strategies.base import Item
+    from strategies.base import Item
     item = Item("Q")
     s.start(item)
     step = s.resume(item, [Judgment(label, {"yes": p_yes, "no": 1 - p_yes})])
@@ -140,7 +140,7 @@ def test_judgments_by_logprob_or_label(judge_by, p_yes, label, knows):
 
 
 def test_errors_end_the_item_with_an_error():
-    from jobs.strategies.base import Item
+    from strategies.base import Item
     s = RAISF(RaisfConfig(self_knowledge=False))
     item = Item("Q")
     s.start(item)
@@ -148,7 +148,7 @@ def test_errors_end_the_item_with_an_error():
 
 
 def test_a_node_at_d_th_synthesizes_from_unknown_sub_answers_without_spawning():
-    from jobs.strategies.base import Ask, Item, Spawn
+    from strategies.base import Ask, Item, Spawn
     s = RAISF(RaisfConfig(d_th=2, self_knowledge=False))
     item = Item("Q", depth=2)
     s.start(item)
@@ -161,7 +161,7 @@ def test_a_node_at_d_th_synthesizes_from_unknown_sub_answers_without_spawning():
 
 
 def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
-    from jobs.strategies.base import Done, Item
+    from strategies.base import Done, Item
     s = RAISF(RaisfConfig(self_knowledge=False))
     item = Item("Q")
     s.start(item)
@@ -176,7 +176,7 @@ def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
 
 @pytest.mark.parametrize("phase", ["know", "relevance"])
 def test_a_failed_judgment_is_an_error_never_a_no(phase):
-    from jobs.strategies.base import Item
+    from strategies.base import Item
     s = RAISF(RaisfConfig())
     item = Item("Q")
     failed = Judgment("", error="generator failed 3 times: boom")

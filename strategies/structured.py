@@ -12,7 +12,7 @@ import json
 
 from pydantic import BaseModel, ValidationError
 
-from jobs.strategies.parsing import parse_json_object
+from strategies.parsing import parse_json_object
 
 
 def schema_of(model: type[BaseModel]) -> str:

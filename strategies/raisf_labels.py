@@ -12,10 +12,10 @@ judgments follow. The final answer is the closed-book one; the labels are in the
 
 from __future__ import annotations
 
-from jobs.strategies.base import Done, Item, answer_messages, ask, prompt
-from jobs.strategies.forms import final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, string_list_schema
-from jobs.strategies.raisf import DECOMPOSE_TOKENS, judge_request, p_yes
+from strategies.base import Done, Item, answer_messages, ask, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, string_list_schema
+from strategies.raisf import DECOMPOSE_TOKENS, judge_request, p_yes
 from schemas.config import AnswerFormConfig, RaisfConfig
 from schemas.records import Generate, Retrieve
 

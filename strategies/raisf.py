@@ -21,9 +21,9 @@ relevant).
 
 from __future__ import annotations
 
-from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, format_passages, parse_failed, prompt
-from jobs.strategies.forms import final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, same_question, string_list_schema
+from strategies.base import Done, Item, Spawn, answer_messages, ask, format_passages, parse_failed, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, same_question, string_list_schema
 from schemas.config import AnswerFormConfig, RaisfConfig
 from schemas.records import Generate, Judge, Judgment, Retrieve
 

@@ -2,10 +2,10 @@
 
 import json
 
-from jobs.strategies.least_to_most import LeastToMost
+from strategies.least_to_most import LeastToMost
 from schemas.config import LeastToMostConfig
 from schemas.records import Generate, Generation
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 
 def script(subs):
@@ -45,7 +45,7 @@ def test_sub_questions_are_capped():
 
 def test_a_failed_generation_ends_with_an_error():
     s = LeastToMost(LeastToMostConfig())
-    from jobs.strategies.base import Item
+    from strategies.base import Item
     item = Item("Q")
     s.start(item)
     assert s.resume(item, [Generation("", error="replica died")]).error == "replica died"

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, RetrieverStage
+from engine.loop import Engine
+from engine.stages import GeneratorStage, RetrieverStage
 from jobs.io import Question
-from jobs.strategies import STRATEGIES
-from jobs.strategies.base import Ask, Done, Spawn, StrategySettings
+from strategies import STRATEGIES
+from strategies.base import Ask, Done, Spawn, StrategySettings
 from schemas.config import EngineConfig, StageBatching
 from schemas.records import Generate
-from tests.jobs.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
+from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -192,7 +192,7 @@ def test_a_strategy_exception_fails_one_question_only(ray_session):
 
 
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
-    from jobs.engine.stages import utilisation
+    from engine.stages import utilisation
 
     # replica 0 busy 0-10 s (two overlapping batches), replica 1 busy 5-10 s
     assert utilisation([(0, 0, 5), (0, 2, 10), (1, 5, 10)], 10, 2, bins=5) == {

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from jobs.strategies.think_act import ThinkThenAct, sentences
+from strategies.think_act import ThinkThenAct, sentences
 from schemas.config import ThinkActConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 PASSAGES = [Passage("p0", "Paris", "Paris is the capital of France. It is large.", 0.9),
             Passage("p1", "Lyon", "Lyon is a city. Lyon is in France!", 0.5)]

@@ -3,12 +3,12 @@ sentence level, knowledge prompting, entailment check, memory, and the iteration
 
 import json
 
-from jobs.strategies.base import Item
-from jobs.strategies.migres import LEAF_SCHEMA, MIGRES
+from strategies.base import Item
+from strategies.migres import LEAF_SCHEMA, MIGRES
 from schemas.config import MigresConfig
 from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Passage, Rank, Ranking,
                              Retrieval, Retrieve)
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 FILM = Passage("film", "Levity", "Levity is a 2003 film. It was directed by Ed Solomon.", 0.9)
 BIO = Passage("bio", "Ed Solomon", "Ed Solomon is an American screenwriter. He was born in 1960.", 0.8)

@@ -1,10 +1,10 @@
 """RA-ISF's label collection (Appendix A) with a scripted model."""
 
-from jobs.strategies.raisf_labels import RaisfLabels
+from strategies.raisf_labels import RaisfLabels
 from schemas.config import RaisfConfig
 from schemas.records import Retrieval
-from tests.jobs.strategies.scripted import drive
-from tests.jobs.strategies.test_raisf import Script
+from tests.strategies.scripted import drive
+from tests.strategies.test_raisf import Script
 
 
 def test_one_pass_collects_closed_book_answer_decomposition_and_relevance():

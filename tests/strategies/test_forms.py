@@ -2,9 +2,9 @@
 
 import pytest
 
-from jobs.strategies import make_strategy
-from jobs.strategies.base import Item
-from jobs.strategies.forms import final_answer, final_request, form_of, is_yes_no_question
+from strategies import make_strategy
+from strategies.base import Item
+from strategies.forms import final_answer, final_request, form_of, is_yes_no_question
 from schemas.config import AnswerConfig, AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
 

@@ -4,9 +4,9 @@ prompt, then answer the question itself with all of them."""
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, answer_messages, ask, parse_failed, prompt
-from jobs.strategies.forms import SUB_QUESTION, detected_form, final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, string_list_schema
+from strategies.base import Ask, Done, Item, answer_messages, ask, parse_failed, prompt
+from strategies.forms import SUB_QUESTION, detected_form, final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, string_list_schema
 from schemas.config import AnswerFormConfig, LeastToMostConfig
 from schemas.records import Generate
 

@@ -18,9 +18,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from jobs.engine.stages import Launched, Stage
+from engine.stages import Launched, Stage
 from jobs.io import Question
-from jobs.strategies.base import Ask, Done, Item, Spawn, Strategy
+from strategies.base import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
 from schemas.records import Generation, Judgment, Request, Response
 

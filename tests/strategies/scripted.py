@@ -3,7 +3,7 @@
 Used only in tests of strategy control flow: ``respond(request, item)`` plays the model and retriever.
 """
 
-from jobs.strategies.base import Ask, Done, Item, Spawn
+from strategies.base import Ask, Done, Item, Spawn
 
 
 def drive(strategy, question, respond, depth=0, log=None):

@@ -23,10 +23,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from jobs.strategies.base import (Done, Item, answer_messages, ask, clean_answer, format_passages, parse_failed,
+from strategies.base import (Done, Item, answer_messages, ask, clean_answer, format_passages, parse_failed,
                                   prompt)
-from jobs.strategies.forms import VERDICT, YES_NO, choices, final_answer, final_request, form_of, response_text
-from jobs.strategies.structured import parse_as, schema_of
+from strategies.forms import VERDICT, YES_NO, choices, final_answer, final_request, form_of, response_text
+from strategies.structured import parse_as, schema_of
 from schemas.config import AnswerFormConfig, SelfReasoningConfig
 from schemas.records import Generate, Retrieve
 

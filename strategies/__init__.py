@@ -1,15 +1,15 @@
 """Strategies by name. Each is a pure state machine (see base.py)."""
 
-from jobs.strategies.base import StrategySettings
-from jobs.strategies.calibration_probe import CalibrationProbe
-from jobs.strategies.direct import Direct
-from jobs.strategies.least_to_most import LeastToMost
-from jobs.strategies.migres import MIGRES
-from jobs.strategies.rag import RetrieveThenRead
-from jobs.strategies.raisf import RAISF
-from jobs.strategies.raisf_labels import RaisfLabels
-from jobs.strategies.self_reasoning import SelfReasoning
-from jobs.strategies.think_act import ThinkThenAct
+from strategies.base import StrategySettings
+from strategies.calibration_probe import CalibrationProbe
+from strategies.direct import Direct
+from strategies.least_to_most import LeastToMost
+from strategies.migres import MIGRES
+from strategies.rag import RetrieveThenRead
+from strategies.raisf import RAISF
+from strategies.raisf_labels import RaisfLabels
+from strategies.self_reasoning import SelfReasoning
+from strategies.think_act import ThinkThenAct
 
 STRATEGIES = {cls.name: cls for cls in (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkThenAct, MIGRES,
                                   RaisfLabels, CalibrationProbe)}

@@ -29,11 +29,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from jobs.strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
-from jobs.strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
-from jobs.strategies.forms import choices, final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
-from jobs.strategies.structured import schema_of
+from strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
+from strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
+from strategies.forms import choices, final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
+from strategies.structured import schema_of
 from schemas.config import AnswerFormConfig, MigresConfig
 from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
 

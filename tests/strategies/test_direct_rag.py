@@ -1,5 +1,5 @@
-from jobs.strategies import STRATEGIES
-from jobs.strategies.base import Ask, Done, Item, StrategySettings, clean_answer
+from strategies import STRATEGIES
+from strategies.base import Ask, Done, Item, StrategySettings, clean_answer
 from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
 
 

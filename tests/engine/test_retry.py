@@ -1,6 +1,6 @@
 """How a failed batch is run again (pure: no Ray)."""
 
-from jobs.engine.loop import retry_plan
+from engine.loop import retry_plan
 
 
 def test_a_batch_that_fails_once_runs_again_whole():
@@ -37,7 +37,7 @@ def test_a_poison_request_in_a_batch_of_eight_is_isolated_in_a_bounded_number_of
 def test_a_failed_generator_batch_answers_each_request_with_its_own_failure_type():
     # a failed judgment must stay an error: answered with a Generation it crashed RA-ISF's
     # self-knowledge step and counted as "irrelevant" in its relevance step
-    from jobs.engine.stages import GeneratorStage
+    from engine.stages import GeneratorStage
     from schemas.config import StageBatching
     from schemas.records import Generate, Generation, Judge, Judgment
 

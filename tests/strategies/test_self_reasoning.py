@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from jobs.strategies.base import Item
-from jobs.strategies.self_reasoning import SelfReasoning
+from strategies.base import Item
+from strategies.self_reasoning import SelfReasoning
 from schemas.config import AnswerFormConfig, SelfReasoningConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval, Retrieve
-from tests.jobs.strategies.scripted import drive
+from tests.strategies.scripted import drive
 
 PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from jobs.strategies.base import Item, answer_messages, clean_answer, prompt
+from strategies.base import Item, answer_messages, clean_answer, prompt
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment
 

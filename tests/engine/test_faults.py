@@ -3,13 +3,13 @@ cannot start. Every question must come out exactly once, with the answers of an 
 
 import pytest
 
-from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, RetrieverStage, StageDown
+from engine.loop import Engine
+from engine.stages import GeneratorStage, RetrieverStage, StageDown
 from jobs.io import Question
-from jobs.strategies import STRATEGIES
-from jobs.strategies.base import StrategySettings
+from strategies import STRATEGIES
+from strategies.base import StrategySettings
 from schemas.config import EngineConfig, StageBatching
-from tests.jobs.engine.fakes import (BrokenGenerator, FakeEncoder, FakeGenerator, FlakyGenerator, SlowGenerator,
+from tests.engine.fakes import (BrokenGenerator, FakeEncoder, FakeGenerator, FlakyGenerator, SlowGenerator,
                                      SlowShard)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobs.strategies.base import Ask, Done, Item, StrategySettings, prompt
-from jobs.strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.base import Ask, Done, Item, StrategySettings, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
 
 
 class Direct:

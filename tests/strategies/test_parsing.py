@@ -3,7 +3,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.strategies.parsing import parse_json_object, parse_string_list, string_list_schema
+from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 
 
 def test_json_in_fences_and_prose():
@@ -43,7 +43,7 @@ def test_valid_json_round_trips(values):
 
 
 def test_list_markers_inside_json_items_are_dropped_and_repeats_recognised():
-    from jobs.strategies.parsing import parse_string_list, same_question
+    from strategies.parsing import parse_string_list, same_question
     items, ok = parse_string_list('{"q": ["1. Who is X?", "- Where is Y?"]}', "q", 4)
     assert (items, ok) == (["Who is X?", "Where is Y?"], True)
     assert same_question("Who directed Levity?", "who directed  levity") and not same_question("Who?", "Where?")

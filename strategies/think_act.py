@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
-from jobs.strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
-from jobs.strategies.filtering import sentences
-from jobs.strategies.forms import final_answer, final_request, form_of, response_text
-from jobs.strategies.parsing import parse_string_list, same_question, string_list_schema
+from strategies.base import Done, Item, Spawn, answer_messages, ask, clean_answer, parse_failed, prompt
+from strategies.filtering import sentences
+from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, same_question, string_list_schema
 from schemas.config import AnswerFormConfig, ThinkActConfig
 from schemas.records import Generate, Judge, Rank, Retrieve
 

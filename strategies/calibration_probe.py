@@ -18,10 +18,10 @@ closed-book one; the probes are in the trace.
 
 from __future__ import annotations
 
-from jobs.strategies.base import Done, Item, ask, format_passages, prompt
-from jobs.strategies.filtering import passage_requests, sentences
-from jobs.strategies.forms import final_answer, final_request, form_of
-from jobs.strategies.raisf import judge_request
+from strategies.base import Done, Item, ask, format_passages, prompt
+from strategies.filtering import passage_requests, sentences
+from strategies.forms import final_answer, final_request, form_of
+from strategies.raisf import judge_request
 from schemas.config import AnswerFormConfig, MigresConfig, RaisfConfig, ThinkActConfig
 from schemas.records import Judge, Rank, Retrieve
 

@@ -1,6 +1,6 @@
 """MIGRES knowledge filter rules: passage threshold and top-k, sentence filter, keep-whole rule."""
 
-from jobs.strategies.filtering import filter_sentences, keep_passages, sentence_requests, sentences
+from strategies.filtering import filter_sentences, keep_passages, sentence_requests, sentences
 from schemas.records import Passage, Ranking
 
 TEXT = "Paris is the capital of France. It has 2 million people. The Seine flows through it."
