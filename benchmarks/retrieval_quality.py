@@ -41,6 +41,7 @@ def main() -> int:
     from actors.encoder import Encoder
     from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
     from jobs.index import read_manifest
+    from jobs.models import resolve
     from schemas.config import RetrievalConfig
     from schemas.records import Rank
 
@@ -51,7 +52,7 @@ def main() -> int:
         rows = [q for q in rows if (seen.__setitem__(q["dataset"], seen[q["dataset"]] + 1) or seen[q["dataset"]]) <= args.per_dataset]
     texts = [q["question"] for q in rows]
     dirs = [str(Path(args.index_dir) / s["dir"]) for s in manifest["shards"]]
-    encoder = Encoder(manifest["embedder"])
+    encoder = Encoder(resolve(manifest["embedder"]))
     timings = {}
 
     started = time.perf_counter()
@@ -69,7 +70,7 @@ def main() -> int:
     if args.reranker:
         from actors.reranker import CrossEncoderRanker
 
-        ranker, ranker_name = CrossEncoderRanker(args.reranker), f"cross-encoder:{args.reranker}"
+        ranker, ranker_name = CrossEncoderRanker(resolve(args.reranker)), f"cross-encoder:{args.reranker}"
     else:
         ranker, ranker_name = encoder, f"bi-encoder-cosine:{manifest['embedder']} (fallback)"
     started = time.perf_counter()

@@ -19,10 +19,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.stages import Launched, Stage
-from jobs.io import Question
-from strategies.base import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
-from schemas.records import Generation, Judgment, Request, Response
+from schemas.records import Generation, Judgment, Question, Request, Response
+from strategies.base import Ask, Done, Item, Spawn, Strategy
 
 
 @dataclass

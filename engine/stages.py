@@ -14,8 +14,20 @@ from typing import Any
 
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
-from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Rank, Ranking, Request,
-                             Response, Retrieval, Retrieve)
+from schemas.records import (
+    Entail,
+    Entailment,
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Rank,
+    Ranking,
+    Request,
+    Response,
+    Retrieval,
+    Retrieve,
+)
 
 
 @dataclass

@@ -15,15 +15,16 @@ from pathlib import Path
 
 import yaml
 
-from jobs.cli import add_config_arguments, config_overrides, run_job
 from engine.loop import Engine
 from engine.stages import GeneratorStage, NLIStage, RankerStage, RetrieverStage
+from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.index import read_manifest
 from jobs.inputs import materialize_questions
+from jobs.models import resolve
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
-from strategies import STRATEGIES, make_strategy
 from schemas.config import AnswerConfig, load_config
+from strategies import STRATEGIES, make_strategy
 
 
 def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
@@ -39,7 +40,8 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
 
     def llm_pool(name: str, llm) -> GeneratorStage:
         actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus, **restarts)
-        replicas = [actor.remote(llm.model_dump(), config.sampling.model_dump()) for _ in range(llm.replicas)]
+        settings = {**llm.model_dump(), "model": resolve(llm.model)}
+        replicas = [actor.remote(settings, config.sampling.model_dump()) for _ in range(llm.replicas)]
         return GeneratorStage(replicas, getattr(config.engine, name), name)
 
     stages = {}
@@ -53,7 +55,7 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
         # the query encoder must be the model the index was built with; the ranker may share the pool
         encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
         model = manifest["embedder"] if manifest else e.model
-        encoders = [encoder.remote(model, e.batch_size, e.device) for _ in range(e.replicas)]
+        encoders = [encoder.remote(resolve(model), e.batch_size, e.device) for _ in range(e.replicas)]
         if manifest:
             shards, bm25 = _shard_actors(config, manifest, restarts)
             stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever, bm25, config.retrieval)
@@ -61,14 +63,15 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
             rr = config.reranker
             if rr.model:
                 actor = ray.remote(CrossEncoderRanker).options(num_cpus=rr.num_cpus, num_gpus=rr.num_gpus, **restarts)
-                rankers = [actor.remote(rr.model, rr.batch_size, rr.max_length, rr.device) for _ in range(rr.replicas)]
+                rankers = [actor.remote(resolve(rr.model), rr.batch_size, rr.max_length, rr.device)
+                           for _ in range(rr.replicas)]
             else:
                 rankers = encoders
             stages["ranker"] = RankerStage(rankers, config.engine.ranker)
     if "nli" in needs:
         n = config.nli
         actor = ray.remote(NLICrossEncoder).options(num_cpus=n.num_cpus, num_gpus=n.num_gpus, **restarts)
-        stages["nli"] = NLIStage([actor.remote(n.model, n.batch_size, n.max_length, n.device)
+        stages["nli"] = NLIStage([actor.remote(resolve(n.model), n.batch_size, n.max_length, n.device)
                                   for _ in range(n.replicas)], config.engine.nli)
     return stages
 

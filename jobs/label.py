@@ -29,13 +29,12 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.io import filesystem, question_columns, read_table
-from strategies.base import prompt
-from strategies.base import Item
-from strategies.forms import form_of
-from strategies.self_reasoning import trajectory_prompt
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS
+from strategies.base import Item, prompt
+from strategies.forms import form_of
+from strategies.self_reasoning import trajectory_prompt
 
 LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
 

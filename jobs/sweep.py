@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.io import filesystem
-from pydantic import ValidationError
-
 from schemas.config import ConfigError, parse_override
 
 

@@ -9,9 +9,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from jobs.models import DEFAULT_EMBEDDER, DEFAULT_GENERATOR
+DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"  # offline aliases (jobs/models.py prepares them)
+DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 
 
 class Section(BaseModel):

@@ -125,3 +125,15 @@ class Entailment:
 
 Request = Generate | Judge | Retrieve | Rank | Entail
 Response = Generation | Judgment | Retrieval | Ranking | Entailment
+
+
+@dataclass
+class Question:
+    """One input row as the engine reads it."""
+
+    id: str
+    question: str
+    error: str | None = None  # set when the row cannot be answered (it becomes an error row)
+    shard: int = 0  # input shard (output is committed per shard)
+    kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
+    dataset: str | None = None  # the optional `dataset` column (answer forms may be set per dataset)

@@ -64,9 +64,9 @@ def test_run_metadata_names_what_verified_entailment():
 def test_the_engine_routes_entail_requests_to_nli_actors(ray_session, tmp_path):
     from engine.loop import Engine
     from engine.stages import NLIStage
-    from jobs.io import Question
-    from strategies.base import Ask, Done
     from schemas.config import EngineConfig, StageBatching
+    from schemas.records import Question
+    from strategies.base import Ask, Done
 
     class Verify:
         name, stages = "verify", frozenset({"nli"})

@@ -5,12 +5,18 @@ import pytest
 
 from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage, StageDown
-from jobs.io import Question
+from schemas.config import EngineConfig, StageBatching
+from schemas.records import Question
 from strategies import STRATEGIES
 from strategies.base import StrategySettings
-from schemas.config import EngineConfig, StageBatching
-from tests.engine.fakes import (BrokenGenerator, FakeEncoder, FakeGenerator, FlakyGenerator, SlowGenerator,
-                                     SlowShard)
+from tests.engine.fakes import (
+    BrokenGenerator,
+    FakeEncoder,
+    FakeGenerator,
+    FlakyGenerator,
+    SlowGenerator,
+    SlowShard,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 
