@@ -6,6 +6,9 @@
     calib    the next 30 questions with gold passages per dataset in the same order (fewer where a
              dataset runs out: musique has 17 left): prompts, thresholds and answer forms are chosen
              on these and only these
+    train    every other DEV question (judge models train on these: `ragsift train`), and
+    know     400 of them per dataset of nq, squad, hotpotqa, 2wiki, musique, strategyqa, triviaqa
+             and popqa in the same order: the questions `ragsift label` collects M_know's labels on
 
 Order: sha256 of the question id, so the cut is fixed and independent of file order. Writes
 <out>/{eval,calib}.parquet and their id lists (results/slices/*.txt keep the ids under version control).
@@ -24,6 +27,7 @@ import pyarrow.parquet as pq
 
 DATASETS = ("nq", "squad", "hotpotqa", "2wiki", "musique", "strategyqa")
 SIZES = {"eval": 50, "calib": 30}
+KNOW_DATASETS = DATASETS + ("triviaqa", "popqa")
 
 
 def cut(dev: pa.Table, sample_ids: set[str]) -> dict[str, list[str]]:
@@ -37,6 +41,11 @@ def cut(dev: pa.Table, sample_ids: set[str]) -> dict[str, list[str]]:
         for name, size in SIZES.items():
             slices[name] += mine[start:start + size]
             start += size
+    taken = set(sample_ids).union(*slices.values())
+    rest = sorted((r for r in dev.select(["id", "dataset"]).to_pylist() if r["id"] not in taken),
+                  key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    slices["train"] = [r["id"] for r in rest]
+    slices["know"] = [r["id"] for d in KNOW_DATASETS for r in [r for r in rest if r["dataset"] == d][:400]]
     return slices
 
 
@@ -55,7 +64,8 @@ def main() -> None:
     index = {qid: i for i, qid in enumerate(dev["id"].to_pylist())}
     for name, ids in cut(dev, sample_ids).items():
         pq.write_table(dev.take([index[i] for i in ids]), out / f"{name}.parquet")
-        (ids_dir / f"{name}.txt").write_text("".join(f"{i}\n" for i in ids))
+        if name != "train":  # the rest of DEV: its rule is enough
+            (ids_dir / f"{name}.txt").write_text("".join(f"{i}\n" for i in ids))
         print(f"{name}: {len(ids)} questions -> {out / name}.parquet")
 
 

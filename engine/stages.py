@@ -15,6 +15,7 @@ from typing import Any
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
 from schemas.records import (
+    Classify,
     Entail,
     Entailment,
     Generate,
@@ -196,6 +197,21 @@ class RankerStage(Stage):
 
     def failed(self, batch, error):
         return [Ranking(error=error) for _ in batch]
+
+
+class KnowStage(Stage):
+    """Replicas score questions with a trained self-knowledge classifier (actors/know.py)."""
+
+    name = "know"
+
+    def launch(self, replica, batch: list[Classify]):
+        return [self.replicas[replica].classify.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Judgment("", error=error) for _ in batch]
 
 
 class NLIStage(Stage):

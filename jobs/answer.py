@@ -16,12 +16,18 @@ from pathlib import Path
 import yaml
 
 from engine.loop import Engine
-from engine.stages import GeneratorStage, NLIStage, RankerStage, RetrieverStage
+from engine.stages import (
+    GeneratorStage,
+    KnowStage,
+    NLIStage,
+    RankerStage,
+    RetrieverStage,
+)
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.index import read_manifest
 from jobs.inputs import materialize_questions
-from jobs.models import resolve
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
+from jobs.models import resolve
 from jobs.output import ShardedOutput
 from schemas.config import AnswerConfig, load_config
 from strategies import STRATEGIES, make_strategy
@@ -68,6 +74,15 @@ def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
             else:
                 rankers = encoders
             stages["ranker"] = RankerStage(rankers, config.engine.ranker)
+    if "know" in needs:
+        from actors.know import KnowClassifier, embedder_of
+
+        k = config.know
+        actor = ray.remote(KnowClassifier).options(num_cpus=k.num_cpus, num_gpus=k.num_gpus, **restarts)
+        path = resolve(k.model)
+        embedder = resolve(embedder_of(path))
+        stages["know"] = KnowStage([actor.remote(path, embedder, k.batch_size, k.device) for _ in range(k.replicas)],
+                                   config.engine.know)
     if "nli" in needs:
         n = config.nli
         actor = ray.remote(NLICrossEncoder).options(num_cpus=n.num_cpus, num_gpus=n.num_gpus, **restarts)
@@ -105,6 +120,17 @@ def entailment_name(config: AnswerConfig) -> str | None:
     return f"nli-cross-encoder:{config.nli.model}" if config.nli.model else "judge: P('yes') to an entailment prompt"
 
 
+def judges_name(config: AnswerConfig) -> dict | None:
+    """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
+    if not {"raisf", "calibration_probe"} & set(config.strategies):
+        return None
+    if config.raisf.judges == "trained":
+        return {"self_knowledge": f"trained classifier:{config.know.model}",
+                "relevance": f"trained cross-encoder:{config.reranker.model}"}
+    judge = (config.judge or config.generator).model
+    return {"self_knowledge": f"P('yes') of {judge}", "relevance": f"P('yes') of {judge}"}
+
+
 def ranker_name(config: AnswerConfig) -> str:
     """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
     if config.reranker.model:
@@ -114,12 +140,12 @@ def ranker_name(config: AnswerConfig) -> str:
 
 # Fields that change how fast a run goes, not what it answers: a resumed run may change them.
 OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
-               "engine.retriever", "engine.ranker", "engine.nli", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
+               "engine.retriever", "engine.ranker", "engine.nli", "engine.know", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
                "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows",
                "label"}  # label.* only filters what `ragsift label` writes from the answers
 _OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind", "engine_in_process",
                     "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}
-_OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}
+_OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}  # also the cross-encoder pools
 
 
 def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
@@ -141,10 +167,12 @@ def identity_defaults() -> dict:
 
 
 def _operational(key: str) -> bool:
+    if key == "label.collect":  # what raisf_labels asks the model
+        return False
     head, _, leaf = key.rpartition(".")
     if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
         return True
-    if head in ("embedder", "reranker", "nli") and leaf in _OPERATIONAL_EMBEDDER:
+    if head in ("embedder", "reranker", "nli", "know") and leaf in _OPERATIONAL_EMBEDDER:
         return True
     return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
 
@@ -171,6 +199,7 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
         "generator": config.generator.model,
         "ranker": ranker_name(config),
         "entailment": entailment_name(config),
+        "judges": judges_name(config),
         "calibration": config.calibration.model_dump() if config.calibration else None,
         "packages": packages,
     }

@@ -125,6 +125,18 @@ class NLIConfig(CrossEncoderPool):
     model: str | None = Field(None, description="NLI CrossEncoder name or path (an 'entailment' label in its config)")
 
 
+class KnowConfig(Section):
+    """The ``know`` stage: RA-ISF's trained self-knowledge classifier (``ragsift train know``), used when
+    ``raisf.judges: trained``."""
+
+    model: str | None = Field(None, description="directory written by `ragsift train know`")
+    batch_size: int = Field(64, ge=1)
+    device: str | None = None
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0)
+    num_gpus: float = Field(0, ge=0)
+
+
 class StageBatching(Section):
     """Micro-batching policy of one stage pool."""
 
@@ -151,6 +163,7 @@ class EngineConfig(Section):
     retriever: RetrieverBatching = Field(default_factory=RetrieverBatching)
     ranker: RetrieverBatching = Field(default_factory=RetrieverBatching)
     nli: RetrieverBatching = Field(default_factory=RetrieverBatching)
+    know: RetrieverBatching = Field(default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(256, ge=1, description="question nodes per root tree, a guard against runaway "
                                     "strategies; sub-questions past it are not run (their parent gets them back as "
@@ -217,6 +230,10 @@ class RaisfConfig(Section):
     decomposition: bool = Field(True, description="False = ablation 'No QDM' ('unknown' when nothing is relevant)")
     judge_by: Literal["logprob", "label"] = Field(
         "logprob", description="binary judgments from P('yes') of the first token, or the generated label")
+    judges: Literal["generator", "trained"] = Field(
+        "generator", description="who judges: the generator (or judge pool) by prompt, or the trained "
+        "sub-modules as the paper trains them: M_know on the `know` pool (know.model) and M_rel as the ranker's "
+        "cross-encoder (reranker.model), P(relevant) = sigmoid of its score; from `ragsift train`")
     know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
     relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
@@ -284,6 +301,11 @@ class LabelConfig(Section):
     match: Literal["exact", "contains"] = Field(
         "exact", description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
         "'exact' (normalised EM: RA-ISF's a_g = a_i) or 'contains' (a gold answer inside the prediction)")
+    collect: list[Literal["self_knowledge", "relevance", "decomposition"]] = Field(
+        default_factory=lambda: ["self_knowledge", "relevance", "decomposition"],
+        description="which RA-ISF labels to collect: self-knowledge alone needs only the closed-book answer "
+                    "(one short generation a question); relevance adds a retrieval and a judgment per passage, "
+                    "decomposition a structured generation. Changes what is asked, so it is part of the run")
     citation_filter: bool = Field(False, description="also drop trajectories whose citation precision / recall "
                                   "against gold passages is under the thresholds (the paper's long-form filter)")
     citation_precision_min: float = Field(0.8, ge=0, le=1, description="delta_p")
@@ -327,6 +349,7 @@ class AnswerConfig(Section):
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     nli: NLIConfig = Field(default_factory=NLIConfig)
+    know: KnowConfig = Field(default_factory=KnowConfig)
     raisf: RaisfConfig = Field(default_factory=RaisfConfig)
     least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
     self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)
@@ -346,6 +369,9 @@ class AnswerConfig(Section):
                              f"({self.raisf.max_nodes} nodes)")
         if "raisf" in self.strategies and self.raisf.d_th > self.engine.max_depth:
             raise ValueError(f"engine.max_depth {self.engine.max_depth} is below raisf.d_th {self.raisf.d_th}")
+        if self.raisf.judges == "trained" and not (self.know.model and self.reranker.model):
+            raise ValueError("raisf.judges: trained needs know.model (M_know) and reranker.model (M_rel), "
+                             "from `ragsift train know` / `ragsift train relevance`")
         return self
 
     @field_validator("strategies")

@@ -73,6 +73,16 @@ class Entail:
     stage = "nli"
 
 
+@dataclass(frozen=True)
+class Classify:
+    """P(yes) for ``text`` from a trained classifier on the ``know`` pool (RA-ISF's M_know: will the
+    generator answer this question correctly closed-book?). Answered with a ``Judgment``."""
+
+    text: str
+
+    stage = "know"
+
+
 @dataclass
 class Generation:
     text: str
@@ -123,7 +133,7 @@ class Entailment:
     error: str | None = None
 
 
-Request = Generate | Judge | Retrieve | Rank | Entail
+Request = Generate | Judge | Retrieve | Rank | Entail | Classify
 Response = Generation | Judgment | Retrieval | Ranking | Entailment
 
 

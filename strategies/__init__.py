@@ -21,7 +21,7 @@ def make_strategy(name: str, config):
     if name == RAISF.name:
         return RAISF(config.raisf, forms)
     if name == RaisfLabels.name:
-        return RaisfLabels(config.raisf, forms)
+        return RaisfLabels(config.raisf, forms, config.label.collect)
     if name == LeastToMost.name:
         return LeastToMost(config.least_to_most, forms)
     if name == SelfReasoning.name:

@@ -18,12 +18,12 @@ closed-book one; the probes are in the trace.
 
 from __future__ import annotations
 
+from schemas.config import AnswerFormConfig, MigresConfig, RaisfConfig, ThinkActConfig
+from schemas.records import Judge, Rank, Retrieve
 from strategies.base import Done, Item, ask, format_passages, prompt
 from strategies.filtering import passage_requests, sentences
 from strategies.forms import final_answer, final_request, form_of
-from strategies.raisf import judge_request
-from schemas.config import AnswerFormConfig, MigresConfig, RaisfConfig, ThinkActConfig
-from schemas.records import Judge, Rank, Retrieve
+from strategies.raisf import know_request, p_yes, relevance_requests, relevance_scores
 
 
 class CalibrationProbe:
@@ -34,6 +34,8 @@ class CalibrationProbe:
                  forms: AnswerFormConfig | None = None):
         self.raisf, self.think_act, self.migres = raisf, think_act, migres
         self.forms = forms or AnswerFormConfig()
+        if raisf.judges == "trained":
+            self.stages = self.stages | {"know"}
 
     def _answer(self, item, user):
         return final_request(user, form_of(item, self.forms), self.forms)
@@ -41,7 +43,7 @@ class CalibrationProbe:
     def start(self, item: Item):
         q = item.question
         return ask(item, "first", [
-            judge_request(prompt("raisf_know").format(question=q)),
+            know_request(q, self.raisf),
             Judge((("user", prompt("ta_confidence").format(question=q)),)),
             self._answer(item, prompt("raisf_answer").format(question=q)),
             self._answer(item, prompt("direct_user").format(question=q)),
@@ -58,15 +60,16 @@ class CalibrationProbe:
     def _after_first(self, item, responses):
         know, confidence, raisf_closed, ta_closed, top_k, migres_top = responses
         item.passages = top_k.passages
-        item.trace.append({"step": "probe", "know_p_yes": know.prob("yes"), "ta_beta": confidence.prob("yes"),
+        item.trace.append({"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by),
+                           "ta_beta": confidence.prob("yes"),
                            "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
                            "top_k": [p.id for p in top_k.passages],
                            "migres_candidates": [p.id for p in migres_top.passages]})
         q = item.question
         pool = [s for p in top_k.passages for s in sentences(p.text)]
         item.state["pool"] = pool
-        requests = [judge_request(prompt("raisf_relevance").format(question=q, passage=f"{p.title}: {p.text}"))
-                    for p in top_k.passages]
+        requests = relevance_requests(q, top_k.passages, self.raisf)
+        item.state["n_relevance"] = len(requests)
         requests.append(self._answer(item, prompt("rag_user").format(passages=format_passages(top_k.passages),
                                                                       question=q)))
         if pool:
@@ -77,11 +80,11 @@ class CalibrationProbe:
 
     def _after_second(self, item, responses):
         probe = item.trace[-1]
-        k = len(item.passages)
+        k = item.state["n_relevance"]
         relevance, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
         sentence_rank = next(ranks) if item.state["pool"] else None
         migres_rank = next(ranks) if probe["migres_candidates"] else None
-        probe.update(relevance_p_yes=[j.prob("yes") for j in relevance], read=final_answer(read),
+        probe.update(relevance_p_yes=relevance_scores(relevance, len(item.passages), self.raisf), read=final_answer(read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
         chosen = [item.state["pool"][i] for i in sentence_rank.indices] if sentence_rank else []
         context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"

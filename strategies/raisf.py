@@ -21,11 +21,31 @@ relevant).
 
 from __future__ import annotations
 
-from strategies.base import Done, Item, Spawn, answer_messages, ask, format_passages, parse_failed, prompt
+import math
+
+from schemas.config import AnswerFormConfig, RaisfConfig
+from schemas.records import (
+    Classify,
+    Generate,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieve,
+)
+from strategies.base import (
+    Done,
+    Item,
+    Spawn,
+    answer_messages,
+    ask,
+    format_passages,
+    parse_failed,
+    prompt,
+)
 from strategies.forms import final_answer, final_request, form_of, response_text
 from strategies.parsing import parse_string_list, same_question, string_list_schema
-from schemas.config import AnswerFormConfig, RaisfConfig
-from schemas.records import Generate, Judge, Judgment, Retrieve
 
 UNKNOWN = "unknown"
 DECOMPOSE_TOKENS = 160
@@ -39,6 +59,8 @@ class RAISF:
         self.config = config
         self.forms = forms or AnswerFormConfig()
         self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
+        if config.judges == "trained":  # M_know on its own pool, M_rel as the ranker's cross-encoder
+            self.stages = frozenset({"generator", "know", "ranker", "retriever"})
 
     # Each phase handler gets the responses to the requests the previous phase asked for.
 
@@ -47,7 +69,7 @@ class RAISF:
             item.trace.append({"step": "depth_cap", "depth": item.depth})
             return Done(UNKNOWN, "unknown")
         if self.config.self_knowledge:
-            return ask(item, "know", [judge_request(prompt("raisf_know").format(question=item.question))])
+            return ask(item, "know", [know_request(item.question, self.config)])
         return self._retrieve(item)
 
     def resume(self, item: Item, responses):
@@ -81,16 +103,14 @@ class RAISF:
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
         if not self.config.passage_relevance:  # only reachable with self-knowledge ablated too
             return self._answer_from(item, retrieval.passages)
-        judges = [judge_request(prompt("raisf_relevance").format(question=item.question,
-                                                          passage=f"{p.title}: {p.text}"))
-                  for p in retrieval.passages]
+        judges = relevance_requests(item.question, retrieval.passages, self.config)
         return ask(item, "relevance", judges) if judges else self._no_relevant(item)
 
     def _after_relevance(self, item, responses):
         failed = next((j.error for j in responses if j.error), None)
         if failed:
             return Done("", "error", error=failed)
-        scores = [self._p_yes(j) for j in responses]
+        scores = relevance_scores(responses, len(item.passages), self.config)
         relevant = [p for p, s in zip(item.passages, scores) if s >= self.config.relevance_threshold]
         item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
                            "relevant": [p.id for p in relevant]})
@@ -168,6 +188,34 @@ class RAISF:
 
 def judge_request(user: str) -> Judge:
     return Judge((("user", user),))
+
+
+def know_request(question: str, config: RaisfConfig) -> Judge | Classify:
+    """M_know(q): the trained classifier, or the judge asked the paper's self-knowledge prompt."""
+    if config.judges == "trained":
+        return Classify(question)
+    return judge_request(prompt("raisf_know").format(question=question))
+
+
+def relevance_requests(question: str, passages: list[Passage], config: RaisfConfig) -> list[Judge | Rank]:
+    """M_rel(p) for each passage: one cross-encoder ranking of them all, or one judgment each."""
+    shown = [f"{p.title}: {p.text}" for p in passages]
+    if not passages:
+        return []
+    if config.judges == "trained":
+        return [Rank(question, tuple(shown), len(shown))]
+    return [judge_request(prompt("raisf_relevance").format(question=question, passage=s)) for s in shown]
+
+
+def relevance_scores(responses: list[Judgment | Ranking], n: int, config: RaisfConfig) -> list[float]:
+    """P(relevant) per passage, in retrieval order (a ranking's logits through a sigmoid)."""
+    if config.judges == "trained":
+        (ranking,) = responses
+        scores = [0.0] * n
+        for i, logit in zip(ranking.indices, ranking.scores):
+            scores[i] = 1.0 / (1.0 + math.exp(-logit))
+        return scores
+    return [p_yes(j, config.judge_by) for j in responses]
 
 
 def p_yes(judgment: Judgment, judge_by: str) -> float:

@@ -22,34 +22,44 @@ from schemas.records import Generate, Retrieve
 
 class RaisfLabels:
     name = "raisf_labels"
-    stages = frozenset({"generator", "judge", "retriever"})
-
-    def __init__(self, config: RaisfConfig, forms: AnswerFormConfig | None = None):
+    def __init__(self, config: RaisfConfig, forms: AnswerFormConfig | None = None,
+                 collect=("self_knowledge", "relevance", "decomposition")):
         self.config = config
         self.forms = forms or AnswerFormConfig()
+        self.collect = set(collect)
         self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
+        self.stages = frozenset({"generator"} | ({"judge", "retriever"} if "relevance" in self.collect else set()))
 
     def start(self, item: Item):
-        closed = final_request(prompt("raisf_answer").format(question=item.question), form_of(item, self.forms),
-                               self.forms)
-        decompose = Generate(answer_messages(prompt("raisf_decompose").format(question=item.question), system=None),
-                             max_tokens=DECOMPOSE_TOKENS, json_schema=self.decompose_schema)
-        return ask(item, "collect", [closed, Retrieve(item.question, self.config.k), decompose])
+        """The closed-book answer always (the answer of the row); retrieval and decomposition when collected."""
+        requests = [final_request(prompt("raisf_answer").format(question=item.question), form_of(item, self.forms),
+                                  self.forms)]
+        if "relevance" in self.collect:
+            requests.append(Retrieve(item.question, self.config.k))
+        if "decomposition" in self.collect:
+            requests.append(Generate(answer_messages(prompt("raisf_decompose").format(question=item.question),
+                                                     system=None),
+                                     max_tokens=DECOMPOSE_TOKENS, json_schema=self.decompose_schema))
+        return ask(item, "collect", requests)
 
     def resume(self, item: Item, responses):
         return getattr(self, "_after_" + item.state["phase"])(item, responses)
 
     def _after_collect(self, item, responses):
-        closed, retrieval, decomposed = responses
+        closed, rest = responses[0], iter(responses[1:])
+        retrieval = next(rest) if "relevance" in self.collect else None
+        decomposed = next(rest) if "decomposition" in self.collect else None
         if closed.error:
             return Done("", "error", error=closed.error)
         item.state["answer"] = final_answer(closed)
         item.trace.append({"step": "closed_book", "output": response_text(closed)})
-        if not decomposed.error:
+        if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
             if not ok:
                 item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
             item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
+        if retrieval is None:
+            return self._done(item)
         if retrieval.error or not retrieval.passages:
             item.trace.append({"step": "retrieve", "ids": [], "error": retrieval.error})
             return self._done(item)

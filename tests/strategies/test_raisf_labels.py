@@ -28,3 +28,11 @@ def test_unparsed_decomposition_is_counted_and_no_passages_means_no_relevance_la
     done, item = drive(RaisfLabels(RaisfConfig()), "Q", no_passages)
     assert done.resolved_by == "labels" and item.counts["parse_failures"] == 1
     assert [t["step"] for t in item.trace] == ["closed_book", "decompose", "retrieve"]
+
+
+def test_self_knowledge_labels_alone_cost_one_short_generation():
+    log = []
+    strategy = RaisfLabels(RaisfConfig(), collect=["self_knowledge"])
+    done, item = drive(strategy, "Q", Script(), log=log)
+    assert [type(r).__name__ for _, r in log] == ["Generate"] and strategy.stages == {"generator"}
+    assert (done.answer, [t["step"] for t in item.trace]) == ("closed(Q)", ["closed_book"])

@@ -1,0 +1,262 @@
+"""``ragsift train``: judge models from labelled questions, RA-ISF's own loop (Appendix A: collect,
+then train the sub-modules), written as plain model directories that ragsift's actor pools load.
+
+    ragsift train relevance --questions dev.parquet --index-dir idx --output models/m_rel \\
+        --exclude results/slices/eval.txt --exclude data/demo/sample_questions.parquet
+    ragsift train know --labels runs/labels --output models/m_know --exclude ...
+
+relevance (M_rel)  a CrossEncoder, (question, "title: text") -> relevant, initialised from the
+                   offline MiniLM; positives are the questions' gold passages, negatives the
+                   non-gold passages BM25 and dense retrieval rank highest (hard negatives). It
+                   serves as ``reranker.model`` (the ranker stage) and RA-ISF's relevance judge.
+know (M_know)      question -> will this generator answer correctly closed-book: logistic
+                   regression on the embedder's question vectors, from ``ragsift label``'s
+                   know / unknown labels; written as a CrossEncoder-free classifier directory.
+
+Questions named by ``--exclude`` (id lists, or question Parquet files) are never trained on: the
+reported sample and evaluation slice go there. A held-out share of the remaining questions (by a
+hash of the id) gives the figures in the model card (``card.json`` and ``README.md`` beside the
+weights: data, counts, settings, held-out metrics, examples/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from jobs.io import read_table
+
+
+def excluded_ids(sources: list[str]) -> set[str]:
+    """Ids from id-list files (one per line) or question Parquet files (their ``id`` column)."""
+    ids: set[str] = set()
+    for source in sources:
+        if source.endswith(".parquet"):
+            ids |= set(read_table(source, ["id"])["id"].to_pylist())
+        else:
+            ids |= {line.strip() for line in Path(source).read_text().splitlines() if line.strip()}
+    return ids
+
+
+def held_out(qid: str, share: float) -> bool:
+    """A stable split by question (never by pair, so no question is on both sides)."""
+    return int(hashlib.sha256(qid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+
+
+def passage_text(title: str | None, text: str) -> str:
+    """How a passage is shown to the relevance model (also how the strategies show it)."""
+    return f"{title}: {text}" if title else text
+
+
+def mine_pairs(rows: list[dict], index_dir: str, negatives: int, depth: int = 30) -> list[dict]:
+    """(question, passage, label) pairs: every gold passage, and per retrieval method the
+    ``negatives`` best-ranked non-gold passages of the top ``depth``."""
+    from actors.bm25 import BM25Shard
+    from actors.encoder import Encoder
+    from actors.retriever import ShardRetriever, merge_topk
+    from jobs.index import read_manifest
+    from jobs.label import passages_by_id
+    from jobs.models import resolve
+
+    manifest = read_manifest(index_dir)
+    dirs = [str(Path(index_dir) / s["dir"]) for s in manifest["shards"]]
+    texts = [r["question"] for r in rows]
+    vectors = Encoder(resolve(manifest["embedder"])).encode(texts)
+    dense = merge_topk([ShardRetriever(d).search(vectors, depth) for d in dirs], depth)
+    bm25 = merge_topk([BM25Shard(d).search(texts, depth) for d in dirs], depth)
+    gold_passages = passages_by_id(index_dir, {g for r in rows for g in r["gold_passage_ids"]})
+    pairs = []
+    for row, d, b in zip(rows, dense, bm25):
+        gold = set(row["gold_passage_ids"])
+        for pid in gold & set(gold_passages):
+            p = gold_passages[pid]
+            pairs.append({"id": row["id"], "question": row["question"], "passage": passage_text(p.title, p.text),
+                          "label": 1.0})
+        seen = set(gold)
+        for hits in (b, d):
+            for p in [p for p in hits if p.id not in seen][:negatives]:
+                seen.add(p.id)
+                pairs.append({"id": row["id"], "question": row["question"], "passage": passage_text(p.title, p.text),
+                              "label": 0.0})
+    return pairs
+
+
+def auc(labels: list[float], scores: list[float]) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores))
+
+
+def train_relevance(args: argparse.Namespace, log) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
+                                                     CrossEncoderTrainingArguments)
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    from jobs.models import resolve
+
+    skip = excluded_ids(args.exclude)
+    rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
+            if r["gold_passage_ids"] and r["id"] not in skip]
+    if args.limit:
+        rows = rows[: args.limit]
+    if not rows:
+        raise ValueError(f"{args.questions}: no question with gold passages left to train on")
+    started = time.perf_counter()
+    pairs = mine_pairs(rows, args.index_dir, args.negatives)
+    mined_s = time.perf_counter() - started
+    train = [p for p in pairs if not held_out(p["id"], args.held_out)]
+    test = [p for p in pairs if held_out(p["id"], args.held_out)]
+    log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) in {mined_s:.0f} s; "
+        f"{len(train)} to train, {len(test)} held out")
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    model = CrossEncoder(resolve(args.base), num_labels=1, max_length=args.max_length, device=device)
+    columns = {"question": [p["question"] for p in train], "passage": [p["passage"] for p in train],
+               "label": [p["label"] for p in train]}
+    work = Path(args.output) / "_checkpoints"
+    training = CrossEncoderTrainingArguments(
+        output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
+        logging_steps=max(1, len(train) // args.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu")
+    # positives are a minority: weigh them as the negatives per positive, so the loss is balanced
+    ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
+    loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))
+    trainer = CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_dict(columns), loss=loss)
+    started = time.perf_counter()
+    result = trainer.train()
+    train_s = time.perf_counter() - started
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    started = time.perf_counter()
+    scores = model.predict([(p["question"], p["passage"]) for p in test], batch_size=64, show_progress_bar=False)
+    predict_s = time.perf_counter() - started
+    metrics = {"held_out_auc": round(auc([p["label"] for p in test], list(map(float, scores))), 4) if test else None,
+               "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
+               "train_loss_last": losses[-1] if losses else None, "train_loss": result.training_loss,
+               "train_pairs_per_s": round(len(train) * args.epochs / train_s, 1),
+               "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
+               "mine_s": round(mined_s, 1), "train_s": round(train_s, 1), "device": device}
+    model.save_pretrained(args.output)
+    card = {"model": "relevance (M_rel) cross-encoder", "base": args.base, "questions": args.questions,
+            "index": args.index_dir, "excluded": args.exclude, "excluded_questions": len(skip),
+            "questions_used": len(rows), "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
+            "held_out_share": args.held_out,
+            "settings": {k: getattr(args, k) for k in ("negatives", "epochs", "batch_size", "learning_rate",
+                                                       "max_length", "seed")},
+            "metrics": metrics, "input": "(question, 'title: text') -> logit of relevant"}
+    write_card(args.output, card)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']}, loss {metrics['train_loss_first']} -> "
+        f"{metrics['train_loss_last']}, {metrics['train_pairs_per_s']} pairs/s training")
+    return card
+
+
+def train_know(args: argparse.Namespace, log) -> dict:
+    """M_know: logistic regression on the embedder's normalised question vectors (actors/know.py)."""
+    from sentence_transformers import SentenceTransformer
+    from sklearn.linear_model import LogisticRegression
+
+    from actors.know import WEIGHTS
+    from jobs.models import resolve
+
+    skip = excluded_ids(args.exclude)
+    source = str(Path(args.labels) / "labels" / "self_knowledge.parquet")
+    rows = [r for r in read_table(source, ["id", "question", "label"]).to_pylist() if r["id"] not in skip]
+    if not rows:
+        raise ValueError(f"{source}: no self-knowledge label left to train on")
+    train = [r for r in rows if not held_out(r["id"], args.held_out)]
+    test = [r for r in rows if held_out(r["id"], args.held_out)]
+    if {r["label"] for r in train} != {"know", "unknown"}:
+        raise ValueError(f"{source}: the training labels need both know and unknown examples")
+    encoder = SentenceTransformer(resolve(args.embedder), device="cpu")
+    started = time.perf_counter()
+    vectors = encoder.encode([r["question"] for r in rows], batch_size=64, normalize_embeddings=True,
+                             show_progress_bar=False)
+    encode_s = time.perf_counter() - started
+    index = {r["id"]: i for i, r in enumerate(rows)}
+    x_train, y_train = vectors[[index[r["id"]] for r in train]], [r["label"] == "know" for r in train]
+    classifier = LogisticRegression(C=args.c, class_weight="balanced", max_iter=2000)
+    started = time.perf_counter()
+    classifier.fit(x_train, y_train)
+    fit_s = time.perf_counter() - started
+    metrics = {"train_auc": round(auc(y_train, classifier.predict_proba(x_train)[:, 1].tolist()), 4)}
+    if test and len({r["label"] for r in test}) == 2:
+        x_test = vectors[[index[r["id"]] for r in test]]
+        metrics["held_out_auc"] = round(auc([r["label"] == "know" for r in test],
+                                            classifier.predict_proba(x_test)[:, 1].tolist()), 4)
+    metrics.update(encode_questions_per_s=round(len(rows) / encode_s, 1), fit_s=round(fit_s, 2))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / WEIGHTS).write_text(json.dumps({"embedder": args.embedder, "coef": classifier.coef_[0].tolist(),
+                                           "intercept": float(classifier.intercept_[0])}))
+    card = {"model": "self-knowledge (M_know) classifier", "embedder": args.embedder, "labels": source,
+            "excluded": args.exclude, "examples": len(rows), "train": len(train), "held_out": len(test),
+            "know_share": round(sum(r["label"] == "know" for r in rows) / len(rows), 4),
+            "settings": {"C": args.c, "class_weight": "balanced", "held_out_share": args.held_out},
+            "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
+    write_card(args.output, card)
+    log(f"wrote {args.output}: {len(train)} training labels ({card['know_share']:.1%} know), "
+        f"held-out AUC {metrics.get('held_out_auc')}")
+    return card
+
+
+def write_card(output: str, card: dict) -> None:
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "card.json").write_text(json.dumps(card, indent=2))
+    lines = [f"# {card['model']}", "", "Trained by `ragsift train`.", "", "```json", json.dumps(card, indent=2), "```"]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="judge", required=True)
+    rel = sub.add_parser("relevance", help="M_rel: a cross-encoder from gold passages and hard negatives")
+    rel.add_argument("--questions", required=True, help="questions Parquet with gold_passage_ids")
+    rel.add_argument("--index-dir", required=True, help="the index the negatives are mined from")
+    rel.add_argument("--output", required=True, help="model directory to write")
+    rel.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
+    rel.add_argument("--base", default="all-minilm-l6-v2", help="model to start from (alias, path or hub name)")
+    rel.add_argument("--negatives", type=int, default=3, help="hard negatives per question and retrieval method")
+    rel.add_argument("--epochs", type=float, default=1.0)
+    rel.add_argument("--batch-size", type=int, default=32)
+    rel.add_argument("--learning-rate", type=float, default=3e-5)
+    rel.add_argument("--max-length", type=int, default=256)
+    rel.add_argument("--held-out", type=float, default=0.1, help="share of questions kept out of training")
+    rel.add_argument("--limit", type=int, help="only the first N questions (quick runs)")
+    rel.add_argument("--seed", type=int, default=0)
+    rel.add_argument("--threads", type=int, help="torch threads on CPU (default: every core)")
+
+
+    know = sub.add_parser("know", help="M_know: a classifier from `ragsift label` know / unknown labels")
+    know.add_argument("--labels", required=True, help="a `ragsift label` output directory")
+    know.add_argument("--output", required=True, help="model directory to write")
+    know.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
+    know.add_argument("--embedder", default="all-minilm-l6-v2", help="question vectors (alias, path or hub name)")
+    know.add_argument("--c", type=float, default=1.0, help="inverse regularisation strength")
+    know.add_argument("--held-out", type=float, default=0.1, help="share of questions kept out of training")
+
+
+def run(args: argparse.Namespace) -> int:
+    log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
+    (train_relevance if args.judge == "relevance" else train_know)(args, log)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("train", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
