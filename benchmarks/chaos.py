@@ -75,7 +75,8 @@ def main() -> None:
     from jobs.demo import QUESTIONS
     from jobs.models import ragsift_home
     from jobs.ray_session import init_ray
-    from schemas.config import AnswerConfig, load_config
+    from schemas.config import load_config
+    from strategies.registry import AnswerConfig
 
     tmp = tempfile.mkdtemp(prefix="ragsift-chaos-")
     qpath = f"{tmp}/q.parquet"

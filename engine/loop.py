@@ -19,9 +19,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.stages import Launched, Stage
+from engine.steps import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
 from schemas.records import Generation, Judgment, Question, Request, Response
-from strategies.base import Ask, Done, Item, Spawn, Strategy
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Root:
                                      n_subquestions=0, depth=0, n_parse_failures=0)
     )
     nodes: int = 1
+    step_tokens: dict[str, int] = field(default_factory=dict)  # prompt + completion tokens by request step
     capped: bool = False  # a sub-question of this tree was not run (engine caps)
 
 
@@ -44,6 +45,7 @@ class Node:
     parent: Node | None = None
     index: int = 0  # position among its parent's children
     slots: list[Any] = field(default_factory=list)  # responses or child results being collected
+    asked: list[Request] = field(default_factory=list)  # the requests the slots answer (empty for children)
     missing: int = 0
 
 
@@ -244,7 +246,7 @@ class Engine:
                     self._step(child, self._call_strategy(child, "start"))
                 return
             assert isinstance(step, Ask), f"strategy returned {step!r}"
-            node.slots, node.missing = [None] * len(step.requests), len(step.requests)
+            node.slots, node.missing, node.asked = [None] * len(step.requests), len(step.requests), step.requests
             for slot, request in enumerate(step.requests):
                 self._count_request(node.root, request)
                 if request in self.cache:
@@ -279,10 +281,13 @@ class Engine:
 
     def _resume(self, node: Node):
         responses, node.slots = node.slots, []
-        for r in responses:
+        asked, node.asked = node.asked, []
+        for request, r in zip(asked, responses):
             if isinstance(r, (Generation, Judgment)):
                 node.root.counters["prompt_tokens"] += r.prompt_tokens
                 node.root.counters["completion_tokens"] += r.completion_tokens
+                tokens = node.root.step_tokens
+                tokens[request.step] = tokens.get(request.step, 0) + r.prompt_tokens + r.completion_tokens
         return self._call_strategy(node, "resume", responses)
 
     def _call_strategy(self, node: Node, method: str, *args):
@@ -332,6 +337,7 @@ class Engine:
             "retrieved_scores": [p.score for p in passages],
             "citations": done.citations,
             **root.counters,
+            "step_tokens": root.step_tokens,
             "latency_s": time.perf_counter() - root.started,
             "trace": json.dumps(node.item.trace, ensure_ascii=False),
             "error": done.error,

@@ -29,8 +29,13 @@ from jobs.inputs import materialize_questions
 from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
 from jobs.models import resolve
 from jobs.output import ShardedOutput
-from schemas.config import AnswerConfig, load_config
-from strategies import STRATEGIES, make_strategy
+from schemas.config import load_config, speed_setting
+from strategies.registry import (
+    STRATEGIES,
+    AnswerConfig,
+    make_strategy,
+    retrieval_methods,
+)
 
 
 def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
@@ -106,13 +111,6 @@ def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple
             for s in manifest["shards"]], bm25
 
 
-def retrieval_methods(config: AnswerConfig) -> set[str]:
-    methods = {config.retrieval.method}
-    if {"migres", "calibration_probe"} & set(config.strategies):
-        methods.add(config.migres.retriever)
-    return methods
-
-
 def entailment_name(config: AnswerConfig) -> str | None:
     """What verifies MIGRES's extracted statements, for the run metadata."""
     if "migres" not in config.strategies:
@@ -138,16 +136,6 @@ def ranker_name(config: AnswerConfig) -> str:
     return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
 
 
-# Fields that change how fast a run goes, not what it answers: a resumed run may change them.
-OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
-               "engine.retriever", "engine.ranker", "engine.nli", "engine.know", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
-               "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows",
-               "label"}  # label.* only filters what `ragsift label` writes from the answers
-_OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind", "engine_in_process",
-                    "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}
-_OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}  # also the cross-encoder pools
-
-
 def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
@@ -167,14 +155,8 @@ def identity_defaults() -> dict:
 
 
 def _operational(key: str) -> bool:
-    if key == "label.collect":  # what raisf_labels asks the model
-        return False
-    head, _, leaf = key.rpartition(".")
-    if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
-        return True
-    if head in ("embedder", "reranker", "nli", "know") and leaf in _OPERATIONAL_EMBEDDER:
-        return True
-    return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
+    """A speed or resource setting (schemas/config.py ``SPEED``), which a resumed run may change."""
+    return speed_setting(AnswerConfig, key)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

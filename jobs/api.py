@@ -29,7 +29,8 @@ def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_d
     (answers, metrics.json) there instead of in a temporary directory."""
     from jobs.answer import answer
     from jobs.evaluate import answer_files
-    from schemas.config import AnswerConfig, load_config
+    from schemas.config import load_config
+    from strategies.registry import AnswerConfig
 
     table = to_arrow(questions, columns)
     strategies = [strategies] if isinstance(strategies, str) else list(strategies)

@@ -28,7 +28,6 @@ import hashlib
 import json
 import math
 import sys
-from pathlib import Path
 
 import yaml
 

@@ -95,8 +95,11 @@ def auc(labels: list[float], scores: list[float]) -> float:
 def train_relevance(args: argparse.Namespace, log) -> dict:
     import torch
     from datasets import Dataset
-    from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
-                                                     CrossEncoderTrainingArguments)
+    from sentence_transformers.cross_encoder import (
+        CrossEncoder,
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
     from jobs.models import resolve

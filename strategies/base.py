@@ -1,57 +1,127 @@
-"""The strategy contract: a pure state machine driven by the engine.
+"""What every strategy shares: the coroutine adapter, the structured-step policy, prompts.
 
-``start(item)`` and ``resume(item, responses)`` return the next Step: ``Ask`` for requests to stage
-pools (responses come back in the same order), ``Spawn`` for sub-questions (resumed with their
-``Done`` results in order), or ``Done``. Strategies do no I/O and never touch Ray.
+A strategy is written the way its paper writes the algorithm, as a generator ``solve(item)``:
+
+    response  = yield Generate(...)             # one request -> its response
+    responses = yield [Judge(...), Judge(...)]  # several at once (batched with every other item's)
+    children  = yield Spawn(questions)          # sub-questions, run on the engine -> their Done
+    return Done(answer, resolved_by)
+
+``Routine`` adapts it to the engine's ``start`` / ``resume`` (engine/steps.py). A response that
+carries an error ends the question as an error row: an error is never a judgment or an empty
+answer. ``yield Lenient([...])`` hands the errors to the strategy instead (label collection keeps
+what it can).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
 from functools import cache
-from pathlib import Path
-from typing import Any, Protocol
+from importlib.resources import files
+from typing import Any, ClassVar, TypeVar
 
+from engine.steps import Ask, Done, Item, Spawn, Step
 from schemas.config import AnswerFormConfig
-from schemas.records import Passage, Request, Response
+from schemas.records import Generate, Generation, Passage, Request
 
-PROMPTS = Path(__file__).parent / "prompts"
+T = TypeVar("T")
+Solve = Generator[Any, Any, Done]
 
 
 @dataclass
-class Ask:
+class Lenient:
+    """Requests whose failed responses go back to the strategy instead of ending the question."""
+
     requests: list[Request]
 
 
-@dataclass
-class Spawn:
-    questions: list[str]
+class Routine:
+    """Base class of strategies: subclasses write ``solve``; ``start`` / ``resume`` are the engine's.
+
+    What a strategy declares for the registry (strategies/registry.py):
+
+        name        its name on the command line and in the output
+        Config      its config section (a ``Section`` model, under ``name`` in the run config), or None
+        stages      the stage pools it asks (an instance may add some, e.g. from its settings)
+        answers     whether ``compare`` runs it by default (False for label / probe strategies)
+        from_run    how it is built from the run config
+        check       cross-section checks on the run config (raise ValueError naming the fields)
+        retrieval_methods   the retrieval methods it asks for besides ``retrieval.method``
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type | None] = None
+    answers: ClassVar[bool] = True
+    stages: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_run(cls, run) -> Routine:
+        return cls(getattr(run, cls.name))
+
+    @staticmethod
+    def check(run) -> None:
+        """Nothing to check across sections."""
+
+    @staticmethod
+    def retrieval_methods(run) -> set[str]:
+        return set()
+
+    def solve(self, item: Item) -> Solve:
+        raise NotImplementedError
+
+    def start(self, item: Item) -> Step:
+        item.state["routine"] = self.solve(item)
+        return self._advance(item, None)
+
+    def resume(self, item: Item, responses: list) -> Step:
+        shape = item.state.pop("shape")
+        if shape in ("one", "many"):
+            failed = next((r.error for r in responses if getattr(r, "error", None)), None)
+            if failed:
+                item.state.pop("routine").close()
+                return Done("", "error", error=failed)
+        return self._advance(item, responses[0] if shape == "one" else responses)
+
+    def _advance(self, item: Item, sent) -> Step:
+        try:
+            asked = item.state["routine"].send(sent)
+        except StopIteration as stop:
+            item.state.pop("routine", None)
+            return stop.value
+        if isinstance(asked, Spawn):
+            item.state["shape"] = "spawn"
+            return asked
+        if isinstance(asked, Lenient):
+            item.state["shape"] = "lenient"
+            return Ask(asked.requests)
+        if isinstance(asked, list):
+            item.state["shape"] = "many"
+            return Ask(asked)
+        item.state["shape"] = "one"
+        return Ask([asked])
 
 
-@dataclass
-class Done:
-    answer: str
-    resolved_by: str
-    citations: list[str] = field(default_factory=list)
-    error: str | None = None
+def structured(item: Item, request: Generate, parse: Callable[[str], tuple[T, bool]], step: str):
+    """``value, response = yield from structured(...)``: a structured output under guided decoding.
 
-
-Step = Ask | Spawn | Done
-
-
-@dataclass
-class Item:
-    """One question node: a root question or a sub-question."""
-
-    question: str
-    depth: int = 0
-    kind: str | None = None  # the input's `kind` (e.g. "claim" for FEVER) for roots; None for sub-questions
-    dataset: str | None = None  # the input's `dataset` for roots; None for sub-questions
-    state: dict[str, Any] = field(default_factory=dict)  # owned by the strategy
-    passages: list[Passage] = field(default_factory=list)  # the retrieval reported in the output
-    trace: list[dict[str, Any]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)  # e.g. parse_failures; summed per root
+    ``parse(text) -> (value, ok)``. An output that does not parse was cut off by the token budget
+    (guided decoding allows nothing else): it is counted, kept in the trace and asked once more with
+    twice the tokens; the second try's value is returned whether it parsed or not (``ok`` tells,
+    and that failure is counted too). The strategy's fallback decides what an unparsed value means.
+    """
+    response = yield request
+    value, ok = parse(response.text)
+    if ok:
+        return value, ok, response
+    item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+    item.trace.append({"step": step, "parsed": False, "output": response.text, "retry": True})
+    response = yield replace(request, max_tokens=2 * request.max_tokens)
+    value, ok = parse(response.text)
+    if not ok:
+        item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+    return value, ok, response
 
 
 @dataclass(frozen=True)
@@ -62,23 +132,9 @@ class StrategySettings:
     forms: AnswerFormConfig = field(default_factory=AnswerFormConfig)
 
 
-class Strategy(Protocol):
-    name: str
-
-    def start(self, item: Item) -> Step: ...
-
-    def resume(self, item: Item, responses: list[Response]) -> Step: ...
-
-
-def ask(item: Item, phase: str, requests: list[Request]) -> Ask:
-    """Ask for ``requests``; the responses resume ``item`` in ``phase`` (strategies dispatch on it)."""
-    item.state["phase"] = phase
-    return Ask(requests)
-
-
 @cache
 def prompt(name: str) -> str:
-    return (PROMPTS / f"{name}.txt").read_text().strip()
+    return files("strategies").joinpath("prompts", f"{name}.txt").read_text().strip()
 
 
 def answer_messages(user: str, system: str | None = "answer_system"):
@@ -90,17 +146,8 @@ def format_passages(passages: list[Passage]) -> str:
     return "\n\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(passages, 1))
 
 
-def parse_failed(item: Item, step: str, output: str) -> bool:
-    """Count a structured output that did not parse; True the first time for ``step``: retry it once,
-    with more tokens (under guided decoding an unparseable output was cut off). After that the
-    strategy's fallback runs. The retried output stays in the trace."""
-    item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
-    retried = item.state.setdefault("retried", set())
-    if step in retried:
-        return False
-    retried.add(step)
-    item.trace.append({"step": step, "parsed": False, "output": output, "retry": True})
-    return True
+def text_of(response: Generation) -> str:
+    return response.text
 
 
 _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
@@ -113,3 +160,7 @@ def clean_answer(text: str) -> str:
         if line:
             return line
     return ""
+
+
+__all__ = ["Ask", "Done", "Item", "Lenient", "Routine", "Solve", "Spawn", "Step", "StrategySettings", "answer_messages",
+           "clean_answer", "format_passages", "prompt", "structured"]

@@ -18,80 +18,83 @@ closed-book one; the probes are in the trace.
 
 from __future__ import annotations
 
-from schemas.config import AnswerFormConfig, MigresConfig, RaisfConfig, ThinkActConfig
+from engine.steps import Done, Item
+from schemas.config import AnswerFormConfig
 from schemas.records import Judge, Rank, Retrieve
-from strategies.base import Done, Item, ask, format_passages, prompt
+from strategies.base import Routine, Solve, format_passages, prompt
 from strategies.filtering import passage_requests, sentences
 from strategies.forms import final_answer, final_request, form_of
-from strategies.raisf import know_request, p_yes, relevance_requests, relevance_scores
+from strategies.migres import MigresConfig
+from strategies.raisf import (
+    RaisfConfig,
+    check_judges,
+    judge_stages,
+    know_request,
+    p_yes,
+    relevance_requests,
+    relevance_scores,
+)
+from strategies.think_act import ThinkActConfig
 
 
-class CalibrationProbe:
+class CalibrationProbe(Routine):
     name = "calibration_probe"
-    stages = frozenset({"generator", "judge", "retriever", "ranker"})
+    answers = False  # its rows are probes for `ragsift calibrate`
 
     def __init__(self, raisf: RaisfConfig, think_act: ThinkActConfig, migres: MigresConfig,
                  forms: AnswerFormConfig | None = None):
         self.raisf, self.think_act, self.migres = raisf, think_act, migres
         self.forms = forms or AnswerFormConfig()
-        if raisf.judges == "trained":
-            self.stages = self.stages | {"know"}
+        self.stages = frozenset({"generator", "judge", "retriever", "ranker"} | judge_stages(raisf))
 
-    def _answer(self, item, user):
-        return final_request(user, form_of(item, self.forms), self.forms)
+    @classmethod
+    def from_run(cls, run) -> CalibrationProbe:
+        return cls(run.raisf, run.think_act, run.migres, run.answer_form)
 
-    def start(self, item: Item):
+    @staticmethod
+    def check(run) -> None:
+        check_judges(run)
+
+    @staticmethod
+    def retrieval_methods(run) -> set[str]:
+        return {run.migres.retriever}
+
+    def solve(self, item: Item) -> Solve:
         q = item.question
-        return ask(item, "first", [
+
+        def answer(user: str, step: str):
+            return final_request(user, form_of(item, self.forms), self.forms, step=step)
+
+        know, confidence, raisf_closed, ta_closed, top_k, migres_top = yield [
             know_request(q, self.raisf),
-            Judge((("user", prompt("ta_confidence").format(question=q)),)),
-            self._answer(item, prompt("raisf_answer").format(question=q)),
-            self._answer(item, prompt("direct_user").format(question=q)),
+            Judge((("user", prompt("ta_confidence").format(question=q)),), step="capability"),
+            answer(prompt("raisf_answer").format(question=q), "raisf_closed"),
+            answer(prompt("direct_user").format(question=q), "ta_closed"),
             Retrieve(q, self.raisf.k),
             Retrieve(q, self.migres.passages_per_query, self.migres.retriever),
-        ])
-
-    def resume(self, item: Item, responses):
-        for r in responses:
-            if r.error:
-                return Done("", "error", error=r.error)
-        return getattr(self, "_after_" + item.state["phase"])(item, responses)
-
-    def _after_first(self, item, responses):
-        know, confidence, raisf_closed, ta_closed, top_k, migres_top = responses
+        ]
         item.passages = top_k.passages
-        item.trace.append({"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by),
-                           "ta_beta": confidence.prob("yes"),
-                           "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
-                           "top_k": [p.id for p in top_k.passages],
-                           "migres_candidates": [p.id for p in migres_top.passages]})
-        q = item.question
+        probe = {"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by), "ta_beta": confidence.prob("yes"),
+                 "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
+                 "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
+        item.trace.append(probe)
         pool = [s for p in top_k.passages for s in sentences(p.text)]
-        item.state["pool"] = pool
-        requests = relevance_requests(q, top_k.passages, self.raisf)
-        item.state["n_relevance"] = len(requests)
-        requests.append(self._answer(item, prompt("rag_user").format(passages=format_passages(top_k.passages),
-                                                                      question=q)))
+        relevance = relevance_requests(q, top_k.passages, self.raisf)
+        requests = [*relevance, answer(prompt("rag_user").format(passages=format_passages(top_k.passages), question=q),
+                                       "read")]
         if pool:
             requests.append(Rank(q, tuple(pool), self.think_act.top_sentences))
         if migres_top.passages:
             requests.append(passage_requests(q, migres_top.passages))
-        return ask(item, "second", requests)
-
-    def _after_second(self, item, responses):
-        probe = item.trace[-1]
-        k = item.state["n_relevance"]
-        relevance, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
-        sentence_rank = next(ranks) if item.state["pool"] else None
-        migres_rank = next(ranks) if probe["migres_candidates"] else None
-        probe.update(relevance_p_yes=relevance_scores(relevance, len(item.passages), self.raisf), read=final_answer(read),
+        responses = yield requests
+        k = len(relevance)
+        judged, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
+        sentence_rank = next(ranks) if pool else None
+        migres_rank = next(ranks) if migres_top.passages else None
+        probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=final_answer(read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
-        chosen = [item.state["pool"][i] for i in sentence_rank.indices] if sentence_rank else []
+        chosen = [pool[i] for i in sentence_rank.indices] if sentence_rank else []
         context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
-        return ask(item, "third", [self._answer(item, prompt("ta_answer_context").format(context=context,
-                                                                                          question=item.question))])
-
-    def _after_third(self, item, responses):
-        probe = item.trace[-1]
-        probe["ta_retrieval"] = final_answer(responses[0])
+        probe["ta_retrieval"] = final_answer((yield answer(prompt("ta_answer_context").format(
+            context=context, question=q), "ta_retrieval")))
         return Done(probe["raisf_closed"], "probe")

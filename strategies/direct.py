@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from strategies.base import Ask, Done, Item, StrategySettings, prompt
+from engine.steps import Done, Item
+from strategies.base import Routine, Solve, StrategySettings, prompt
 from strategies.forms import final_answer, final_request, form_of, response_text
 
 
-class Direct:
+class Direct(Routine):
     name = "direct"
     stages = frozenset({"generator"})
 
     def __init__(self, settings: StrategySettings):
         self.settings = settings
 
-    def start(self, item: Item) -> Ask:
-        user = prompt("direct_user").format(question=item.question)
-        return Ask([final_request(user, form_of(item, self.settings.forms), self.settings.forms)])
+    @classmethod
+    def from_run(cls, run) -> Direct:
+        return cls(StrategySettings(k=run.retrieval.k, forms=run.answer_form))
 
-    def resume(self, item: Item, responses) -> Done:
-        (response,) = responses
+    def solve(self, item: Item) -> Solve:
+        forms = self.settings.forms
+        response = yield final_request(prompt("direct_user").format(question=item.question), form_of(item, forms), forms)
         item.trace.append({"step": "answer", "output": response_text(response)})
-        if response.error:
-            return Done("", "error", error=response.error)
         return Done(final_answer(response), "closed_book")

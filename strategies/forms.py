@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 
-from strategies.base import Item, answer_messages, clean_answer, prompt
+from engine.steps import Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment
+from strategies.base import answer_messages, clean_answer, prompt
 
 SHORT, YES_NO, VERDICT = "short", "yes_no", "verdict"
 SUB_QUESTION = "sub-question"  # the kind ``detect_yes_no`` names for questions a strategy spawned
@@ -58,13 +59,13 @@ def choices(form: str, config: AnswerFormConfig) -> tuple[str, ...] | None:
     return None
 
 
-def final_request(user: str, form: str, config: AnswerFormConfig) -> Generate | Judge:
+def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "answer") -> Generate | Judge:
     """The final answer step for ``user`` (a strategy's answer prompt) in ``form``."""
     options = choices(form, config)
     if options is None:
-        return Generate(answer_messages(user))
+        return Generate(answer_messages(user), step=step)
     system = prompt(f"answer_system_{form}").format(choices=", ".join(options))
-    return Judge((("system", system), ("user", user)), options, stage="generator")
+    return Judge((("system", system), ("user", user)), options, stage="generator", step=step)
 
 
 def final_answer(response: Generation | Judgment) -> str:

@@ -29,15 +29,50 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from strategies.base import Done, Item, answer_messages, ask, clean_answer, parse_failed, prompt
-from strategies.filtering import filter_sentences, keep_passages, passage_requests, sentence_requests
-from strategies.forms import choices, final_answer, final_request, form_of, response_text
+from engine.steps import Done, Item
+from schemas.config import AnswerFormConfig, Section
+from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
+from strategies.base import (
+    Routine,
+    Solve,
+    answer_messages,
+    clean_answer,
+    prompt,
+    structured,
+)
+from strategies.filtering import (
+    filter_sentences,
+    keep_passages,
+    passage_requests,
+    sentence_requests,
+)
+from strategies.forms import (
+    choices,
+    final_answer,
+    final_request,
+    form_of,
+    response_text,
+)
 from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from strategies.structured import schema_of
-from schemas.config import AnswerFormConfig, MigresConfig
-from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
 
 UNANSWERABLE = "unanswerable"
+
+
+class MigresConfig(Section):
+    """MIGRES (Wang et al.). Iterations, k and N are the paper's (Table 11); delta is on the ranker's
+    scale (bi-encoder cosine by default, not the paper's BGE-reranker logits)."""
+
+    max_iterations: int = Field(5, ge=1, description="T for multi-hop, yes/no and claims")
+    max_iterations_open_domain: int = Field(3, ge=1, description="T for kind=single-hop (open-domain QA)")
+    retriever: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="the paper's default is BM25 (k1 0.9, b 0.4: index.bm25_*)")
+    passages_per_query: int = Field(50, ge=1, description="N passages retrieved per query")
+    max_passages: int = Field(5, ge=1, description="k passages kept per query after the knowledge filter")
+    relevance_threshold: float = Field(0.3, description="delta: passages and sentences scoring under it are dropped")
+    max_queries: int = Field(3, ge=1, description="new queries per iteration")
+    max_uses: int = Field(2, ge=1, description="memory: a passage used this often is not used again")
+    knowledge_prompting: bool = Field(True, description="ask the LLM about a query no passage survives for")
+    entailment_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') for an extracted statement to be kept")
 
 
 class Statement(BaseModel):
@@ -62,8 +97,9 @@ def main_model(answers: tuple[str, ...] | None) -> type[BaseModel]:
 LEAF_SCHEMA = schema_of(Leaf)
 
 
-class MIGRES:
+class MIGRES(Routine):
     name = "migres"
+    Config = MigresConfig
     stages = frozenset({"generator", "judge", "retriever", "ranker"})
 
     def __init__(self, config: MigresConfig, nli: bool = False, forms: AnswerFormConfig | None = None):
@@ -75,74 +111,92 @@ class MIGRES:
             self.stages = self.stages | {"nli"}
         self.query_schema = string_list_schema("queries", config.max_queries)
 
-    def start(self, item: Item):
-        item.state.update(t=0, info=[], history=[], uses={}, iterations=[])
-        return self._retrieve(item, [item.question])
+    @classmethod
+    def from_run(cls, run) -> MIGRES:
+        return cls(run.migres, nli=run.nli.model is not None, forms=run.answer_form)
 
-    def resume(self, item: Item, responses):
-        for r in responses:
-            if r.error:
-                return Done("", "error", error=r.error)
-        return getattr(self, "_after_" + item.state["phase"])(item, responses)
+    @staticmethod
+    def retrieval_methods(run) -> set[str]:
+        return {run.migres.retriever}
+
+    def solve(self, item: Item) -> Solve:
+        info: list[dict] = []  # the information set I: statements with their source passages
+        history: list[str] = []  # memory: every query asked
+        uses: dict[str, int] = {}  # memory: how often a passage was used
+        iterations: list[dict] = []
+        queries, t = [item.question], 0
+        while True:
+            history += queries
+            iteration = {"queries": queries}
+            iterations.append(iteration)
+            knowledge = yield from self.retrieve(item, queries, uses)  # Retrieval module, with the filter
+            iteration["passages"] = [[p.id for p in ps] for ps in knowledge]
+            item.passages = list({p.id: p for p in item.passages + [p for ps in knowledge for p in ps]}.values())
+            verdicts = yield from self.leaf(item, queries, knowledge, info)  # Leaf module
+            if verdicts is not None:
+                iteration["extracted"] = verdicts
+            answer, missing, confidence = yield from self.main(item, info, t)  # Main module
+            iteration.update(answer=answer, confidence=confidence, missing=missing)
+            if answer.strip() and UNANSWERABLE not in answer.lower():
+                return self.done(item, clean_answer(answer), "answered", iterations, info)
+            if t + 1 >= self.max_iterations(item):
+                return (yield from self.final(item, info, iterations, "max_iterations"))
+            missing = missing or item.question
+            new = yield from self.query(item, history, info, missing, t)  # Query Generator
+            seen = {q.strip().lower() for q in history}
+            new = [q for q in new if q.strip().lower() not in seen]
+            if not new:  # memory: nothing new to ask; the missing information itself is the query
+                new = [missing] if missing.strip().lower() not in seen else []
+            if not new:
+                return (yield from self.final(item, info, iterations, "no_new_query"))
+            queries, t = new, t + 1
 
     # --- Retrieval module ----------------------------------------------------------------------
 
-    def _retrieve(self, item, queries):
-        item.state["history"] += queries
-        item.state["queries"] = queries
-        item.state["iterations"].append({"queries": queries})
-        return ask(item, "retrieve", [Retrieve(q, self.config.passages_per_query, self.config.retriever) for q in queries])
-
-    def _after_retrieve(self, item, retrievals):
-        uses = item.state["uses"]
-        candidates = [[p for p in r.passages if uses.get(p.id, 0) < self.config.max_uses] for r in retrievals]
-        item.state["candidates"] = candidates
-        asks = [passage_requests(q, c) for q, c in zip(item.state["queries"], candidates) if c]
-        return ask(item, "rank_passages", asks) if asks else self._after_rank_passages(item, [])
-
-    def _after_rank_passages(self, item, rankings):
-        it = iter(rankings)
-        delta, k = self.config.relevance_threshold, self.config.max_passages
-        kept = [keep_passages(c, next(it), delta, k) if c else [] for c in item.state["candidates"]]
-        item.state["kept"] = kept
-        asks = [r for q, ps in zip(item.state["queries"], kept) for r in sentence_requests(q, ps)]
-        return ask(item, "rank_sentences", asks) if asks else self._after_rank_sentences(item, [])
-
-    def _after_rank_sentences(self, item, rankings):
-        it = iter(rankings)
+    def retrieve(self, item: Item, queries: list[str], uses: dict[str, int]):
+        """Top N per query, then the knowledge filter: passages under delta dropped (k kept), then
+        their sentences under delta (the whole passage kept when it outscores them all)."""
+        c = self.config
+        retrievals = yield [Retrieve(q, c.passages_per_query, c.retriever) for q in queries]
+        candidates = [[p for p in r.passages if uses.get(p.id, 0) < c.max_uses] for r in retrievals]
+        asks = [passage_requests(q, cs) for q, cs in zip(queries, candidates) if cs]
+        rankings = iter((yield asks) if asks else [])
+        kept = [keep_passages(cs, next(rankings), c.relevance_threshold, c.max_passages) if cs else []
+                for cs in candidates]
+        asks = [r for q, ps in zip(queries, kept) for r in sentence_requests(q, ps)]
+        rankings = iter((yield asks) if asks else [])
         knowledge = []  # per query: filtered passages
-        for ps in item.state["kept"]:
-            mine = [f for p in ps if (f := filter_sentences(p, next(it), self.config.relevance_threshold))]
+        for ps in kept:
+            mine = [f for p in ps if (f := filter_sentences(p, next(rankings), c.relevance_threshold))]
             for p in mine:
-                item.state["uses"][p.id] = item.state["uses"].get(p.id, 0) + 1
+                uses[p.id] = uses.get(p.id, 0) + 1
             knowledge.append(mine)
-        item.state["knowledge"] = knowledge
-        item.state["iterations"][-1]["passages"] = [[p.id for p in ps] for ps in knowledge]
-        item.passages = list({p.id: p for p in item.passages + [p for ps in knowledge for p in ps]}.values())
-        asks = []
-        for q, ps in zip(item.state["queries"], knowledge):
-            if ps:
-                listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
-                user = prompt("migres_leaf").format(passages=listing, question=q)
-                asks.append(Generate(answer_messages(user, system=None), max_tokens=200, json_schema=LEAF_SCHEMA))
-            elif self.config.knowledge_prompting:
-                user = prompt("migres_knowledge").format(question=q)
-                asks.append(Generate(answer_messages(user, system=None), max_tokens=96))
-        return ask(item, "leaf", asks) if asks else self._main(item)
+        return knowledge
 
     # --- Leaf module ---------------------------------------------------------------------------
 
-    def _after_leaf(self, item, generations):
-        it = iter(generations)
+    def leaf(self, item: Item, queries: list[str], knowledge: list, info: list[dict]):
+        """Statements extracted per query with the passages they cite, each kept only if entailed by
+        them; knowledge prompting for a query no passage survived for. Returns the verdicts."""
+        asks = []
+        for q, ps in zip(queries, knowledge):
+            if ps:
+                listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
+                asks.append(Generate(answer_messages(prompt("migres_leaf").format(passages=listing, question=q),
+                                                     system=None), max_tokens=200, json_schema=LEAF_SCHEMA, step="leaf"))
+            elif self.config.knowledge_prompting:
+                asks.append(Generate(answer_messages(prompt("migres_knowledge").format(question=q), system=None),
+                                     max_tokens=96, step="knowledge"))
+        generations = iter((yield asks) if asks else [])
         statements = []  # (info, cited passages)
-        for q, ps in zip(item.state["queries"], item.state["knowledge"]):
+        for ps in knowledge:
             if not ps and not self.config.knowledge_prompting:
                 continue
-            gen = next(it)
+            gen = next(generations)
             if not ps:  # knowledge prompting: the LLM's own account is taken as it is
                 text = " ".join(gen.text.split())
                 if text:
-                    item.state["info"].append({"info": text, "source": []})
+                    info.append({"info": text, "source": []})
                 continue
             obj = parse_json_object(gen.text)
             entries = obj.get("useful_information") if obj else None
@@ -156,91 +210,67 @@ class MIGRES:
                          if isinstance(i, int) and 0 <= i < len(ps)]
                 if cited:  # a statement citing nothing cannot be verified: dropped
                     statements.append((e["info"].strip(), cited))
-        item.state["statements"] = statements
         if self.nli:
-            checks = [Entail(" ".join(p.text for p in cited), info) for info, cited in statements]
+            checks = [Entail(" ".join(p.text for p in cited), statement) for statement, cited in statements]
         else:
-            checks = [Judge((("user", prompt("migres_entail").format(
-                premise=" ".join(p.text for p in cited), statement=info)),)) for info, cited in statements]
-        return ask(item, "verify", checks) if checks else self._main(item)
-
-    def _after_verify(self, item, verdicts_in):
+            checks = [Judge((("user", prompt("migres_entail").format(premise=" ".join(p.text for p in cited),
+                                                                     statement=statement)),), step="entail")
+                      for statement, cited in statements]
+        if not checks:
+            return None
         verdicts = []
-        for (info, cited), v in zip(item.state["statements"], verdicts_in):
-            p = (0.0 if v.error else v.p_entail) if isinstance(v, Entailment) else v.prob("yes")
+        for (statement, cited), v in zip(statements, (yield checks)):
+            p = v.p_entail if isinstance(v, Entailment) else v.prob("yes")
             entailed = p >= self.config.entailment_threshold
-            verdicts.append({"info": info, "p_entailed": round(p, 4), "kept": entailed})
+            verdicts.append({"info": statement, "p_entailed": round(p, 4), "kept": entailed})
             if entailed:
-                item.state["info"].append({"info": info, "source": [p.id for p in cited]})
-        item.state["iterations"][-1]["extracted"] = verdicts
-        return self._main(item)
+                info.append({"info": statement, "source": [p.id for p in cited]})
+        return verdicts
 
     # --- Main module ---------------------------------------------------------------------------
 
-    def _information(self, item) -> str:
-        return " ".join(i["info"] for i in item.state["info"]) or "(none)"
-
-    def _main(self, item, max_tokens=160):
+    def main(self, item: Item, info: list[dict], t: int):
+        """(answer or "unanswerable", the missing information, the confidence)."""
         form = form_of(item, self.forms)
         if form not in self.main_schemas:
             self.main_schemas[form] = schema_of(main_model(choices(form, self.forms)))
-        user = prompt("migres_main").format(information=self._information(item), question=item.question)
-        return ask(item, "main", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                           json_schema=self.main_schemas[form])])
+        user = prompt("migres_main").format(information=information(info), question=item.question)
+        request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.main_schemas[form],
+                           step="main")
 
-    def _after_main(self, item, responses):
-        obj = parse_json_object(responses[0].text) or {}
-        answer = obj.get("answer")
-        if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
-            answer = answer.get("text")
-        if not isinstance(answer, str):
-            if parse_failed(item, f"main {item.state['t']}", responses[0].text):
-                return self._main(item, 320)
-            answer = UNANSWERABLE
-        missing = str(obj.get("missing_information") or "").strip()
-        item.state["iterations"][-1].update(answer=answer, confidence=obj.get("confidence"), missing=missing)
-        if answer.strip() and UNANSWERABLE not in answer.lower():
-            return self._done(item, clean_answer(answer), "answered")
-        if item.state["t"] + 1 >= self._max_iterations(item):
-            return self._final(item, "max_iterations")
-        item.state["missing"] = missing or item.question
-        return self._query(item, 120)
+        def parse(text):
+            obj = parse_json_object(text) or {}
+            answer = obj.get("answer")
+            if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
+                answer = answer.get("text")
+            return (obj, answer), isinstance(answer, str)
 
-    def _query(self, item, max_tokens):
-        history = "; ".join(item.state["history"])
-        user = prompt("migres_query").format(question=item.question, history=history,
-                                             information=self._information(item), missing=item.state["missing"])
-        return ask(item, "query", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                            json_schema=self.query_schema)])
+        (obj, answer), ok, _ = yield from structured(item, request, parse, f"main {t}")
+        return (answer if ok else UNANSWERABLE), str(obj.get("missing_information") or "").strip(), obj.get("confidence")
 
-    def _after_query(self, item, responses):
-        queries, ok = parse_string_list(responses[0].text, "queries", self.config.max_queries)
-        if not ok and parse_failed(item, f"query {item.state['t']}", responses[0].text):
-            return self._query(item, 240)
-        seen = {q.strip().lower() for q in item.state["history"]}
-        new = [q for q in queries if q.strip().lower() not in seen]
-        if not new:  # memory: nothing new to ask; the missing information itself is the query
-            new = [item.state["missing"]] if item.state["missing"].strip().lower() not in seen else []
-        if not new:
-            return self._final(item, "no_new_query")
-        item.state["t"] += 1
-        return self._retrieve(item, new)
+    def query(self, item: Item, history: list[str], info: list[dict], missing: str, t: int):
+        user = prompt("migres_query").format(question=item.question, history="; ".join(history),
+                                             information=information(info), missing=missing)
+        request = Generate(answer_messages(user, system=None), max_tokens=120, json_schema=self.query_schema,
+                           step="query")
+        queries, _, _ = yield from structured(
+            item, request, lambda text: parse_string_list(text, "queries", self.config.max_queries), f"query {t}")
+        return queries
 
-    def _final(self, item, ending):
+    def final(self, item: Item, info: list[dict], iterations: list[dict], ending: str):
         """The closing answer from the gathered information, when the loop ends unanswered."""
-        item.state["ending"] = ending
-        user = prompt("migres_final").format(information=self._information(item), question=item.question)
-        return ask(item, "final", [final_request(user, form_of(item, self.forms), self.forms)])
+        user = prompt("migres_final").format(information=information(info), question=item.question)
+        response = yield final_request(user, form_of(item, self.forms), self.forms, step="final")
+        iterations[-1]["final"] = response_text(response)
+        return self.done(item, final_answer(response), ending, iterations, info)
 
-    def _after_final(self, item, responses):
-        item.state["iterations"][-1]["final"] = response_text(responses[0])
-        return self._done(item, final_answer(responses[0]), item.state["ending"])
-
-    def _max_iterations(self, item) -> int:
+    def max_iterations(self, item: Item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations
 
-    def _done(self, item, answer, resolved_by):
-        item.trace.append({"step": "migres", "iterations": item.state["iterations"], "information": item.state["info"]})
-        cited = list(dict.fromkeys(pid for i in item.state["info"] for pid in i["source"]))
-        return Done(answer, resolved_by, cited)
+    def done(self, item: Item, answer: str, resolved_by: str, iterations: list[dict], info: list[dict]) -> Done:
+        item.trace.append({"step": "migres", "iterations": iterations, "information": info})
+        return Done(answer, resolved_by, list(dict.fromkeys(pid for i in info for pid in i["source"])))
 
+
+def information(info: list[dict]) -> str:
+    return " ".join(i["info"] for i in info) or "(none)"

@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-from strategies.base import Ask, Done, Item, StrategySettings, format_passages, prompt
-from strategies.forms import final_answer, final_request, form_of, response_text
+from engine.steps import Done, Item
 from schemas.records import Retrieve
+from strategies.base import Routine, Solve, StrategySettings, format_passages, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
 
 
-class RetrieveThenRead:
+class RetrieveThenRead(Routine):
     name = "rag"
     stages = frozenset({"generator", "retriever"})
 
     def __init__(self, settings: StrategySettings):
         self.settings = settings
 
-    def start(self, item: Item) -> Ask:
-        item.state["phase"] = "retrieve"
-        return Ask([Retrieve(item.question, self.settings.k)])
+    @classmethod
+    def from_run(cls, run) -> RetrieveThenRead:
+        return cls(StrategySettings(k=run.retrieval.k, forms=run.answer_form))
 
-    def resume(self, item: Item, responses):
-        (response,) = responses
-        if item.state["phase"] == "retrieve":
-            if response.error:
-                return Done("", "error", error=response.error)
-            item.passages = response.passages
-            item.trace.append({"step": "retrieve", "ids": [p.id for p in response.passages]})
-            item.state["phase"] = "read"
-            user = prompt("rag_user").format(passages=format_passages(response.passages), question=item.question)
-            return Ask([final_request(user, form_of(item, self.settings.forms), self.settings.forms)])
+    def solve(self, item: Item) -> Solve:
+        forms = self.settings.forms
+        item.passages = (yield Retrieve(item.question, self.settings.k)).passages
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+        user = prompt("rag_user").format(passages=format_passages(item.passages), question=item.question)
+        response = yield final_request(user, form_of(item, forms), forms, step="read")
         item.trace.append({"step": "read", "output": response_text(response)})
-        if response.error:
-            return Done("", "error", error=response.error)
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
         return Done(final_answer(response), "passages")

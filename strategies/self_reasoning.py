@@ -23,12 +23,43 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from strategies.base import (Done, Item, answer_messages, ask, clean_answer, format_passages, parse_failed,
-                                  prompt)
-from strategies.forms import VERDICT, YES_NO, choices, final_answer, final_request, form_of, response_text
-from strategies.structured import parse_as, schema_of
-from schemas.config import AnswerFormConfig, SelfReasoningConfig
+from engine.steps import Done, Item
+from schemas.config import AnswerFormConfig, Section
 from schemas.records import Generate, Retrieve
+from strategies.base import (
+    Routine,
+    Solve,
+    answer_messages,
+    clean_answer,
+    format_passages,
+    prompt,
+    structured,
+)
+from strategies.forms import (
+    VERDICT,
+    YES_NO,
+    choices,
+    final_answer,
+    final_request,
+    form_of,
+    response_text,
+)
+from strategies.structured import parse_as, schema_of
+
+
+class SelfReasoningConfig(Section):
+    """Self-Reasoning (Xia et al.): one JSON trajectory (relevance, cited evidence, analysis, answer)."""
+
+    k: int = Field(5, ge=1, description="passages in the trajectory's evidence (the paper: top 5)")
+    max_tokens: int = Field(512, ge=32, description="tokens for the trajectory; doubled on the one retry")
+    # What the trajectory may copy (the schema's maxItems / maxLength): an untuned model otherwise
+    # copies whole passages into quotes and analysis and runs out of tokens before the answer.
+    max_citations: int = Field(3, ge=1, description="entries of cite_list (at most k)")
+    quote_chars: int = Field(200, ge=1, description="characters of one cite_content")
+    reason_chars: int = Field(150, ge=1, description="characters of relevant_reason and of one cite_reason")
+    analysis_chars: int = Field(500, ge=1, description="characters of the analysis (the long answer)")
+    answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
+
 
 # the paper's verdict words and FEVER's labels
 VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT ENOUGH INFO"}
@@ -64,8 +95,9 @@ def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReason
                         analysis=(str, Field(max_length=config.analysis_chars)), answer=(answer, ...))
 
 
-class SelfReasoning:
+class SelfReasoning(Routine):
     name = "self_reasoning"
+    Config = SelfReasoningConfig
     stages = frozenset({"generator", "retriever"})
 
     def __init__(self, config: SelfReasoningConfig, forms: AnswerFormConfig | None = None):
@@ -73,22 +105,38 @@ class SelfReasoning:
         self.forms = forms or AnswerFormConfig()
         self._models: dict[tuple, tuple[type[BaseModel], str]] = {}  # (model, schema) by (k, answers)
 
-    def start(self, item: Item):
-        return ask(item, "retrieve", [Retrieve(item.question, self.config.k)])
+    @classmethod
+    def from_run(cls, run) -> SelfReasoning:
+        return cls(run.self_reasoning, run.answer_form)
 
-    def resume(self, item: Item, responses):
-        (response,) = responses
-        if response.error:
-            return Done("", "error", error=response.error)
-        return getattr(self, "_after_" + item.state["phase"])(item, response)
-
-    def _after_retrieve(self, item, retrieval):
-        item.passages = retrieval.passages
-        item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
-        return self._trajectory(item, self.config.max_tokens)
-
-    def _model(self, item) -> tuple[type[BaseModel], str]:
+    def solve(self, item: Item) -> Solve:
         form = form_of(item, self.forms)
+        item.passages = (yield Retrieve(item.question, self.config.k)).passages
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+        model, schema = self._model(item, form)
+        user = trajectory_prompt(item.question, item.passages, form, self.forms)
+        request = Generate(answer_messages(user, system=None), max_tokens=self.config.max_tokens, json_schema=schema,
+                           step="trajectory")
+
+        def parse(text):
+            t = parse_as(model, text)
+            return t, t is not None and bool(t.answer.strip())
+
+        t, ok, response = yield from structured(item, request, parse, "trajectory")
+        if not ok:  # the fallback: a plain read of the same passages, in the same form
+            item.trace.append({"step": "trajectory", "parsed": False, "output": response.text})
+            name = "selfreason_fever_read" if form == VERDICT else "rag_user"
+            read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
+                                                           question=item.question), form, self.forms, step="read")
+            item.trace.append({"step": "fallback_read", "output": response_text(read)})
+            # a plain read cites nothing: its passages are the retrieval, not citations
+            return Done(final_answer(read), "fallback")
+        cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
+        item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
+        answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
+        return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
+
+    def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
         answers = choices(form, self.forms)
         if form == VERDICT:
             answers = tuple(_PAPER_WORD.get(v, v) for v in answers)
@@ -98,25 +146,7 @@ class SelfReasoning:
             self._models[key] = model, schema_of(model)
         return self._models[key]
 
-    def _trajectory(self, item, max_tokens):
-        user = trajectory_prompt(item.question, item.passages, form_of(item, self.forms), self.forms)
-        return ask(item, "trajectory", [Generate(answer_messages(user, system=None), max_tokens=max_tokens,
-                                                 json_schema=self._model(item)[1])])
-
-    def _after_trajectory(self, item, gen):
-        t = parse_as(self._model(item)[0], gen.text)
-        if t is None or not t.answer.strip():
-            if parse_failed(item, "trajectory", gen.text):
-                return self._trajectory(item, 2 * self.config.max_tokens)
-            item.trace.append({"step": "trajectory", "parsed": False, "output": gen.text})
-            return self._read(item)
-        cited = self._citations(item, t) if t.relevant else []
-        item.trace.append({"step": "trajectory", **t.model_dump(), "output": gen.text})
-        form = form_of(item, self.forms)
-        answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
-        return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
-
-    def _citations(self, item, t) -> list[str]:
+    def _citations(self, item: Item, t) -> list[str]:
         """Passage ids cited in cite_list or as [n] in the analysis, in order, valid indices only."""
         indices = [c.cite_index for c in t.cite_list]
         for group in _CITE.findall(t.analysis):
@@ -126,14 +156,3 @@ class SelfReasoning:
             if 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:
                 ids.append(item.passages[n - 1].id)
         return ids
-
-    def _read(self, item):
-        form = form_of(item, self.forms)
-        name = "selfreason_fever_read" if form == VERDICT else "rag_user"
-        user = prompt(name).format(passages=format_passages(item.passages), question=item.question)
-        return ask(item, "read", [final_request(user, form, self.forms)])
-
-    def _after_read(self, item, response):
-        item.trace.append({"step": "fallback_read", "output": response_text(response)})
-        # a plain read cites nothing: its passages are the retrieval, not citations
-        return Done(final_answer(response), "fallback")

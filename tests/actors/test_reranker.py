@@ -6,8 +6,8 @@ import pytest
 
 from actors.reranker import CrossEncoderRanker
 from jobs.answer import ranker_name
-from schemas.config import AnswerConfig
 from schemas.records import Rank
+from strategies.registry import AnswerConfig
 
 
 @pytest.fixture(scope="module")

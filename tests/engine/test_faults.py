@@ -7,8 +7,8 @@ from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage, StageDown
 from schemas.config import EngineConfig, StageBatching
 from schemas.records import Question
-from strategies import STRATEGIES
 from strategies.base import StrategySettings
+from strategies.registry import STRATEGIES
 from tests.engine.fakes import (
     BrokenGenerator,
     FakeEncoder,

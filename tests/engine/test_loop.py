@@ -8,8 +8,8 @@ from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import EngineConfig, StageBatching
 from schemas.records import Generate, Question
-from strategies import STRATEGIES
 from strategies.base import Ask, Done, Spawn, StrategySettings
+from strategies.registry import STRATEGIES
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

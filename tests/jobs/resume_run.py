@@ -7,9 +7,10 @@ import sys
 
 import ray
 
-from jobs.answer import answer
 from engine.stages import GeneratorStage, RetrieverStage
-from schemas.config import AnswerConfig, StageBatching
+from jobs.answer import answer
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.answer import answer
 from engine.stages import GeneratorStage, RetrieverStage
-from schemas.config import AnswerConfig, StageBatching
+from jobs.answer import answer
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

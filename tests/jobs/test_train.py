@@ -73,11 +73,11 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
     from actors.know import KnowClassifier, embedder_of
     from actors.reranker import CrossEncoderRanker
     from engine.loop import Engine
+    from engine.stages import KnowStage, RankerStage
     from jobs.models import resolve
     from jobs.train import passage_text
     from schemas.config import EngineConfig, StageBatching
     from schemas.records import Classify, Question, Rank
-    from engine.stages import KnowStage, RankerStage
 
     tmp, rows = trained
     ray = ray_session

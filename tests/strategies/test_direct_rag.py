@@ -1,6 +1,6 @@
-from strategies import STRATEGIES
-from strategies.base import Ask, Done, Item, StrategySettings, clean_answer
 from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
+from strategies.base import Ask, Done, Item, StrategySettings, clean_answer
+from strategies.registry import STRATEGIES
 
 
 def test_direct_asks_once_and_cleans_the_answer():
@@ -35,7 +35,9 @@ def test_errors_become_error_results():
     rag.start(item)
     assert rag.resume(item, [Retrieval(error="shard died")]).error == "shard died"
     direct = STRATEGIES["direct"](StrategySettings())
-    assert direct.resume(Item("q"), [Generation("", error="too long")]).resolved_by == "error"
+    item = Item("q")
+    direct.start(item)
+    assert direct.resume(item, [Generation("", error="too long")]).resolved_by == "error"
 
 
 def test_clean_answer():

@@ -1,7 +1,12 @@
 """MIGRES knowledge filter rules: passage threshold and top-k, sentence filter, keep-whole rule."""
 
-from strategies.filtering import filter_sentences, keep_passages, sentence_requests, sentences
 from schemas.records import Passage, Ranking
+from strategies.filtering import (
+    filter_sentences,
+    keep_passages,
+    sentence_requests,
+    sentences,
+)
 
 TEXT = "Paris is the capital of France. It has 2 million people. The Seine flows through it."
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from strategies import make_strategy
+from schemas.config import AnswerFormConfig
+from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
 from strategies.base import Item
 from strategies.forms import final_answer, final_request, form_of, is_yes_no_question
-from schemas.config import AnswerConfig, AnswerFormConfig
-from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
+from strategies.registry import AnswerConfig, make_strategy
 
 
 @pytest.mark.parametrize("question, yes_no", [

@@ -2,9 +2,8 @@
 
 import json
 
-from strategies.least_to_most import LeastToMost
-from schemas.config import LeastToMostConfig
 from schemas.records import Generate, Generation
+from strategies.least_to_most import LeastToMost, LeastToMostConfig
 from tests.strategies.scripted import drive
 
 
@@ -25,7 +24,7 @@ def test_sub_questions_are_solved_in_order_with_earlier_answers_in_context():
     prompts = [r.messages[-1][1] for _, r in log[1:]]
     assert [p.rsplit("Question: ", 1)[1].split("\n")[0] for p in prompts] == ["A?", "B?", "Q"]
     assert done.answer == "ans(Q)|seen=2" and done.resolved_by == "decomposition"
-    assert item.state["pairs"] == [("A?", "ans(A?)|seen=0"), ("B?", "ans(B?)|seen=1")]
+    assert [t["output"] for t in item.trace if t["step"] == "solve"] == ["ans(A?)|seen=0", "ans(B?)|seen=1"]
     assert "Question: A?\nAnswer: ans(A?)|seen=0" in prompts[1]
     assert item.counts["subquestions"] == 2
 
@@ -40,7 +39,7 @@ def test_an_unparseable_decomposition_is_retried_once_then_answered_directly():
 
 def test_sub_questions_are_capped():
     done, item = drive(LeastToMost(LeastToMostConfig(max_subquestions=2)), "Q", script(["A?", "B?", "C?"]))
-    assert item.state["subs"] == ["A?", "B?"]
+    assert item.trace[0]["sub_questions"] == ["A?", "B?"]
 
 
 def test_a_failed_generation_ends_with_an_error():

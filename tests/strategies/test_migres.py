@@ -3,11 +3,21 @@ sentence level, knowledge prompting, entailment check, memory, and the iteration
 
 import json
 
+from schemas.records import (
+    Entail,
+    Entailment,
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieval,
+    Retrieve,
+)
 from strategies.base import Item
-from strategies.migres import LEAF_SCHEMA, MIGRES
-from schemas.config import MigresConfig
-from schemas.records import (Entail, Entailment, Generate, Generation, Judge, Judgment, Passage, Rank, Ranking,
-                             Retrieval, Retrieve)
+from strategies.migres import MIGRES, MigresConfig
 from tests.strategies.scripted import drive
 
 FILM = Passage("film", "Levity", "Levity is a 2003 film. It was directed by Ed Solomon.", 0.9)
@@ -15,8 +25,17 @@ BIO = Passage("bio", "Ed Solomon", "Ed Solomon is an American screenwriter. He w
 NOISE = Passage("noise", "Other", "Unrelated text here. Nothing useful.", 0.7)
 
 
+def trace(item) -> dict:
+    """MIGRES's record of the run: its iterations and the information set."""
+    return next(t for t in item.trace if t.get("step") == "migres")
+
+
+def history(item) -> list[str]:
+    return [q for it in trace(item)["iterations"] for q in it["queries"]]
+
+
 def is_main(request) -> bool:
-    return isinstance(request, Generate) and "missing_information" in (request.json_schema or "")
+    return request.step == "main"
 
 
 class Script:
@@ -37,15 +56,15 @@ class Script:
             scores = [self.scores.get(t, 0.5) for t in request.texts]
             order = sorted(range(len(scores)), key=lambda i: -scores[i])[: request.top]
             return Ranking(order, [scores[i] for i in order])
-        if isinstance(request, Judge) and request.stage == "generator":  # a closing answer in a choice form
+        if request.step == "final" and isinstance(request, Judge):  # a closing answer in a choice form
             return Judgment("no", {"yes": 0.3, "no": 0.7}, 10, 1)
-        if isinstance(request, Judge):
+        if request.step == "entail":
             statement = request.messages[-1][1].split("Hypothesis: ")[1].split("\n")[0]
             p = 0.9 if self.entailed(statement) else 0.1
             return Judgment("yes" if p > .5 else "no", {"yes": p, "no": 1 - p}, 10, 1)
         assert isinstance(request, Generate)
         user = request.messages[-1][1]
-        if request.json_schema == LEAF_SCHEMA:
+        if request.step == "leaf":
             self.leaf_prompts.append(user)
             facts = [{"info": f, "support_passages": [0]} for f, key in
                      (("Levity was directed by Ed Solomon.", "directed by"), ("Ed Solomon is American.", "American"))
@@ -57,10 +76,10 @@ class Script:
             answer = "American" if known else "unanswerable"
             return Generation(json.dumps({"answer": answer, "confidence": 4, "explanation": "",
                                           "missing_information": "" if known else "The nationality of Ed Solomon"}))
-        if request.json_schema:
+        if request.step == "query":
             queries = self.queries(user) if callable(self.queries) else list(self.queries)
             return Generation(json.dumps({"queries": queries}))
-        if user.startswith("Generation relevant information"):
+        if request.step == "knowledge":
             return Generation("LLM says American.")
         return Generation("best guess")
 
@@ -70,8 +89,8 @@ def test_missing_information_drives_a_second_iteration_to_the_answer():
     done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", script, log=log)
     assert (done.answer, done.resolved_by) == ("American", "answered")
     assert done.citations == ["film", "bio"]
-    assert item.state["history"] == ["What nationality is the director of Levity?", "Which nationality is Ed Solomon?"]
-    its = item.state["iterations"]
+    assert history(item) == ["What nationality is the director of Levity?", "Which nationality is Ed Solomon?"]
+    its = trace(item)["iterations"]
     assert [it["passages"] for it in its] == [[["film"]], [["bio"]]]  # the noise passage is under delta
     assert its[0]["answer"] == "unanswerable" and its[0]["missing"] == "The nationality of Ed Solomon"
     assert [r.k for _, r in log if isinstance(r, Retrieve)] == [50, 50]
@@ -92,18 +111,18 @@ def test_sentence_filter_keeps_passing_sentences_or_the_whole_passage():
 def test_nothing_relevant_prompts_the_llm_for_its_knowledge():
     script = Script(retrieve=lambda q: [NOISE])
     done, item = drive(MIGRES(MigresConfig()), "What nationality is Ed Solomon?", script)
-    assert {"info": "LLM says American.", "source": []} in item.state["info"]
+    assert {"info": "LLM says American.", "source": []} in trace(item)["information"]
     assert done.answer == "American" and done.citations == []
     script = Script(retrieve=lambda q: [NOISE])
     done, item = drive(MIGRES(MigresConfig(knowledge_prompting=False, max_iterations=2)), "Who?", script)
-    assert done.resolved_by == "max_iterations" and item.state["info"] == []
+    assert done.resolved_by == "max_iterations" and trace(item)["information"] == []
 
 
 def test_statements_not_entailed_by_their_passages_are_dropped():
     script = Script(entailed=lambda s: "American" not in s)
     done, item = drive(MIGRES(MigresConfig(max_iterations=2)), "What nationality is the director of Levity?", script)
-    assert [i["info"] for i in item.state["info"]] == ["Levity was directed by Ed Solomon."]
-    assert item.state["iterations"][1]["extracted"][0]["kept"] is False
+    assert [i["info"] for i in trace(item)["information"]] == ["Levity was directed by Ed Solomon."]
+    assert trace(item)["iterations"][1]["extracted"][0]["kept"] is False
     assert (done.answer, done.resolved_by) == ("best guess", "max_iterations")
 
 
@@ -112,18 +131,18 @@ def test_memory_suppresses_used_passages_and_repeated_queries_and_t_depends_on_k
     done, item = drive(MIGRES(MigresConfig()), "Who directed Levity?", script)
     # the generated query repeats the question, so the missing information is asked instead; when
     # that too has been asked, there is nothing new: the closing answer comes early
-    assert item.state["history"] == ["Who directed Levity?", "The nationality of Ed Solomon"]
-    assert len(item.state["iterations"]) == 2 and done.resolved_by == "no_new_query"
+    assert history(item) == ["Who directed Levity?", "The nationality of Ed Solomon"]
+    assert len(trace(item)["iterations"]) == 2 and done.resolved_by == "no_new_query"
 
     fresh = Script(extract=False, retrieve=lambda q: [FILM],
                    queries=lambda user: [f"query {user.count(';') + 1}"])  # a new query every time
     done, item = drive(MIGRES(MigresConfig(knowledge_prompting=False)), "Who directed Levity?", fresh)
-    assert [it["passages"] for it in item.state["iterations"]] == [[["film"]], [["film"]], [[]], [[]], [[]]]
+    assert [it["passages"] for it in trace(item)["iterations"]] == [[["film"]], [["film"]], [[]], [[]], [[]]]
     assert done.resolved_by == "max_iterations"  # T = 5
     single = Item("Who directed Levity?", kind="single-hop")
     done, single = drive_item(MIGRES(MigresConfig()), single, Script(extract=False, retrieve=lambda q: [FILM],
                               queries=lambda user: [f"query {user.count(';') + 1}"]))
-    assert len(single.state["iterations"]) == 3  # T = 3 for open-domain questions
+    assert len(trace(single)["iterations"]) == 3  # T = 3 for open-domain questions
 
 
 def drive_item(strategy, item, respond):
@@ -163,8 +182,8 @@ def test_with_an_nli_model_statements_are_verified_on_the_nli_stage():
     assert "nli" in strategy.stages and "nli" not in MIGRES(MigresConfig()).stages
     done, item = drive(strategy, "What nationality is the director of Levity?", respond)
     assert "Entail" in asked and "Judge" not in asked
-    assert [i["info"] for i in item.state["info"]] == ["Levity was directed by Ed Solomon."]
-    assert item.state["iterations"][0]["extracted"][0] == {"info": "Levity was directed by Ed Solomon.",
+    assert [i["info"] for i in trace(item)["information"]] == ["Levity was directed by Ed Solomon."]
+    assert trace(item)["iterations"][0]["extracted"][0] == {"info": "Levity was directed by Ed Solomon.",
                                                            "p_entailed": 0.95, "kept": True}
 
 

@@ -1,8 +1,8 @@
 """RA-ISF's label collection (Appendix A) with a scripted model."""
 
-from strategies.raisf_labels import RaisfLabels
-from schemas.config import RaisfConfig
 from schemas.records import Retrieval
+from strategies.raisf import RaisfConfig
+from strategies.raisf_labels import RaisfLabels
 from tests.strategies.scripted import drive
 from tests.strategies.test_raisf import Script
 

@@ -5,10 +5,18 @@ import json
 
 import pytest
 
+from schemas.config import AnswerFormConfig
+from schemas.records import (
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Retrieval,
+    Retrieve,
+)
 from strategies.base import Item
-from strategies.self_reasoning import SelfReasoning
-from schemas.config import AnswerFormConfig, SelfReasoningConfig
-from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval, Retrieve
+from strategies.self_reasoning import SelfReasoning, SelfReasoningConfig
 from tests.strategies.scripted import drive
 
 PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]

@@ -5,9 +5,18 @@ import json
 
 import pytest
 
-from strategies.think_act import ThinkThenAct, sentences
-from schemas.config import ThinkActConfig
-from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
+from schemas.records import (
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieval,
+    Retrieve,
+)
+from strategies.think_act import ThinkActConfig, ThinkThenAct, sentences
 from tests.strategies.scripted import drive
 
 PASSAGES = [Passage("p0", "Paris", "Paris is the capital of France. It is large.", 0.9),
@@ -19,9 +28,9 @@ class Script:
         self.assess, self.beta, self.decision, self.subs, self.rewrite = assess, beta, decision, subs, rewrite
 
     def __call__(self, request, item):
-        if isinstance(request, Judge):
-            if "AMBIGUOUS" in request.choices:
-                return Judgment(self.assess, None, 30, 3)
+        if request.step == "assess":
+            return Judgment(self.assess, None, 30, 3)
+        if request.step == "capability":
             if "RETRIEVAL" in request.choices:
                 return Judgment(self.decision, None, 30, 2)
             beta = self.beta(item.question) if callable(self.beta) else self.beta
@@ -33,9 +42,9 @@ class Script:
             return Ranking(order, [1.0] * len(order))
         assert isinstance(request, Generate)
         user = request.messages[-1][1]
-        if request.json_schema:
+        if request.step == "split":
             return Generation(json.dumps({"sub_questions": list(self.subs)}), 20, 9)
-        if user.startswith("The question below is incomplete"):
+        if request.step == "rewrite":
             return Generation(self.rewrite, 20, 4)
         return Generation(f"ans[{user.splitlines()[-2]}]", 40, 3)
 
@@ -80,7 +89,7 @@ def test_direct_decision_variant():
 def test_incomplete_query_is_rewritten_and_the_rewrite_is_used_downstream():
     log = []
     done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", Script(assess="INCOMPLETE", beta=0.1), log=log)
-    assert item.state["query"] == "Q full?"
+    assert next(t["query"] for t in item.trace if t["step"] == "rewrite") == "Q full?"
     assert [r.query for _, r in log if isinstance(r, Retrieve)] == ["Q full?"]
     assert "Question: Q full?" in log[-1][1].messages[-1][1]
 
