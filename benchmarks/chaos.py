@@ -52,7 +52,8 @@ def wait_parts(output: str, n: int, timeout: float = 900) -> None:
 def in_process(config, kill=None) -> dict:
     import ray
 
-    from jobs.answer import answer, build_stages
+    from jobs.answer import answer
+    from jobs.pools import build_stages
 
     stages = build_stages(config, {"generator", "retriever"})
     if kill:

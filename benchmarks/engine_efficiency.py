@@ -33,10 +33,10 @@ def main() -> None:
     import ray
 
     from engine.loop import Engine
-    from jobs.answer import build_stages
     from jobs.demo import QUESTIONS, ensure_index
     from jobs.io import question_rows
     from jobs.models import ragsift_home
+    from jobs.pools import build_stages
     from jobs.ray_session import init_ray
     from schemas.config import load_config
     from strategies.registry import AnswerConfig, make_strategy

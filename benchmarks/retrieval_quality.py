@@ -49,7 +49,12 @@ def main() -> int:
     rows = [q for q in pq.read_table(args.questions).to_pylist() if q.get("gold_passage_ids")]
     if args.per_dataset:
         seen = defaultdict(int)
-        rows = [q for q in rows if (seen.__setitem__(q["dataset"], seen[q["dataset"]] + 1) or seen[q["dataset"]]) <= args.per_dataset]
+        kept = []
+        for q in rows:
+            seen[q["dataset"]] += 1
+            if seen[q["dataset"]] <= args.per_dataset:
+                kept.append(q)
+        rows = kept
     texts = [q["question"] for q in rows]
     dirs = [str(Path(args.index_dir) / s["dir"]) for s in manifest["shards"]]
     encoder = Encoder(resolve(manifest["embedder"]))
@@ -92,7 +97,8 @@ def main() -> int:
           f"{len(rows)} questions with gold; ranker {ranker_name}")
     print("\n| method | dataset | n | R@1 | R@5 | R@20 | MRR |\n|---|---|---|---|---|---|---|")
     for t in table:
-        print(f"| {t['method']} | {t['dataset']} | {t['n']} | {t['recall@1']} | {t['recall@5']} | {t['recall@20']} | {t['mrr']} |")
+        cells = [t[c] for c in ("method", "dataset", "n", "recall@1", "recall@5", "recall@20", "mrr")]
+        print("| " + " | ".join(map(str, cells)) + " |")
     print("\n" + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     if args.out:
         Path(args.out).write_text(json.dumps({"index": args.index_dir, "ranker": ranker_name, "timings": timings,

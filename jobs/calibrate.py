@@ -35,6 +35,7 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.io import filesystem, question_columns, read_table, redact
+from jobs.pools import ranker_name
 
 PROBE = "calibration_probe"
 
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     values["calibration"] = {
         "questions": redact(config.questions), "questions_sha256": fingerprint, "n": len(rows),
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
-        "ranker": answer_job.ranker_name(config),
+        "ranker": ranker_name(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}
     with fs.open_output_stream(f"{root}/calibration.json") as f:
         f.write(json.dumps(chosen, indent=2).encode())

@@ -42,13 +42,15 @@ class LLMConfig(Section):
     enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")
     tensor_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1)
     gpu_memory_utilization: float = Field(0.9, json_schema_extra=SPEED, gt=0, le=1)
-    cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens per GiB)")
+    cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1,
+                                 description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens a GiB)")
     cpu_threads_bind: str = Field(
         "all", json_schema_extra=SPEED, description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
                            "faster than vLLM's default on an otherwise idle 2-core box), 'auto' = vLLM's "
                            "default (one core left for other work), or a list like '0-7'")
     engine_in_process: bool = Field(
-        True, json_schema_extra=SPEED, description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+        True, json_schema_extra=SPEED,
+        description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
                           "so it dies with the actor; False = vLLM's separate engine process (overlaps "
                           "scheduling with execution on GPUs, but outlives a SIGKILLed actor when no raylet reaps it)")
     seed: int = 0
@@ -149,7 +151,8 @@ class StageBatching(Section):
     max_batch: int = Field(64, ge=1)
     max_wait_s: float = Field(0.05, ge=0)
     max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
-    timeout_s: float | None = Field(None, gt=0, description="a batch running longer fails and its replica is restarted; None = no limit")
+    timeout_s: float | None = Field(None, gt=0,
+                                    description="a batch running longer fails and its replica is restarted; None = no limit")
 
 
 class LLMBatching(StageBatching):
@@ -230,14 +233,16 @@ class LabelConfig(Section):
     """``ragsift label``: training data for judge models (RA-ISF Appendix A, Self-Reasoning's quality control)."""
 
     match: Literal["exact", "contains"] = Field(
-        "exact", json_schema_extra=SPEED, description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
+        "exact", json_schema_extra=SPEED,
+        description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
         "'exact' (normalised EM: RA-ISF's a_g = a_i) or 'contains' (a gold answer inside the prediction)")
     collect: list[Literal["self_knowledge", "relevance", "decomposition"]] = Field(
         default_factory=lambda: ["self_knowledge", "relevance", "decomposition"],
         description="which RA-ISF labels to collect: self-knowledge alone needs only the closed-book answer "
                     "(one short generation a question); relevance adds a retrieval and a judgment per passage, "
                     "decomposition a structured generation. Changes what is asked, so it is part of the run")
-    citation_filter: bool = Field(False, json_schema_extra=SPEED, description="also drop trajectories whose citation precision / recall "
+    citation_filter: bool = Field(False, json_schema_extra=SPEED,
+                                  description="also drop trajectories whose citation precision / recall "
                                   "against gold passages is under the thresholds (the paper's long-form filter)")
     citation_precision_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_p")
     citation_recall_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_r")

@@ -134,7 +134,8 @@ class StrategySettings:
 
 @cache
 def prompt(name: str) -> str:
-    return files("strategies").joinpath("prompts", f"{name}.txt").read_text().strip()
+    """The prompt file ``prompts/<name>.txt``; a strategy's own prompts live in ``prompts/<strategy>/``."""
+    return files("strategies").joinpath("prompts", *f"{name}.txt".split("/")).read_text().strip()
 
 
 def answer_messages(user: str, system: str | None = "answer_system"):

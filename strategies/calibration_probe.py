@@ -67,9 +67,9 @@ class CalibrationProbe(Routine):
 
         know, confidence, raisf_closed, ta_closed, top_k, migres_top = yield [
             know_request(q, self.raisf),
-            Judge((("user", prompt("ta_confidence").format(question=q)),), step="capability"),
-            answer(prompt("raisf_answer").format(question=q), "raisf_closed"),
-            answer(prompt("direct_user").format(question=q), "ta_closed"),
+            Judge((("user", prompt("think_act/confidence").format(question=q)),), step="capability"),
+            answer(prompt("raisf/answer").format(question=q), "raisf_closed"),
+            answer(prompt("direct/user").format(question=q), "ta_closed"),
             Retrieve(q, self.raisf.k),
             Retrieve(q, self.migres.passages_per_query, self.migres.retriever),
         ]
@@ -80,7 +80,7 @@ class CalibrationProbe(Routine):
         item.trace.append(probe)
         pool = [s for p in top_k.passages for s in sentences(p.text)]
         relevance = relevance_requests(q, top_k.passages, self.raisf)
-        requests = [*relevance, answer(prompt("rag_user").format(passages=format_passages(top_k.passages), question=q),
+        requests = [*relevance, answer(prompt("rag/user").format(passages=format_passages(top_k.passages), question=q),
                                        "read")]
         if pool:
             requests.append(Rank(q, tuple(pool), self.think_act.top_sentences))
@@ -95,6 +95,6 @@ class CalibrationProbe(Routine):
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
         chosen = [pool[i] for i in sentence_rank.indices] if sentence_rank else []
         context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
-        probe["ta_retrieval"] = final_answer((yield answer(prompt("ta_answer_context").format(
+        probe["ta_retrieval"] = final_answer((yield answer(prompt("think_act/answer_context").format(
             context=context, question=q), "ta_retrieval")))
         return Done(probe["raisf_closed"], "probe")

@@ -20,6 +20,6 @@ class Direct(Routine):
 
     def solve(self, item: Item) -> Solve:
         forms = self.settings.forms
-        response = yield final_request(prompt("direct_user").format(question=item.question), form_of(item, forms), forms)
+        response = yield final_request(prompt("direct/user").format(question=item.question), form_of(item, forms), forms)
         item.trace.append({"step": "answer", "output": response_text(response)})
         return Done(final_answer(response), "closed_book")

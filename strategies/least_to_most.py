@@ -42,7 +42,7 @@ class LeastToMost(Routine):
         return cls(run.least_to_most, run.answer_form)
 
     def solve(self, item: Item) -> Solve:
-        user = prompt("ltm_decompose").format(question=item.question)
+        user = prompt("least_to_most/decompose").format(question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.schema, step="decompose")
         subs, ok, _ = yield from structured(
             item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subquestions), "decompose")
@@ -57,7 +57,7 @@ class LeastToMost(Routine):
 
     def step(self, item: Item, pairs, question: str, form: str, name: str):
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
-        response = yield final_request(prompt("ltm_step").format(solved=solved, question=question), form, self.forms,
+        response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
         item.trace.append({"step": name, "output": response_text(response)})
         return final_answer(response)

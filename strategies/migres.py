@@ -65,7 +65,8 @@ class MigresConfig(Section):
 
     max_iterations: int = Field(5, ge=1, description="T for multi-hop, yes/no and claims")
     max_iterations_open_domain: int = Field(3, ge=1, description="T for kind=single-hop (open-domain QA)")
-    retriever: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="the paper's default is BM25 (k1 0.9, b 0.4: index.bm25_*)")
+    retriever: Literal["bm25", "dense", "hybrid"] = Field(
+        "bm25", description="the paper's default is BM25 (k1 0.9, b 0.4: index.bm25_*)")
     passages_per_query: int = Field(50, ge=1, description="N passages retrieved per query")
     max_passages: int = Field(5, ge=1, description="k passages kept per query after the knowledge filter")
     relevance_threshold: float = Field(0.3, description="delta: passages and sentences scoring under it are dropped")
@@ -182,10 +183,10 @@ class MIGRES(Routine):
         for q, ps in zip(queries, knowledge):
             if ps:
                 listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
-                asks.append(Generate(answer_messages(prompt("migres_leaf").format(passages=listing, question=q),
+                asks.append(Generate(answer_messages(prompt("migres/leaf").format(passages=listing, question=q),
                                                      system=None), max_tokens=200, json_schema=LEAF_SCHEMA, step="leaf"))
             elif self.config.knowledge_prompting:
-                asks.append(Generate(answer_messages(prompt("migres_knowledge").format(question=q), system=None),
+                asks.append(Generate(answer_messages(prompt("migres/knowledge").format(question=q), system=None),
                                      max_tokens=96, step="knowledge"))
         generations = iter((yield asks) if asks else [])
         statements = []  # (info, cited passages)
@@ -213,7 +214,7 @@ class MIGRES(Routine):
         if self.nli:
             checks = [Entail(" ".join(p.text for p in cited), statement) for statement, cited in statements]
         else:
-            checks = [Judge((("user", prompt("migres_entail").format(premise=" ".join(p.text for p in cited),
+            checks = [Judge((("user", prompt("migres/entail").format(premise=" ".join(p.text for p in cited),
                                                                      statement=statement)),), step="entail")
                       for statement, cited in statements]
         if not checks:
@@ -234,7 +235,7 @@ class MIGRES(Routine):
         form = form_of(item, self.forms)
         if form not in self.main_schemas:
             self.main_schemas[form] = schema_of(main_model(choices(form, self.forms)))
-        user = prompt("migres_main").format(information=information(info), question=item.question)
+        user = prompt("migres/main").format(information=information(info), question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.main_schemas[form],
                            step="main")
 
@@ -249,7 +250,7 @@ class MIGRES(Routine):
         return (answer if ok else UNANSWERABLE), str(obj.get("missing_information") or "").strip(), obj.get("confidence")
 
     def query(self, item: Item, history: list[str], info: list[dict], missing: str, t: int):
-        user = prompt("migres_query").format(question=item.question, history="; ".join(history),
+        user = prompt("migres/query").format(question=item.question, history="; ".join(history),
                                              information=information(info), missing=missing)
         request = Generate(answer_messages(user, system=None), max_tokens=120, json_schema=self.query_schema,
                            step="query")
@@ -259,7 +260,7 @@ class MIGRES(Routine):
 
     def final(self, item: Item, info: list[dict], iterations: list[dict], ending: str):
         """The closing answer from the gathered information, when the loop ends unanswered."""
-        user = prompt("migres_final").format(information=information(info), question=item.question)
+        user = prompt("migres/final").format(information=information(info), question=item.question)
         response = yield final_request(user, form_of(item, self.forms), self.forms, step="final")
         iterations[-1]["final"] = response_text(response)
         return self.done(item, final_answer(response), ending, iterations, info)

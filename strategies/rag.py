@@ -23,7 +23,7 @@ class RetrieveThenRead(Routine):
         forms = self.settings.forms
         item.passages = (yield Retrieve(item.question, self.settings.k)).passages
         item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
-        user = prompt("rag_user").format(passages=format_passages(item.passages), question=item.question)
+        user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
         response = yield final_request(user, form_of(item, forms), forms, step="read")
         item.trace.append({"step": "read", "output": response_text(response)})
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations

@@ -107,12 +107,13 @@ class RAISF(Routine):
             knows = p >= c.know_threshold
             item.trace.append({"step": "self_knowledge", "p_yes": round(p, 4), "label": judgment.label, "know": knows})
             if knows:  # M_know(q_t) = know -> M(q_t)
-                return (yield from self.answer(item, "answer_closed", "self_knowledge", prompt("raisf_answer").format(question=q)))
+                user = prompt("raisf/answer").format(question=q)
+                return (yield from self.answer(item, "answer_closed", "self_knowledge", user))
         if c.passage_relevance or not c.self_knowledge:
             item.passages = (yield Retrieve(q, c.k)).passages  # P = R(q_t, C)
             item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
             if not c.passage_relevance:  # both ablated: read everything retrieved
-                user = prompt("raisf_answer_passages").format(passages=format_passages(item.passages), question=q)
+                user = prompt("raisf/answer_passages").format(passages=format_passages(item.passages), question=q)
                 done = yield from self.answer(item, "answer_passages", "passages", user)
                 return Done(done.answer, done.resolved_by, [p.id for p in item.passages])
             scores = relevance_scores((yield relevance_requests(q, item.passages, c)), len(item.passages), c)
@@ -120,7 +121,7 @@ class RAISF(Routine):
             item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
                                "relevant": [p.id for p in relevant]})
             if relevant:  # P_rel non-empty -> M(q_t, P_rel); the evidence M_rel chose is RA-ISF's citation
-                user = prompt("raisf_answer_passages").format(passages=format_passages(relevant), question=q)
+                user = prompt("raisf/answer_passages").format(passages=format_passages(relevant), question=q)
                 done = yield from self.answer(item, "answer_passages", "passages", user)
                 return Done(done.answer, done.resolved_by, [p.id for p in relevant])
             if not c.decomposition:
@@ -128,7 +129,7 @@ class RAISF(Routine):
                 return Done(UNKNOWN, "unknown")
         subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
         if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q)
-            return (yield from self.answer(item, "synthesize", "decomposition", prompt("raisf_answer").format(question=q)))
+            return (yield from self.answer(item, "synthesize", "decomposition", prompt("raisf/answer").format(question=q)))
         if item.depth + 1 > c.d_th:  # Problem-solving(q_i, iter + 1) with iter + 1 > D_th
             item.trace.append({"step": "depth_cap", "depth": item.depth + 1, "sub_questions": len(subs)})
             answers = [UNKNOWN] * len(subs)
@@ -138,10 +139,10 @@ class RAISF(Routine):
             answers = [child.answer if child.answer and not child.error else UNKNOWN for child in children]
         pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))
         return (yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
-                                       prompt("raisf_synthesize").format(pairs=pairs, question=q)))
+                                       prompt("raisf/synthesize").format(pairs=pairs, question=q)))
 
     def decompose(self, item: Item):
-        user = prompt("raisf_decompose").format(question=item.question)
+        user = prompt("raisf/decompose").format(question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=DECOMPOSE_TOKENS,
                            json_schema=self.decompose_schema, step="decompose")
         subs, ok, _ = yield from structured(
@@ -176,7 +177,7 @@ def know_request(question: str, config: RaisfConfig) -> Judge | Classify:
     """M_know(q): the trained classifier, or the judge asked the paper's self-knowledge prompt."""
     if config.judges == "trained":
         return Classify(question)
-    return judge_request(prompt("raisf_know").format(question=question), "self_knowledge")
+    return judge_request(prompt("raisf/know").format(question=question), "self_knowledge")
 
 
 def relevance_requests(question: str, passages: list[Passage], config: RaisfConfig) -> list[Judge | Rank]:
@@ -186,7 +187,7 @@ def relevance_requests(question: str, passages: list[Passage], config: RaisfConf
         return []
     if config.judges == "trained":
         return [Rank(question, tuple(shown), len(shown), step="relevance")]
-    return [judge_request(prompt("raisf_relevance").format(question=question, passage=s), "relevance") for s in shown]
+    return [judge_request(prompt("raisf/relevance").format(question=question, passage=s), "relevance") for s in shown]
 
 
 def relevance_scores(responses: list[Judgment | Ranking], n: int, config: RaisfConfig) -> list[float]:

@@ -41,12 +41,12 @@ class RaisfLabels(Routine):
         """The closed-book answer always (the answer of the row); retrieval and decomposition when collected,
         asked together; then a relevance judgment per passage. A failed retrieval, decomposition or
         judgment is a missing label, not a failed row."""
-        requests = [final_request(prompt("raisf_answer").format(question=item.question), form_of(item, self.forms),
+        requests = [final_request(prompt("raisf/answer").format(question=item.question), form_of(item, self.forms),
                                   self.forms, step="closed_book")]
         if "relevance" in self.collect:
             requests.append(Retrieve(item.question, self.config.k))
         if "decomposition" in self.collect:
-            requests.append(Generate(answer_messages(prompt("raisf_decompose").format(question=item.question),
+            requests.append(Generate(answer_messages(prompt("raisf/decompose").format(question=item.question),
                                                      system=None),
                                      max_tokens=DECOMPOSE_TOKENS, json_schema=self.decompose_schema, step="decompose"))
         responses = yield Lenient(requests)
@@ -69,7 +69,7 @@ class RaisfLabels(Routine):
             return Done(answer, "labels")
         item.passages = retrieval.passages
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
-        judgments = yield Lenient([judge_request(prompt("raisf_relevance").format(
+        judgments = yield Lenient([judge_request(prompt("raisf/relevance").format(
             question=item.question, passage=f"{p.title}: {p.text}"), "relevance") for p in retrieval.passages])
         # a failed judgment is no label: None, skipped by the label job
         scores = [None if j.error else round(p_yes(j, self.config.judge_by), 4) for j in judgments]

@@ -76,12 +76,12 @@ def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfi
     """The instruction a trajectory is written to (also the prompt of its training label)."""
     if form == VERDICT:
         words = [_PAPER_WORD.get(v, v) for v in forms.verdicts]
-        return prompt("selfreason_fever").format(passages=format_passages(passages), question=question,
+        return prompt("self_reasoning/fever").format(passages=format_passages(passages), question=question,
                                                  verdicts=" / ".join(words),
-                                                 not_enough=prompt("selfreason_fever_nei" if "NOT ENOUGH INFO" in words
-                                                                   else "selfreason_fever_decide"))
+                                                 not_enough=prompt("self_reasoning/fever_nei" if "NOT ENOUGH INFO" in words
+                                                                   else "self_reasoning/fever_decide"))
     answer = "yes or no" if form == YES_NO else "no more than 10 words"
-    return prompt("selfreason_qa").format(passages=format_passages(passages), question=question, answer=answer)
+    return prompt("self_reasoning/qa").format(passages=format_passages(passages), question=question, answer=answer)
 
 
 def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReasoningConfig) -> type[BaseModel]:
@@ -125,7 +125,7 @@ class SelfReasoning(Routine):
         t, ok, response = yield from structured(item, request, parse, "trajectory")
         if not ok:  # the fallback: a plain read of the same passages, in the same form
             item.trace.append({"step": "trajectory", "parsed": False, "output": response.text})
-            name = "selfreason_fever_read" if form == VERDICT else "rag_user"
+            name = "self_reasoning/fever_read" if form == VERDICT else "rag/user"
             read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
                                                            question=item.question), form, self.forms, step="read")
             item.trace.append({"step": "fallback_read", "output": response_text(read)})

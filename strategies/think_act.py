@@ -67,11 +67,11 @@ class ThinkThenAct(Routine):
     def solve(self, item: Item) -> Solve:
         query = item.question
         if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries
-            judgment = yield Judge(user(prompt("ta_assess").format(question=item.question)), ASSESSMENTS, step="assess")
+            judgment = yield Judge(user(prompt("think_act/assess").format(question=item.question)), ASSESSMENTS, step="assess")
             label = judgment.label if judgment.label in ASSESSMENTS else "CLEAR AND COMPLETE"
             item.trace.append({"step": "assess", "label": judgment.label, "probs": judgment.probs})
             if label == "INCOMPLETE":  # q_final = q_comp
-                rewrite = yield Generate(answer_messages(prompt("ta_complete").format(question=item.question),
+                rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
                                                          system=None), max_tokens=64, step="rewrite")
                 query = clean_answer(rewrite.text) or item.question
                 item.trace.append({"step": "rewrite", "query": query})
@@ -82,9 +82,9 @@ class ThinkThenAct(Routine):
                     pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}"
                                       for i, (q, c) in enumerate(zip(subs, children), 1))
                     return (yield from self.answer(item, "aggregate", "sub_queries",
-                                                   prompt("ta_aggregate").format(pairs=pairs, question=item.question)))
+                                                   prompt("think_act/aggregate").format(pairs=pairs, question=item.question)))
         if not (yield from self.retrieves(item, query)):  # beta >= beta': LM(q_final)
-            return (yield from self.answer(item, "answer", "closed_book", prompt("direct_user").format(question=query)))
+            return (yield from self.answer(item, "answer", "closed_book", prompt("direct/user").format(question=query)))
         item.passages = (yield Retrieve(query, self.config.k)).passages  # LM([D, q_final])
         item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
         pool = [s for p in item.passages for s in sentences(p.text)]
@@ -95,10 +95,10 @@ class ThinkThenAct(Routine):
             item.trace.append({"step": "rank", "sentences": chosen, "scores": [round(x, 4) for x in ranking.scores]})
         context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
         return (yield from self.answer(item, "answer", "retrieval",
-                                       prompt("ta_answer_context").format(context=context, question=query)))
+                                       prompt("think_act/answer_context").format(context=context, question=query)))
 
     def split(self, item: Item):
-        request = Generate(answer_messages(prompt("ta_split").format(question=item.question), system=None),
+        request = Generate(answer_messages(prompt("think_act/split").format(question=item.question), system=None),
                            max_tokens=160, json_schema=self.split_schema, step="split")
         subs, ok, _ = yield from structured(
             item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subqueries), "split")
@@ -110,7 +110,7 @@ class ThinkThenAct(Routine):
         """The capability check: does answering ``query`` need retrieval?"""
         beta, label = None, None
         if self.config.capability == "decision":
-            judgment = yield Judge(user(prompt("ta_decision").format(question=query)), DECISIONS, step="capability")
+            judgment = yield Judge(user(prompt("think_act/decision").format(question=query)), DECISIONS, step="capability")
             label = judgment.label
             retrieve = label != "NO RETRIEVAL"
         elif self.config.beta_threshold <= 0.0:  # beta' = 0: never retrieve, nothing to ask
@@ -118,7 +118,7 @@ class ThinkThenAct(Routine):
         elif self.config.beta_threshold >= 1.0:  # beta' = 1: always retrieve
             retrieve = True
         else:
-            beta = (yield Judge(user(prompt("ta_confidence").format(question=query)), step="capability")).prob("yes")
+            beta = (yield Judge(user(prompt("think_act/confidence").format(question=query)), step="capability")).prob("yes")
             retrieve = beta < self.config.beta_threshold
         item.trace.append({"step": "capability", "beta": None if beta is None else round(beta, 4), "label": label,
                            "retrieve": retrieve})

@@ -49,7 +49,8 @@ def respond(request, item):
     if isinstance(request, Retrieve):
         return Retrieval(P[: min(request.k, 3)])
     if isinstance(request, Rank):
-        return Ranking(list(range(min(request.top, len(request.texts)))), [0.9 - i / 10 for i in range(min(request.top, len(request.texts)))])
+        top = min(request.top, len(request.texts))
+        return Ranking(list(range(top)), [0.9 - i / 10 for i in range(top)])
     if isinstance(request, Judge) and request.stage == "judge":
         user = request.messages[-1][1]
         p = 0.8 if user.startswith("Can you use") else 0.3 if user.startswith("Can you answer") else (
