@@ -33,7 +33,12 @@ class Generator:
             tensor_parallel_size=llm["tensor_parallel_size"],
             gpu_memory_utilization=llm["gpu_memory_utilization"],
             seed=llm["seed"],
-            **llm["engine_kwargs"],
+            # compact JSON under guided decoding: vLLM reads this flag from the engine's config, not from a
+            # request (a request's own disable_any_whitespace is ignored), and without it a small model spends
+            # half its structured-output tokens on newlines and indentation (measured: 5,134 vs 2,653
+            # completion tokens for 16 Self-Reasoning trajectories)
+            **{"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+               **llm["engine_kwargs"]},
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.sampling = sampling
@@ -82,9 +87,7 @@ class Generator:
             longest = max(len(self.tokenizer.encode(c, add_special_tokens=False)) for c in req.choices)
             return SamplingParams(temperature=0.0, max_tokens=longest + 1, logprobs=JUDGE_LOGPROBS,
                                   structured_outputs=StructuredOutputsParams(choice=list(req.choices)))
-        # compact JSON: small models otherwise spend their token budget on newlines between tokens
-        structured = (StructuredOutputsParams(json=req.json_schema, disable_any_whitespace=True)
-                      if req.json_schema else None)
+        structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
         return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
                               structured_outputs=structured)
 

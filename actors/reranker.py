@@ -23,8 +23,12 @@ class CrossEncoderRanker:
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:
         """All (query, text) pairs of the batch in one ``predict`` call; raw scores (logits), best first."""
+        import torch
+
         pairs = [(r.query, t) for r in requests for t in r.texts]
-        scores = np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
+        # logits, whatever the model's default activation (a one-output CrossEncoder applies a sigmoid)
+        scores = np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False,
+                                               activation_fn=torch.nn.Identity())
                             if pairs else [], dtype=np.float32).reshape(-1)
         out, offset = [], 0
         for r in requests:

@@ -49,13 +49,16 @@ def held_out(qid: str, share: float) -> bool:
 
 
 def passage_text(title: str | None, text: str) -> str:
-    """How a passage is shown to the relevance model (also how the strategies show it)."""
+    """How a passage is shown to the relevance model (also how RA-ISF shows it)."""
     return f"{title}: {text}" if title else text
 
 
-def mine_pairs(rows: list[dict], index_dir: str, negatives: int, depth: int = 30) -> list[dict]:
-    """(question, passage, label) pairs: every gold passage, and per retrieval method the
-    ``negatives`` best-ranked non-gold passages of the top ``depth``."""
+def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negatives: int = 0, depth: int = 30,
+               seed: int = 0) -> list[dict]:
+    """(question, passage, label) pairs: every gold passage, per retrieval method the ``negatives``
+    best-ranked non-gold passages of the top ``depth`` (hard negatives), and ``random_negatives``
+    passages that other questions retrieved (easy ones: the model also learns what is off topic)."""
+    import random
     from actors.bm25 import BM25Shard
     from actors.encoder import Encoder
     from actors.retriever import ShardRetriever, merge_topk
@@ -69,20 +72,28 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, depth: int = 30
     vectors = Encoder(resolve(manifest["embedder"])).encode(texts)
     dense = merge_topk([ShardRetriever(d).search(vectors, depth) for d in dirs], depth)
     bm25 = merge_topk([BM25Shard(d).search(texts, depth) for d in dirs], depth)
+    rng = random.Random(seed)
+    pool = [p for hits in dense + bm25 for p in hits]  # candidate easy negatives: other questions' hits
     gold_passages = passages_by_id(index_dir, {g for r in rows for g in r["gold_passage_ids"]})
     pairs = []
+
+    def shown(p) -> str:  # with its title or without, at random: the ranker stage also scores bare texts
+        return passage_text(p.title, p.text) if rng.random() < 0.5 else p.text
+
     for row, d, b in zip(rows, dense, bm25):
         gold = set(row["gold_passage_ids"])
         for pid in gold & set(gold_passages):
             p = gold_passages[pid]
-            pairs.append({"id": row["id"], "question": row["question"], "passage": passage_text(p.title, p.text),
-                          "label": 1.0})
+            pairs.append({"id": row["id"], "question": row["question"], "passage": shown(p), "label": 1.0})
+        retrieved = {p.id for p in b} | {p.id for p in d}
+        easy = [p for p in rng.sample(pool, min(len(pool), 4 * random_negatives + 4))
+                if p.id not in gold and p.id not in retrieved][:random_negatives]
         seen = set(gold)
-        for hits in (b, d):
-            for p in [p for p in hits if p.id not in seen][:negatives]:
+        for picked in ([p for p in b if p.id not in gold][:negatives], [p for p in d if p.id not in gold][:negatives],
+                       easy):
+            for p in [p for p in picked if p.id not in seen]:
                 seen.add(p.id)
-                pairs.append({"id": row["id"], "question": row["question"], "passage": passage_text(p.title, p.text),
-                              "label": 0.0})
+                pairs.append({"id": row["id"], "question": row["question"], "passage": shown(p), "label": 0.0})
     return pairs
 
 
@@ -112,7 +123,7 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     if not rows:
         raise ValueError(f"{args.questions}: no question with gold passages left to train on")
     started = time.perf_counter()
-    pairs = mine_pairs(rows, args.index_dir, args.negatives)
+    pairs = mine_pairs(rows, args.index_dir, args.negatives, args.random_negatives, seed=args.seed)
     mined_s = time.perf_counter() - started
     train = [p for p in pairs if not held_out(p["id"], args.held_out)]
     test = [p for p in pairs if held_out(p["id"], args.held_out)]
@@ -152,9 +163,9 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
             "index": args.index_dir, "excluded": args.exclude, "excluded_questions": len(skip),
             "questions_used": len(rows), "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
             "held_out_share": args.held_out,
-            "settings": {k: getattr(args, k) for k in ("negatives", "epochs", "batch_size", "learning_rate",
+            "settings": {k: getattr(args, k) for k in ("negatives", "random_negatives", "epochs", "batch_size", "learning_rate",
                                                        "max_length", "seed")},
-            "metrics": metrics, "input": "(question, 'title: text') -> logit of relevant"}
+            "metrics": metrics, "input": "(question, 'title: text' or 'text') -> logit of relevant"}
     write_card(args.output, card)
     import shutil
 
@@ -230,6 +241,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rel.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
     rel.add_argument("--base", default="all-minilm-l6-v2", help="model to start from (alias, path or hub name)")
     rel.add_argument("--negatives", type=int, default=3, help="hard negatives per question and retrieval method")
+    rel.add_argument("--random-negatives", type=int, default=1,
+                     help="easy negatives per question: passages other questions retrieved")
     rel.add_argument("--epochs", type=float, default=1.0)
     rel.add_argument("--batch-size", type=int, default=32)
     rel.add_argument("--learning-rate", type=float, default=3e-5)

@@ -150,6 +150,7 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
             for text in written:
                 keys = re.findall(r'"(relevant|relevant_reason|cite_list|analysis|answer)":', text)
                 assert keys and keys == PAPER_ORDER[:len(keys)], text
+                assert text.startswith('{"relevant":'), text  # compact JSON: no tokens spent on layout
             if qid == "claim-1" and row["resolved_by"] != "fallback":
                 assert row["answer"] in ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
         if strategy == "think_act":
