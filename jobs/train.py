@@ -59,6 +59,7 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
     best-ranked non-gold passages of the top ``depth`` (hard negatives), and ``random_negatives``
     passages that other questions retrieved (easy ones: the model also learns what is off topic)."""
     import random
+
     from actors.bm25 import BM25Shard
     from actors.encoder import Encoder
     from actors.retriever import ShardRetriever, merge_topk

@@ -39,7 +39,8 @@ def trained(tmp_path_factory):
     # the last 20 sample questions are never trained on: they are the end-to-end run's questions
     pq.write_table(questions.slice(180, 20), tmp / "held.parquet")
     ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
-            "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25", "--negatives", "1", "--random-negatives", "2",
+            "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25",
+            "--negatives", "1", "--random-negatives", "2",
             "--batch-size", "16", "--epochs", "2", "--max-length", "192", "--learning-rate", "1e-4")
     rows = questions.slice(0, 180).to_pylist()
     labels = pa.table({"id": [r["id"] for r in rows], "question": [r["question"] for r in rows],
