@@ -22,7 +22,7 @@ from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Judge, Rank, Retrieve
 from strategies.base import Routine, Solve, format_passages, prompt
-from strategies.filtering import passage_requests, sentences
+from strategies.filtering import passage_requests
 from strategies.forms import final_answer, final_request, form_of
 from strategies.migres import MigresConfig
 from strategies.raisf import (
@@ -34,7 +34,7 @@ from strategies.raisf import (
     relevance_requests,
     relevance_scores,
 )
-from strategies.think_act import ThinkActConfig
+from strategies.think_act import ThinkActConfig, context_pool
 
 
 class CalibrationProbe(Routine):
@@ -78,7 +78,7 @@ class CalibrationProbe(Routine):
                  "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
                  "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
         item.trace.append(probe)
-        pool = [s for p in top_k.passages for s in sentences(p.text)]
+        pool = context_pool(top_k.passages, self.think_act)
         relevance = relevance_requests(q, top_k.passages, self.raisf)
         requests = [*relevance, answer(prompt("rag/user").format(passages=format_passages(top_k.passages), question=q),
                                        "read")]

@@ -46,7 +46,11 @@ class ThinkActConfig(Section):
                                   "the model says RETRIEVAL / NO RETRIEVAL")
     beta_threshold: float = Field(0.5, ge=0, le=1, description="beta'; 0 = never retrieve, 1 = always")
     k: int = Field(5, ge=1, description="passages retrieved; their sentences are ranked")
-    top_sentences: int = Field(3, ge=1, description="sentences kept as context (the paper: top 3 by Sentence-BERT)")
+    top_sentences: int = Field(3, ge=1, description="units kept as context (the paper: top 3 by Sentence-BERT)")
+    context: Literal["sentences", "passages"] = Field(
+        "sentences", description="what the top 3 are: the sentences of the top-k passages, or the passages themselves "
+        "(the paper ranks 'the top sentences from the relevant Wikipedia pages' and Google's organic results, "
+        "then keeps 'the top 3 most similar': either reading fits it)")
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
 
 
@@ -87,7 +91,7 @@ class ThinkThenAct(Routine):
             return (yield from self.answer(item, "answer", "closed_book", prompt("direct/user").format(question=query)))
         item.passages = (yield Retrieve(query, self.config.k)).passages  # LM([D, q_final])
         item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
-        pool = [s for p in item.passages for s in sentences(p.text)]
+        pool = context_pool(item.passages, self.config)
         chosen = []
         if pool:
             ranking = yield Rank(query, tuple(pool), self.config.top_sentences, step="rank")
@@ -129,6 +133,13 @@ class ThinkThenAct(Routine):
         response = yield final_request(user_prompt, form_of(item, self.forms), self.forms, step=step)
         item.trace.append({"step": step, "output": response_text(response)})
         return Done(final_answer(response), resolved_by)
+
+
+def context_pool(passages, config: ThinkActConfig) -> list[str]:
+    """What the ranker picks D from: the passages' sentences, or the passages."""
+    if config.context == "passages":
+        return [f"{p.title}: {p.text}" for p in passages]
+    return [s for p in passages for s in sentences(p.text)]
 
 
 def user(text: str):

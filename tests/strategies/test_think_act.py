@@ -113,3 +113,11 @@ def test_no_assessment_switch_and_errors():
 
 def test_sentence_split():
     assert sentences("One. Two! 3 three? four.") == ["One.", "Two!", "3 three? four."]
+
+
+def test_the_context_may_be_the_top_passages_instead_of_sentences():
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig(top_sentences=1, context="passages")), "Q?", Script(beta=0.2), log=log)
+    (rank,) = [r for _, r in log if isinstance(r, Rank)]
+    assert rank.texts == ("Paris: Paris is the capital of France. It is large.", "Lyon: Lyon is a city. Lyon is in France!")
+    assert "- Paris: Paris is the capital of France. It is large." in log[-1][1].messages[-1][1]
