@@ -44,8 +44,9 @@ def excluded_ids(sources: list[str]) -> set[str]:
 
 
 def held_out(qid: str, share: float) -> bool:
-    """A stable split by question (never by pair, so no question is on both sides)."""
-    return int(hashlib.sha256(qid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+    """A stable split by question (never by pair, so no question is on both sides); salted, so that
+    it is independent of the plain id hash the DEV slices are ordered by."""
+    return int(hashlib.sha256(f"held-out:{qid}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
 def passage_text(title: str | None, text: str) -> str:
@@ -141,7 +142,8 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     training = CrossEncoderTrainingArguments(
         output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, len(train) // args.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu")
+        logging_steps=max(1, len(train) // args.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu",
+        bf16=args.bf16)
     # positives are a minority: weigh them as the negatives per positive, so the loss is balanced
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))
@@ -165,7 +167,7 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
             "questions_used": len(rows), "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
             "held_out_share": args.held_out,
             "settings": {k: getattr(args, k) for k in ("negatives", "random_negatives", "epochs", "batch_size", "learning_rate",
-                                                       "max_length", "seed")},
+                                                       "max_length", "seed", "bf16")},
             "metrics": metrics, "input": "(question, 'title: text' or 'text') -> logit of relevant"}
     write_card(args.output, card)
     import shutil
@@ -252,6 +254,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rel.add_argument("--limit", type=int, help="only the first N questions (quick runs)")
     rel.add_argument("--seed", type=int, default=0)
     rel.add_argument("--threads", type=int, help="torch threads on CPU (default: every core)")
+    rel.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False,
+                     help="train in bfloat16 mixed precision (GPUs, and CPUs with AVX512-BF16 / AMX)")
 
 
     know = sub.add_parser("know", help="M_know: a classifier from `ragsift label` know / unknown labels")
