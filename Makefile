@@ -13,4 +13,5 @@ demo: install
 	$(VENV)/bin/ragsift demo
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.retriever import PassageStore
+from actors.passages import PassageStore
 from schemas.records import Passage
 
 TOKENIZATION = {"lower": True, "pattern": r"(?u)\b\w\w+\b", "stopwords": "en", "stemmer": "snowball-english"}

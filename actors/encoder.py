@@ -12,10 +12,9 @@ class Encoder:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        from jobs.models import resolve
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = SentenceTransformer(resolve(model), device=device)
+        self.model = SentenceTransformer(model, device=device)
         self.batch_size = batch_size
 
     def dims(self) -> int:

@@ -23,11 +23,10 @@ class Generator:
             os.environ["OMP_NUM_THREADS"] = str(bound_cores(bind))
         from vllm import LLM
 
-        from jobs.models import resolve
 
         self.max_model_len = llm["max_model_len"]
         self.llm = LLM(
-            model=resolve(llm["model"]),
+            model=llm["model"],
             dtype=llm["dtype"],
             max_model_len=self.max_model_len,
             enforce_eager=llm["enforce_eager"],

@@ -24,10 +24,9 @@ class NLICrossEncoder:
         import torch
         from sentence_transformers import CrossEncoder
 
-        from jobs.models import resolve
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = CrossEncoder(resolve(model), max_length=max_length, device=device)
+        self.model = CrossEncoder(model, max_length=max_length, device=device)
         self.column = entailment_column(self.model.model.config.id2label)
         self.batch_size = batch_size
 

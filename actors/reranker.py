@@ -16,10 +16,9 @@ class CrossEncoderRanker:
         import torch
         from sentence_transformers import CrossEncoder
 
-        from jobs.models import resolve
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = CrossEncoder(resolve(model), max_length=max_length, device=device)
+        self.model = CrossEncoder(model, max_length=max_length, device=device)
         self.batch_size = batch_size
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:

@@ -52,7 +52,8 @@ def wait_parts(output: str, n: int, timeout: float = 900) -> None:
 def in_process(config, kill=None) -> dict:
     import ray
 
-    from jobs.answer import answer, build_stages
+    from jobs.answer import answer
+    from jobs.pools import build_stages
 
     stages = build_stages(config, {"generator", "retriever"})
     if kill:
@@ -75,7 +76,8 @@ def main() -> None:
     from jobs.demo import QUESTIONS
     from jobs.models import ragsift_home
     from jobs.ray_session import init_ray
-    from schemas.config import AnswerConfig, load_config
+    from schemas.config import load_config
+    from strategies.registry import AnswerConfig
 
     tmp = tempfile.mkdtemp(prefix="ragsift-chaos-")
     qpath = f"{tmp}/q.parquet"

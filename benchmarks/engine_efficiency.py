@@ -32,14 +32,14 @@ def main() -> None:
 
     import ray
 
-    from jobs.answer import build_stages
+    from engine.loop import Engine
     from jobs.demo import QUESTIONS, ensure_index
-    from jobs.engine.loop import Engine
     from jobs.io import question_rows
     from jobs.models import ragsift_home
+    from jobs.pools import build_stages
     from jobs.ray_session import init_ray
-    from jobs.strategies import make_strategy
-    from schemas.config import AnswerConfig, load_config
+    from schemas.config import load_config
+    from strategies.registry import AnswerConfig, make_strategy
 
     index_dir = ragsift_home() / "indexes" / "demo"
     ensure_index(index_dir, 2, log=lambda *a, **k: None)

@@ -71,9 +71,9 @@ def one(n: int) -> dict:
     import pyarrow.parquet as pq
     import ray
 
+    from engine.stages import GeneratorStage, RetrieverStage
     from jobs.answer import answer
-    from jobs.engine.stages import GeneratorStage, RetrieverStage
-    from schemas.config import AnswerConfig
+    from strategies.registry import AnswerConfig
 
     tmp = tempfile.mkdtemp()
     qpath = f"{tmp}/q.parquet"

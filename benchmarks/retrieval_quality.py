@@ -41,6 +41,7 @@ def main() -> int:
     from actors.encoder import Encoder
     from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
     from jobs.index import read_manifest
+    from jobs.models import resolve
     from schemas.config import RetrievalConfig
     from schemas.records import Rank
 
@@ -48,10 +49,15 @@ def main() -> int:
     rows = [q for q in pq.read_table(args.questions).to_pylist() if q.get("gold_passage_ids")]
     if args.per_dataset:
         seen = defaultdict(int)
-        rows = [q for q in rows if (seen.__setitem__(q["dataset"], seen[q["dataset"]] + 1) or seen[q["dataset"]]) <= args.per_dataset]
+        kept = []
+        for q in rows:
+            seen[q["dataset"]] += 1
+            if seen[q["dataset"]] <= args.per_dataset:
+                kept.append(q)
+        rows = kept
     texts = [q["question"] for q in rows]
     dirs = [str(Path(args.index_dir) / s["dir"]) for s in manifest["shards"]]
-    encoder = Encoder(manifest["embedder"])
+    encoder = Encoder(resolve(manifest["embedder"]))
     timings = {}
 
     started = time.perf_counter()
@@ -69,7 +75,7 @@ def main() -> int:
     if args.reranker:
         from actors.reranker import CrossEncoderRanker
 
-        ranker, ranker_name = CrossEncoderRanker(args.reranker), f"cross-encoder:{args.reranker}"
+        ranker, ranker_name = CrossEncoderRanker(resolve(args.reranker)), f"cross-encoder:{args.reranker}"
     else:
         ranker, ranker_name = encoder, f"bi-encoder-cosine:{manifest['embedder']} (fallback)"
     started = time.perf_counter()
@@ -91,7 +97,8 @@ def main() -> int:
           f"{len(rows)} questions with gold; ranker {ranker_name}")
     print("\n| method | dataset | n | R@1 | R@5 | R@20 | MRR |\n|---|---|---|---|---|---|---|")
     for t in table:
-        print(f"| {t['method']} | {t['dataset']} | {t['n']} | {t['recall@1']} | {t['recall@5']} | {t['recall@20']} | {t['mrr']} |")
+        cells = [t[c] for c in ("method", "dataset", "n", "recall@1", "recall@5", "recall@20", "mrr")]
+        print("| " + " | ".join(map(str, cells)) + " |")
     print("\n" + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     if args.out:
         Path(args.out).write_text(json.dumps({"index": args.index_dir, "ranker": ranker_name, "timings": timings,

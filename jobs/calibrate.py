@@ -2,7 +2,7 @@
 
     ragsift calibrate --questions calib.parquet --index-dir idx --output runs/calib [--generator ...]
 
-One pass of the ``calibration_probe`` strategy over the slice (jobs/strategies/calibration_probe.py)
+One pass of the ``calibration_probe`` strategy over the slice (strategies/calibration_probe.py)
 records, per question, the scores each threshold cuts and the answers of the branches it chooses
 between; every candidate value is then scored offline against the gold answers:
 
@@ -28,7 +28,6 @@ import hashlib
 import json
 import math
 import sys
-from pathlib import Path
 
 import yaml
 
@@ -36,6 +35,7 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.io import filesystem, question_columns, read_table, redact
+from jobs.pools import ranker_name
 
 PROBE = "calibration_probe"
 
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     values["calibration"] = {
         "questions": redact(config.questions), "questions_sha256": fingerprint, "n": len(rows),
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
-        "ranker": answer_job.ranker_name(config),
+        "ranker": ranker_name(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}
     with fs.open_output_stream(f"{root}/calibration.json") as f:
         f.write(json.dumps(chosen, indent=2).encode())

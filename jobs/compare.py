@@ -14,10 +14,7 @@ import sys
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.io import question_columns
-from jobs.strategies import STRATEGIES
-
-# raisf_labels' answers are labels, calibration_probe's are probes for `ragsift calibrate`
-ANSWER_STRATEGIES = tuple(s for s in STRATEGIES if s not in ("raisf_labels", "calibration_probe"))
+from strategies.registry import ANSWERING
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = answer_job.config_from_args(args, default_strategies=ANSWER_STRATEGIES)
+    config = answer_job.config_from_args(args, default_strategies=ANSWERING)
     question_columns(config.questions)  # the gold columns are checked before hours of answering
     answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k)

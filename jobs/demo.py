@@ -17,7 +17,8 @@ from jobs.answer import answer
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
-from schemas.config import AnswerConfig, load_config
+from schemas.config import load_config
+from strategies.registry import AnswerConfig
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "demo"
 QUESTIONS = DATA / "sample_questions.parquet"

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.io import hash_ids, open_parquet
+from jobs.models import resolve
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -100,7 +101,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
         emb = config.embedder
         actor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
-        encoders = [actor.remote(emb.model, emb.batch_size, emb.device) for _ in range(emb.replicas)]
+        encoders = [actor.remote(resolve(emb.model), emb.batch_size, emb.device) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()

@@ -9,10 +9,36 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.io import filesystem, read_table, redact
+
+
+def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
+    """An Arrow table with ragsift's column names (``columns`` maps ours -> yours); ids from row numbers
+    when there is no id column."""
+    if isinstance(questions, pa.Table):
+        table = questions
+    elif type(questions).__module__.startswith("pandas"):
+        table = pa.Table.from_pandas(questions, preserve_index=False)
+    elif type(questions).__module__.startswith("datasets"):
+        table = questions.flatten_indices().data.table  # the rows the Dataset shows, without a copy to Python
+    elif isinstance(questions, list):
+        table = pa.Table.from_pylist(questions)
+    else:
+        raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
+                        f"not {type(questions).__name__}")
+    renames = {theirs: ours for ours, theirs in (columns or {}).items()}
+    missing = [c for c in renames if c not in table.column_names]
+    if missing:
+        raise KeyError(f"columns {missing} are not in the questions (they have {table.column_names})")
+    table = table.rename_columns([renames.get(c, c) for c in table.column_names])
+    if "id" not in table.column_names:
+        table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
+    return table
 
 
 def is_datasets_dir(uri: str) -> bool:
@@ -22,8 +48,6 @@ def is_datasets_dir(uri: str) -> bool:
 
 def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
-    from jobs.api import to_arrow
-
     if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:"):
         return uri
     if uri.startswith("hf:"):

@@ -28,7 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED, SchemaError, check_schema
+from schemas.records import Question
+from schemas.tables import (
+    QUESTION_OPTIONAL,
+    QUESTION_REQUIRED,
+    SchemaError,
+    check_schema,
+)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -60,16 +66,6 @@ def open_parquet(uri: str) -> pq.ParquetFile:
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
     return open_parquet(uri).read(columns=columns)
-
-
-@dataclass
-class Question:
-    id: str
-    question: str
-    error: str | None = None  # set when the row cannot be answered (it becomes an error row)
-    shard: int = 0  # input shard (output is committed per shard)
-    kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
-    dataset: str | None = None  # the optional `dataset` column (answer forms may be set per dataset)
 
 
 def hash_ids(ids) -> np.ndarray:

@@ -29,13 +29,12 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.io import filesystem, question_columns, read_table
-from jobs.strategies.base import prompt
-from jobs.strategies.base import Item
-from jobs.strategies.forms import form_of
-from jobs.strategies.self_reasoning import trajectory_prompt
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS
+from strategies.base import Item, prompt
+from strategies.forms import form_of
+from strategies.self_reasoning import trajectory_prompt
 
 LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
 
@@ -65,7 +64,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
             out["self_knowledge"].append({
                 "id": row["id"], "question": q, "closed_book_answer": row["answer"], "gold_answers": golds,
                 "label": "know" if know else "unknown",
-                "messages": _chat(prompt("raisf_know").format(question=q), "yes" if know else "no")})
+                "messages": _chat(prompt("raisf/know").format(question=q), "yes" if know else "no")})
         relevance = steps.get("relevance")
         if relevance:
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
@@ -75,14 +74,14 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
                 out["relevance"].append({
                     "id": row["id"], "question": q, "passage_id": pid, "passage": text, "p_yes": p_yes,
                     "label": "relevant" if relevant else "irrelevant",
-                    "messages": _chat(prompt("raisf_relevance").format(question=q, passage=text),
+                    "messages": _chat(prompt("raisf/relevance").format(question=q, passage=text),
                                       "yes" if relevant else "no")})
         decompose = steps.get("decompose")
         if decompose and decompose["parsed"] and decompose["sub_questions"]:
             subs = decompose["sub_questions"]
             out["decomposition"].append({
                 "id": row["id"], "question": q, "sub_questions": subs,
-                "messages": _chat(prompt("raisf_decompose").format(question=q), json.dumps({"sub_questions": subs}))})
+                "messages": _chat(prompt("raisf/decompose").format(question=q), json.dumps({"sub_questions": subs}))})
     return out
 
 

@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.config import DEFAULT_EMBEDDER, DEFAULT_GENERATOR  # noqa: F401 - the defaults, named here too
+
 DONE_MARKER = ".ragsift-prepared"
 
 
@@ -81,9 +83,7 @@ REGISTRY: dict[str, OfflineModel] = {
     ]
 }
 
-DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"
 TEST_GENERATOR = "smollm2-135m-instruct"
-DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 
 
 def ragsift_home() -> Path:

@@ -17,7 +17,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from jobs.evaluate import COLUMNS, cost_quality, grouped_rows, resolution, resolution_markdown, score
+from jobs.evaluate import (
+    COLUMNS,
+    cost_quality,
+    grouped_rows,
+    resolution,
+    resolution_markdown,
+    score,
+)
 
 
 def load_run(run: str, questions: str, label: str | None) -> dict:

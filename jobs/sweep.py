@@ -16,12 +16,14 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.io import filesystem
-from pydantic import ValidationError
-
+from jobs.pools import build_stages
 from schemas.config import ConfigError, parse_override
+from strategies.registry import make_strategy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     base = answer_job.config_from_args(args)
     configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
     init_ray(base.ray)
-    needs = set().union(*(answer_job.make_strategy(n, base).stages for n in base.strategies))
-    stages = answer_job.build_stages(base, needs)
+    needs = set().union(*(make_strategy(n, base).stages for n in base.strategies))
+    stages = build_stages(base, needs)
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")

@@ -60,6 +60,7 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
     best-ranked non-gold passages of the top ``depth`` (hard negatives), and ``random_negatives``
     passages that other questions retrieved (easy ones: the model also learns what is off topic)."""
     import random
+
     from actors.bm25 import BM25Shard
     from actors.encoder import Encoder
     from actors.retriever import ShardRetriever, merge_topk
@@ -107,8 +108,11 @@ def auc(labels: list[float], scores: list[float]) -> float:
 def train_relevance(args: argparse.Namespace, log) -> dict:
     import torch
     from datasets import Dataset
-    from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
-                                                     CrossEncoderTrainingArguments)
+    from sentence_transformers.cross_encoder import (
+        CrossEncoder,
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
     from jobs.models import resolve

@@ -6,16 +6,30 @@ One model per concern. Unknown keys and bad values fail at load time with the do
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
 
-from jobs.models import DEFAULT_EMBEDDER, DEFAULT_GENERATOR
+DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"  # offline aliases (jobs/models.py prepares them)
+DEFAULT_EMBEDDER = "all-minilm-l6-v2"
+
+
+SPEED = {"changes_answers": False}  # json_schema_extra of a field that changes how fast a run goes, not what it answers
 
 
 class Section(BaseModel):
+    """A config section. A field marked ``json_schema_extra=SPEED`` (or a whole section with
+    ``changes_answers = False``) is a speed or resource setting: a resumed run may change it; every
+    other field decides the answers and is part of a run's identity (jobs/answer.py)."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    changes_answers: ClassVar[bool] = True
 
 
 class LLMConfig(Section):
@@ -25,22 +39,24 @@ class LLMConfig(Section):
     dtype: str = "bfloat16"
     max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
                                "its prompt leaves, and a prompt that leaves nothing is an error row")
-    enforce_eager: bool = Field(True, description="skip CUDA-graph capture (faster start, CPU-safe)")
-    tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    cpu_kvcache_gib: int = Field(4, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens per GiB)")
+    enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")
+    tensor_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1)
+    gpu_memory_utilization: float = Field(0.9, json_schema_extra=SPEED, gt=0, le=1)
+    cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1,
+                                 description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens a GiB)")
     cpu_threads_bind: str = Field(
-        "all", description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
+        "all", json_schema_extra=SPEED, description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
                            "faster than vLLM's default on an otherwise idle 2-core box), 'auto' = vLLM's "
                            "default (one core left for other work), or a list like '0-7'")
     engine_in_process: bool = Field(
-        True, description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+        True, json_schema_extra=SPEED,
+        description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
                           "so it dies with the actor; False = vLLM's separate engine process (overlaps "
                           "scheduling with execution on GPUs, but outlives a SIGKILLed actor when no raylet reaps it)")
     seed: int = 0
-    replicas: int = Field(1, ge=1)
-    num_gpus: float = Field(0, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
-    num_cpus: float = Field(1, ge=0)
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
+    num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM")
 
 
@@ -54,18 +70,18 @@ class SamplingConfig(Section):
 
 class EmbedderConfig(Section):
     model: str = DEFAULT_EMBEDDER
-    batch_size: int = Field(64, ge=1)
-    device: str | None = Field(None, description="None = cuda when available, else cpu")
-    replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(0.5, ge=0)
-    num_gpus: float = Field(0, ge=0)
+    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1)
+    device: str | None = Field(None, json_schema_extra=SPEED, description="None = cuda when available, else cpu")
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
 
 
 class IndexConfig(Section):
     """How ``ragsift index`` builds shards (FAISS ``index_factory`` types) and how searches probe them."""
 
     path: str = Field(".ragsift/index", description="directory holding manifest.json and shard-*/")
-    shards: int = Field(2, ge=1)
+    shards: int = Field(2, json_schema_extra=SPEED, ge=1)
     index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
         "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")
     nlist: int | None = Field(None, ge=1, description="IVF lists per shard; None = 4*sqrt(shard rows)")
@@ -78,7 +94,7 @@ class IndexConfig(Section):
     bm25: bool = Field(True, description="also build a BM25 index per shard (bm25s)")
     bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 (0.9: Pyserini's default, used by MIGRES)")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 b (0.4: Pyserini's default)")
-    encode_batch_rows: int = Field(512, ge=1, description="corpus rows read and encoded per batch")
+    encode_batch_rows: int = Field(512, json_schema_extra=SPEED, ge=1, description="corpus rows read and encoded per batch")
 
 
 class RetrievalConfig(Section):
@@ -90,18 +106,18 @@ class RetrievalConfig(Section):
     dense_weight: float = Field(1.0, ge=0, description="hybrid: weight of the dense ranking")
     bm25_weight: float = Field(1.0, ge=0, description="hybrid: weight of the BM25 ranking")
     fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion")
-    num_cpus_per_shard: float = Field(0.25, ge=0)
+    num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0)
 
 
 class CrossEncoderPool(Section):
     """A pool of sentence-transformers CrossEncoder actors."""
 
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, json_schema_extra=SPEED, ge=1)
     max_length: int = Field(512, ge=16)
-    device: str | None = None
-    replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(0.5, ge=0)
-    num_gpus: float = Field(0, ge=0)
+    device: str | None = Field(None, json_schema_extra=SPEED)
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
 
 
 class RerankerConfig(CrossEncoderPool):
@@ -122,11 +138,11 @@ class KnowConfig(Section):
     ``raisf.judges: trained``."""
 
     model: str | None = Field(None, description="directory written by `ragsift train know`")
-    batch_size: int = Field(64, ge=1)
-    device: str | None = None
-    replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(0.5, ge=0)
-    num_gpus: float = Field(0, ge=0)
+    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1)
+    device: str | None = Field(None, json_schema_extra=SPEED)
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
 
 
 class StageBatching(Section):
@@ -135,7 +151,8 @@ class StageBatching(Section):
     max_batch: int = Field(64, ge=1)
     max_wait_s: float = Field(0.05, ge=0)
     max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
-    timeout_s: float | None = Field(None, gt=0, description="a batch running longer fails and its replica is restarted; None = no limit")
+    timeout_s: float | None = Field(None, gt=0,
+                                    description="a batch running longer fails and its replica is restarted; None = no limit")
 
 
 class LLMBatching(StageBatching):
@@ -149,14 +166,14 @@ class RetrieverBatching(StageBatching):
 
 
 class EngineConfig(Section):
-    window: int = Field(512, ge=1, description="root questions in flight at once (backpressure)")
-    generator: LLMBatching = Field(default_factory=LLMBatching)
-    judge: LLMBatching = Field(default_factory=LLMBatching)
-    retriever: RetrieverBatching = Field(default_factory=RetrieverBatching)
-    ranker: RetrieverBatching = Field(default_factory=RetrieverBatching)
-    nli: RetrieverBatching = Field(default_factory=RetrieverBatching)
-    know: RetrieverBatching = Field(default_factory=RetrieverBatching)
-    cache_size: int = Field(100_000, ge=0, description="completed requests remembered for dedup")
+    window: int = Field(512, json_schema_extra=SPEED, ge=1, description="root questions in flight at once (backpressure)")
+    generator: LLMBatching = Field(json_schema_extra=SPEED, default_factory=LLMBatching)
+    judge: LLMBatching = Field(json_schema_extra=SPEED, default_factory=LLMBatching)
+    retriever: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
+    ranker: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
+    nli: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
+    know: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
+    cache_size: int = Field(100_000, json_schema_extra=SPEED, ge=0, description="completed requests remembered for dedup")
     max_nodes_per_root: int = Field(256, ge=1, description="question nodes per root tree, a guard against runaway "
                                     "strategies; sub-questions past it are not run (their parent gets them back as "
                                     "failed, metrics.json counts trees_capped). Must hold a whole RA-ISF tree")
@@ -170,7 +187,7 @@ class EngineConfig(Section):
 class InputConfig(Section):
     """How questions are read (row policy: jobs/io.py)."""
 
-    read_batch_rows: int = Field(1024, ge=1)
+    read_batch_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
     max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")
     columns: dict[str, str] = Field(default_factory=dict, description="rename the input's columns, ours -> yours, "
                                     "e.g. {question: query, answers: golds}; ids are row numbers without an id column")
@@ -181,7 +198,7 @@ class OutputConfig(Section):
     """How answers are committed: one Parquet part per input shard and strategy (jobs/output.py)."""
 
     shard_rows: int = Field(10_000, ge=1, description="input rows per part: the unit of commit and resume")
-    row_group_rows: int = Field(1024, ge=1)
+    row_group_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
 
 
 AnswerForm = Literal["short", "yes_no", "verdict"]
@@ -212,96 +229,23 @@ class AnswerFormConfig(Section):
         description="the choices of a verdict (FEVER's labels); add 'NOT ENOUGH INFO' for three-way claims")
 
 
-class RaisfConfig(Section):
-    """RA-ISF (Liu et al.), Algorithm 1. Defaults are the paper's; the switches are Table 2's ablations."""
-
-    d_th: int = Field(3, ge=0, description="decomposition depth threshold D_th; deeper nodes answer 'unknown'")
-    k: int = Field(5, ge=1, description="passages retrieved per (sub-)question")
-    self_knowledge: bool = Field(True, description="False = ablation 'No SKM'")
-    passage_relevance: bool = Field(True, description="False = ablation 'No PRM' (decompose right away)")
-    decomposition: bool = Field(True, description="False = ablation 'No QDM' ('unknown' when nothing is relevant)")
-    judge_by: Literal["logprob", "label"] = Field(
-        "logprob", description="binary judgments from P('yes') of the first token, or the generated label")
-    judges: Literal["generator", "trained"] = Field(
-        "generator", description="who judges: the generator (or judge pool) by prompt, or the trained "
-        "sub-modules as the paper trains them: M_know on the `know` pool (know.model) and M_rel as the ranker's "
-        "cross-encoder (reranker.model), P(relevant) = sigmoid of its score; from `ragsift train`")
-    know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
-    relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
-    max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
-
-    @property
-    def max_nodes(self) -> int:
-        """Question nodes one RA-ISF tree can have: 1 + m + ... + m^D_th (a node at depth D_th answers
-        its sub-questions 'unknown' itself)."""
-        return sum(self.max_subquestions ** d for d in range(self.d_th + 1))
-
-
-class LeastToMostConfig(Section):
-    """Least-to-most prompting (Zhou et al.), closed-book: decompose, solve in order, answer."""
-
-    max_subquestions: int = Field(4, ge=1)
-
-
-class SelfReasoningConfig(Section):
-    """Self-Reasoning (Xia et al.): one JSON trajectory (relevance, cited evidence, analysis, answer)."""
-
-    k: int = Field(5, ge=1, description="passages in the trajectory's evidence (the paper: top 5)")
-    max_tokens: int = Field(512, ge=32, description="tokens for the trajectory; doubled on the one retry")
-    # What the trajectory may copy (the schema's maxItems / maxLength): an untuned model otherwise
-    # copies whole passages into quotes and analysis and runs out of tokens before the answer.
-    max_citations: int = Field(3, ge=1, description="entries of cite_list (at most k)")
-    quote_chars: int = Field(200, ge=1, description="characters of one cite_content")
-    reason_chars: int = Field(150, ge=1, description="characters of relevant_reason and of one cite_reason")
-    analysis_chars: int = Field(500, ge=1, description="characters of the analysis (the long answer)")
-    answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
-
-
-class ThinkActConfig(Section):
-    """Think-then-Act (Shen et al.): query assessment and rewriting, then a capability check that
-    gates retrieval. Defaults are the paper's."""
-
-    assess: bool = Field(True, description="assess the query (CLEAR AND COMPLETE / INCOMPLETE / AMBIGUOUS) and rewrite it")
-    capability: Literal["confidence", "decision"] = Field(
-        "confidence", description="confidence: retrieve when beta = P('yes') < beta_threshold; decision: "
-                                  "the model says RETRIEVAL / NO RETRIEVAL")
-    beta_threshold: float = Field(0.5, ge=0, le=1, description="beta'; 0 = never retrieve, 1 = always")
-    k: int = Field(5, ge=1, description="passages retrieved; their sentences are ranked")
-    top_sentences: int = Field(3, ge=1, description="sentences kept as context (the paper: top 3 by Sentence-BERT)")
-    max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
-
-
-class MigresConfig(Section):
-    """MIGRES (Wang et al.). Iterations, k and N are the paper's (Table 11); delta is on the ranker's
-    scale (bi-encoder cosine by default, not the paper's BGE-reranker logits)."""
-
-    max_iterations: int = Field(5, ge=1, description="T for multi-hop, yes/no and claims")
-    max_iterations_open_domain: int = Field(3, ge=1, description="T for kind=single-hop (open-domain QA)")
-    retriever: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="the paper's default is BM25 (k1 0.9, b 0.4: index.bm25_*)")
-    passages_per_query: int = Field(50, ge=1, description="N passages retrieved per query")
-    max_passages: int = Field(5, ge=1, description="k passages kept per query after the knowledge filter")
-    relevance_threshold: float = Field(0.3, description="delta: passages and sentences scoring under it are dropped")
-    max_queries: int = Field(3, ge=1, description="new queries per iteration")
-    max_uses: int = Field(2, ge=1, description="memory: a passage used this often is not used again")
-    knowledge_prompting: bool = Field(True, description="ask the LLM about a query no passage survives for")
-    entailment_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') for an extracted statement to be kept")
-
-
 class LabelConfig(Section):
     """``ragsift label``: training data for judge models (RA-ISF Appendix A, Self-Reasoning's quality control)."""
 
     match: Literal["exact", "contains"] = Field(
-        "exact", description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
+        "exact", json_schema_extra=SPEED,
+        description="closed-book answer vs gold for know/unknown, and a trajectory's answer for keeping it: "
         "'exact' (normalised EM: RA-ISF's a_g = a_i) or 'contains' (a gold answer inside the prediction)")
     collect: list[Literal["self_knowledge", "relevance", "decomposition"]] = Field(
         default_factory=lambda: ["self_knowledge", "relevance", "decomposition"],
         description="which RA-ISF labels to collect: self-knowledge alone needs only the closed-book answer "
                     "(one short generation a question); relevance adds a retrieval and a judgment per passage, "
                     "decomposition a structured generation. Changes what is asked, so it is part of the run")
-    citation_filter: bool = Field(False, description="also drop trajectories whose citation precision / recall "
+    citation_filter: bool = Field(False, json_schema_extra=SPEED,
+                                  description="also drop trajectories whose citation precision / recall "
                                   "against gold passages is under the thresholds (the paper's long-form filter)")
-    citation_precision_min: float = Field(0.8, ge=0, le=1, description="delta_p")
-    citation_recall_min: float = Field(0.8, ge=0, le=1, description="delta_r")
+    citation_precision_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_p")
+    citation_recall_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_r")
 
 
 class CalibrationRecord(Section):
@@ -318,6 +262,7 @@ class CalibrationRecord(Section):
 
 
 class RayConfig(Section):
+    changes_answers = False
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = None
     object_store_mb: int = Field(512, ge=64)
@@ -326,11 +271,14 @@ class RayConfig(Section):
     log_to_driver: bool = False
 
 
-class AnswerConfig(Section):
-    questions: str | None = None
-    output: str | None = None
-    strategies: list[str] = Field(default_factory=lambda: ["rag"])
-    limit: int | None = Field(None, ge=1)
+class RunConfig(Section):
+    """Everything a run is configured by except the strategies' own sections: the registry
+    (strategies/registry.py) adds one section per strategy and calls this ``AnswerConfig``."""
+
+    questions: str | None = Field(None, json_schema_extra=SPEED)
+    output: str | None = Field(None, json_schema_extra=SPEED)
+    strategies: list[str] = Field(default_factory=lambda: ["rag"], json_schema_extra=SPEED)
+    limit: int | None = Field(None, json_schema_extra=SPEED, ge=1)
     input: InputConfig = Field(default_factory=InputConfig)
     commit: OutputConfig = Field(default_factory=OutputConfig)
     generator: LLMConfig = Field(default_factory=LLMConfig)
@@ -342,39 +290,28 @@ class AnswerConfig(Section):
     reranker: RerankerConfig = Field(default_factory=RerankerConfig)
     nli: NLIConfig = Field(default_factory=NLIConfig)
     know: KnowConfig = Field(default_factory=KnowConfig)
-    raisf: RaisfConfig = Field(default_factory=RaisfConfig)
-    least_to_most: LeastToMostConfig = Field(default_factory=LeastToMostConfig)
-    self_reasoning: SelfReasoningConfig = Field(default_factory=SelfReasoningConfig)
-    think_act: ThinkActConfig = Field(default_factory=ThinkActConfig)
-    migres: MigresConfig = Field(default_factory=MigresConfig)
     label: LabelConfig = Field(default_factory=LabelConfig)
     answer_form: AnswerFormConfig = Field(default_factory=AnswerFormConfig)
     calibration: CalibrationRecord | None = Field(None, description="written by `ragsift calibrate`")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
-    @model_validator(mode="after")
-    def _trees_fit_the_engine(self):
-        if "raisf" in self.strategies and self.raisf.max_nodes > self.engine.max_nodes_per_root:
-            raise ValueError(f"engine.max_nodes_per_root {self.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
-                             f"of raisf.d_th {self.raisf.d_th} and raisf.max_subquestions {self.raisf.max_subquestions} "
-                             f"({self.raisf.max_nodes} nodes)")
-        if "raisf" in self.strategies and self.raisf.d_th > self.engine.max_depth:
-            raise ValueError(f"engine.max_depth {self.engine.max_depth} is below raisf.d_th {self.raisf.d_th}")
-        if self.raisf.judges == "trained" and not (self.know.model and self.reranker.model):
-            raise ValueError("raisf.judges: trained needs know.model (M_know) and reranker.model (M_rel), "
-                             "from `ragsift train know` / `ragsift train relevance`")
-        return self
 
-    @field_validator("strategies")
-    @classmethod
-    def _known_strategies(cls, value: list[str]) -> list[str]:
-        from jobs.strategies import STRATEGIES
-
-        unknown = [s for s in value if s not in STRATEGIES]
-        if unknown or not value:
-            raise ValueError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
-        return value
+def speed_setting(model: type[BaseModel], key: str) -> bool:
+    """Whether the dotted config field ``key`` only changes how fast a run goes (marked ``SPEED``, or
+    inside a section or field so marked); keys inside a dict field belong to that field."""
+    for part in key.split("."):
+        info = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if info is None:
+            return False
+        if (info.json_schema_extra or {}).get("changes_answers") is False:
+            return True
+        section = next((t for t in (info.annotation, *getattr(info.annotation, "__args__", ()))
+                        if isinstance(t, type) and issubclass(t, Section)), None)
+        if section is not None and not section.changes_answers:
+            return True
+        model = section
+    return False
 
 
 class ConfigError(ValueError):

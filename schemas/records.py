@@ -1,6 +1,8 @@
 """Typed request/response records exchanged between strategies, the engine and the stage actors.
 
-Requests are frozen and hashable: the engine keys its dedup cache on them.
+Requests are frozen and hashable: the engine keys its dedup cache on them. A request's ``step`` (the
+name its strategy gives the step: traces, tokens per step, scripted test models) is not part of its
+equality, so two strategies asking the same thing still share one computation.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Generate:
     max_tokens: int | None = None  # None: the run's sampling default
     json_schema: str | None = None
     stage: str = "generator"
+    step: str = field(default="generate", compare=False)
 
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
@@ -33,6 +36,7 @@ class Judge:
     messages: Messages
     choices: tuple[str, ...] = ("yes", "no")
     stage: str = "judge"
+    step: str = field(default="judge", compare=False)
 
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
@@ -48,6 +52,7 @@ class Retrieve:
     query: str
     k: int
     method: str | None = None
+    step: str = field(default="retrieve", compare=False)
 
     stage = "retriever"
 
@@ -59,6 +64,7 @@ class Rank:
     query: str
     texts: tuple[str, ...]
     top: int
+    step: str = field(default="rank", compare=False)
 
     stage = "ranker"
 
@@ -69,6 +75,7 @@ class Entail:
 
     premise: str
     hypothesis: str
+    step: str = field(default="entail", compare=False)
 
     stage = "nli"
 
@@ -79,6 +86,7 @@ class Classify:
     generator answer this question correctly closed-book?). Answered with a ``Judgment``."""
 
     text: str
+    step: str = field(default="self_knowledge", compare=False)
 
     stage = "know"
 
@@ -135,3 +143,15 @@ class Entailment:
 
 Request = Generate | Judge | Retrieve | Rank | Entail | Classify
 Response = Generation | Judgment | Retrieval | Ranking | Entailment
+
+
+@dataclass
+class Question:
+    """One input row as the engine reads it."""
+
+    id: str
+    question: str
+    error: str | None = None  # set when the row cannot be answered (it becomes an error row)
+    shard: int = 0  # input shard (output is committed per shard)
+    kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
+    dataset: str | None = None  # the optional `dataset` column (answer forms may be set per dataset)

@@ -36,6 +36,7 @@ ANSWERS = pa.schema(
         ("n_parse_failures", pa.int32()),
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
+        ("step_tokens", pa.map_(pa.string(), pa.int64())),  # prompt + completion tokens by the strategy's step
         ("latency_s", pa.float64()),
         ("trace", pa.string()),
         ("error", pa.string()),

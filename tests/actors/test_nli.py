@@ -50,8 +50,8 @@ def test_single_output_models_are_read_as_a_sigmoid_probability(tmp_path):
 
 
 def test_run_metadata_names_what_verified_entailment():
-    from jobs.answer import entailment_name
-    from schemas.config import AnswerConfig
+    from jobs.pools import entailment_name
+    from strategies.registry import AnswerConfig
 
     assert entailment_name(AnswerConfig(strategies=["rag"])) is None
     assert entailment_name(AnswerConfig(strategies=["migres"])).startswith("judge")
@@ -62,11 +62,11 @@ def test_run_metadata_names_what_verified_entailment():
 @pytest.mark.model
 @pytest.mark.ray
 def test_the_engine_routes_entail_requests_to_nli_actors(ray_session, tmp_path):
-    from jobs.engine.loop import Engine
-    from jobs.engine.stages import NLIStage
-    from jobs.io import Question
-    from jobs.strategies.base import Ask, Done
+    from engine.loop import Engine
+    from engine.stages import NLIStage
     from schemas.config import EngineConfig, StageBatching
+    from schemas.records import Question
+    from strategies.base import Ask, Done
 
     class Verify:
         name, stages = "verify", frozenset({"nli"})

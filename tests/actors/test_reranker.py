@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from actors.reranker import CrossEncoderRanker
-from jobs.answer import ranker_name
-from schemas.config import AnswerConfig
+from jobs.pools import ranker_name
 from schemas.records import Rank
+from strategies.registry import AnswerConfig
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Hit merging, reciprocal rank fusion and the retriever stage's dense/BM25/hybrid routing (no Ray)."""
 
 from actors.retriever import fuse_rrf, merge_topk
-from jobs.engine.stages import RetrieverStage
+from engine.stages import RetrieverStage
 from schemas.config import RetrievalConfig, StageBatching
 from schemas.records import Passage, Retrieve
 

@@ -36,7 +36,8 @@ def head(tmp_path):
     # clash leaves the head without a job agent: "No available agent to submit job")
     ports = [f"--{name}-port={free_port()}" for name in ("dashboard-agent-listen", "dashboard-agent-grpc",
                                                           "runtime-env-agent", "metrics-export", "ray-client-server")]
-    proc = subprocess.Popen([str(REPO / "cluster" / "local.sh"), "start", "--num-cpus=2", f"--temp-dir={temp}", *ports, "--block"],
+    command = [str(REPO / "cluster" / "local.sh"), "start", "--num-cpus=2", f"--temp-dir={temp}", *ports, "--block"]
+    proc = subprocess.Popen(command,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         yield env, f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"

@@ -7,10 +7,11 @@ import sys
 
 import ray
 
+from engine.stages import GeneratorStage, RetrieverStage
 from jobs.answer import answer
-from jobs.engine.stages import GeneratorStage, RetrieverStage
-from schemas.config import AnswerConfig, StageBatching
-from tests.jobs.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
+from tests.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
 
 if __name__ == "__main__":
     questions, output = sys.argv[1:3]

@@ -7,10 +7,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from engine.stages import GeneratorStage, RetrieverStage
 from jobs.answer import answer
-from jobs.engine.stages import GeneratorStage, RetrieverStage
-from schemas.config import AnswerConfig, StageBatching
-from tests.jobs.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
+from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 

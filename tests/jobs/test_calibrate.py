@@ -5,10 +5,23 @@ import json
 import pytest
 
 from jobs.calibrate import choose, f1_threshold, keep_threshold, switch_threshold
-from jobs.strategies.calibration_probe import CalibrationProbe
-from schemas.config import AnswerConfig, MigresConfig, RaisfConfig, ThinkActConfig
-from schemas.records import Generate, Generation, Judge, Judgment, Passage, Rank, Ranking, Retrieval, Retrieve
-from tests.jobs.strategies.scripted import drive
+from schemas.records import (
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieval,
+    Retrieve,
+)
+from strategies.calibration_probe import CalibrationProbe
+from strategies.migres import MigresConfig
+from strategies.raisf import RaisfConfig
+from strategies.registry import AnswerConfig
+from strategies.think_act import ThinkActConfig
+from tests.strategies.scripted import drive
 
 
 def test_a_switch_threshold_answers_closed_book_only_where_that_is_better():
@@ -36,7 +49,8 @@ def respond(request, item):
     if isinstance(request, Retrieve):
         return Retrieval(P[: min(request.k, 3)])
     if isinstance(request, Rank):
-        return Ranking(list(range(min(request.top, len(request.texts)))), [0.9 - i / 10 for i in range(min(request.top, len(request.texts)))])
+        top = min(request.top, len(request.texts))
+        return Ranking(list(range(top)), [0.9 - i / 10 for i in range(top)])
     if isinstance(request, Judge) and request.stage == "judge":
         user = request.messages[-1][1]
         p = 0.8 if user.startswith("Can you use") else 0.3 if user.startswith("Can you answer") else (
@@ -56,7 +70,8 @@ def test_the_probe_records_every_score_and_both_branches_answers():
     assert (p["raisf_closed"], p["ta_closed"], p["read"], p["ta_retrieval"]) == ("closed", "closed", "read", "sentences")
     assert p["relevance_p_yes"] == [0.2, 0.9, 0.2] and p["top_k"] == ["p0", "p1", "p2"]
     assert p["migres_scores"] == [0.9, 0.8, 0.7] and done.resolved_by == "probe"
-    assert "calibration_probe" not in __import__("jobs.compare").compare.ANSWER_STRATEGIES
+    from strategies.registry import ANSWERING
+    assert "calibration_probe" not in ANSWERING and "raisf_labels" not in ANSWERING
 
 
 def test_choose_reads_probe_rows_against_gold():

@@ -9,6 +9,7 @@ import pytest
 from jobs import answer as answer_job
 from jobs import compare, label
 from schemas.tables import SchemaError
+from strategies.registry import ANSWERING
 
 
 def args_for(job, *argv):
@@ -18,13 +19,13 @@ def args_for(job, *argv):
 
 
 def test_compare_runs_every_answering_strategy_unless_told(tmp_path):
-    default = answer_job.config_from_args(args_for(compare), default_strategies=compare.ANSWER_STRATEGIES)
+    default = answer_job.config_from_args(args_for(compare), default_strategies=ANSWERING)
     assert default.strategies == ["direct", "rag", "raisf", "least_to_most", "self_reasoning", "think_act", "migres"]
-    flag = answer_job.config_from_args(args_for(compare, "--strategy", "rag,migres"), compare.ANSWER_STRATEGIES)
+    flag = answer_job.config_from_args(args_for(compare, "--strategy", "rag,migres"), ANSWERING)
     assert flag.strategies == ["rag", "migres"]
     (tmp_path / "c.yaml").write_text("strategies: [think_act]\n")
     from_file = answer_job.config_from_args(args_for(compare, "--config", str(tmp_path / "c.yaml")),
-                                            compare.ANSWER_STRATEGIES)
+                                            ANSWERING)
     assert from_file.strategies == ["think_act"]  # a job's default never overrides the config file
     labels = answer_job.config_from_args(args_for(label), default_strategies=label.LABEL_STRATEGIES)
     assert labels.strategies == ["raisf_labels", "self_reasoning"]

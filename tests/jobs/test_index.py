@@ -13,6 +13,7 @@ from actors.bm25 import BM25Shard
 from actors.encoder import Encoder
 from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
 from jobs.index import IndexJobConfig, build_index
+from jobs.models import resolve
 from schemas.config import load_config
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
@@ -75,7 +76,7 @@ def test_sharded_search_equals_one_index(real_indexes, squad_slice):
     assert [s["count"] for s in three["shards"]] == [100, 100, 100]
     assert json.loads((root / "three" / "manifest.json").read_text())["dims"] == 384
 
-    queries = Encoder("all-minilm-l6-v2").encode([q["question"] for q in squad])
+    queries = Encoder(resolve("all-minilm-l6-v2")).encode([q["question"] for q in squad])
     single = ShardRetriever(str(root / "one" / "shard-000")).search(queries, 10)
     shards = [ShardRetriever(str(root / "three" / s["dir"])) for s in three["shards"]]
     merged = merge_topk([s.search(queries, 10) for s in shards], 10)
@@ -95,7 +96,7 @@ def test_bm25_and_hybrid_find_gold_passages(real_indexes, squad_slice):
     assert three["bm25"]["k1"] == 0.9 and three["bm25"]["b"] == 0.4
     texts = [q["question"] for q in squad]
     bm25 = merge_topk([BM25Shard(str(root / "three" / s["dir"])).search(texts, 20) for s in three["shards"]], 20)
-    vectors = Encoder("all-minilm-l6-v2").encode(texts)
+    vectors = Encoder(resolve("all-minilm-l6-v2")).encode(texts)
     dense = merge_topk([ShardRetriever(str(root / "three" / s["dir"])).search(vectors, 20) for s in three["shards"]], 20)
     hybrid = [fuse_rrf([d, b], [1.0, 1.0], 5) for d, b in zip(dense, bm25)]
 

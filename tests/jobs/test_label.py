@@ -5,7 +5,13 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.label import LabelWriter, answer_chunks, raisf_labels, self_reasoning_labels, write_labels
+from jobs.label import (
+    LabelWriter,
+    answer_chunks,
+    raisf_labels,
+    self_reasoning_labels,
+    write_labels,
+)
 from schemas.config import LabelConfig
 from schemas.records import Passage
 from schemas.tables import ANSWERS

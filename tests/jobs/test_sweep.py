@@ -3,7 +3,8 @@ import json
 import pytest
 
 from jobs.sweep import with_value, write
-from schemas.config import AnswerConfig, ConfigError
+from schemas.config import ConfigError
+from strategies.registry import AnswerConfig
 
 
 def test_each_value_gets_its_own_validated_config_and_folder():

@@ -39,7 +39,8 @@ def trained(tmp_path_factory):
     # the last 20 sample questions are never trained on: they are the end-to-end run's questions
     pq.write_table(questions.slice(180, 20), tmp / "held.parquet")
     ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
-            "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25", "--negatives", "1", "--random-negatives", "2",
+            "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25",
+            "--negatives", "1", "--random-negatives", "2",
             "--batch-size", "16", "--epochs", "2", "--max-length", "192", "--learning-rate", "1e-4")
     rows = questions.slice(0, 180).to_pylist()
     labels = pa.table({"id": [r["id"] for r in rows], "question": [r["question"] for r in rows],
@@ -72,12 +73,12 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
     actors), M_know on the know stage."""
     from actors.know import KnowClassifier, embedder_of
     from actors.reranker import CrossEncoderRanker
-    from jobs.engine.loop import Engine
+    from engine.loop import Engine
+    from engine.stages import KnowStage, RankerStage
     from jobs.models import resolve
     from jobs.train import passage_text
     from schemas.config import EngineConfig, StageBatching
     from schemas.records import Classify, Question, Rank
-    from jobs.engine.stages import KnowStage, RankerStage
 
     tmp, rows = trained
     ray = ray_session
@@ -92,7 +93,7 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
         name, stages = "probe", frozenset({"ranker", "know"})
 
         def start(self, item):
-            from jobs.strategies.base import Ask
+            from strategies.base import Ask
             row = next(r for r in test if r["question"] == item.question)
             gold = [corpus[g] for g in row["gold_passage_ids"] if g in corpus][:1]
             other = [p for p in corpus.values() if p["id"] not in row["gold_passage_ids"]][len(item.question) % 500]
@@ -100,7 +101,7 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
             return Ask([Rank(item.question, tuple(item.state["texts"]), 2), Classify(item.question)])
 
         def resume(self, item, responses):
-            from jobs.strategies.base import Done
+            from strategies.base import Done
             ranking, judgment = responses
             scores = dict(zip(ranking.indices, ranking.scores))
             return Done(json.dumps({"gold": scores[0], "other": scores[1], "know": judgment.probs["yes"]}), "probe")

@@ -1,6 +1,7 @@
 import pytest
 
-from schemas.config import AnswerConfig, ConfigError, load_config
+from schemas.config import ConfigError, load_config
+from strategies.registry import AnswerConfig
 
 
 def test_defaults_are_the_documented_ones():
@@ -39,3 +40,19 @@ def test_missing_file_and_malformed_override(tmp_path):
         load_config(AnswerConfig, tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="dotted.key=value"):
         load_config(AnswerConfig, None, ["no-equals-sign"])
+
+
+@pytest.mark.parametrize("key, speed", [
+    ("generator.replicas", True), ("generator.cpu_threads_bind", True), ("judge.num_gpus", True),
+    ("embedder.batch_size", True), ("reranker.replicas", True), ("know.device", True), ("ray.address", True),
+    ("engine.generator.max_batch", True), ("engine.window", True), ("index.shards", True), ("limit", True),
+    ("label.match", True), ("input.read_batch_rows", True), ("commit.row_group_rows", True),
+    ("generator.model", False), ("generator.max_model_len", False), ("sampling.max_tokens", False),
+    ("engine.max_nodes_per_root", False), ("engine.max_attempts", False), ("label.collect", False),
+    ("raisf.know_threshold", False), ("answer_form.by_kind.yes-no", False), ("commit.shard_rows", False),
+    ("reranker.model", False), ("reranker.max_length", False),
+])
+def test_fields_say_whether_they_change_answers(key, speed):
+    """The resume identity reads the schema: speed settings may change between runs, the rest may not."""
+    from schemas.config import speed_setting
+    assert speed_setting(AnswerConfig, key) is speed

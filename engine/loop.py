@@ -1,0 +1,386 @@
+"""The engine: drives many items through pure strategies and micro-batched stage pools.
+
+The driver keeps a window of roots in flight. Each strategy step's requests join their stage's
+queue (identical requests share one computation); a stage sends a batch when it is full, when its
+oldest request has waited ``max_wait_s``, or when nothing else is running; the loop reacts to
+whichever batch finishes first and resumes the items waiting on it. It never waits on one item.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from engine.stages import Launched, Stage
+from engine.steps import Ask, Done, Item, Spawn, Strategy
+from schemas.config import EngineConfig
+from schemas.records import Generation, Judgment, Question, Request, Response
+
+
+@dataclass
+class Root:
+    question: Question
+    strategy: Strategy
+    started: float = field(default_factory=time.perf_counter)
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict(n_llm_calls=0, n_retrievals=0, prompt_tokens=0, completion_tokens=0,
+                                     n_subquestions=0, depth=0, n_parse_failures=0)
+    )
+    nodes: int = 1
+    step_tokens: dict[str, int] = field(default_factory=dict)  # prompt + completion tokens by request step
+    capped: bool = False  # a sub-question of this tree was not run (engine caps)
+
+
+@dataclass
+class Node:
+    item: Item
+    root: Root
+    parent: Node | None = None
+    index: int = 0  # position among its parent's children
+    slots: list[Any] = field(default_factory=list)  # responses or child results being collected
+    asked: list[Request] = field(default_factory=list)  # the requests the slots answer (empty for children)
+    missing: int = 0
+
+
+class Engine:
+    def __init__(self, stages: dict[str, Stage], strategies: dict[str, Strategy],
+                 config: EngineConfig, on_row: Callable[[dict], None],
+                 on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0,
+                 aliases: dict[str, str] | None = None):
+        self.stages = stages
+        # a request for a stage that has no pool of its own runs on the aliased pool (judge -> generator)
+        self.routes = {**{a: stages[t] for a, t in (aliases or {"judge": "generator"}).items() if t in stages},
+                       **stages}
+        self.strategies = strategies
+        self.config = config
+        self.on_row = on_row
+        self.on_progress = on_progress
+        self.progress_every_s = progress_every_s
+        self.cache: OrderedDict[Request, Response] = OrderedDict()
+        self.waiters: dict[Request, list[tuple[Node, int]]] = {}
+        self.launched: dict[Any, Launched] = {}  # ref -> its batch
+        self.roots_in_flight = 0
+        self.peak_in_flight = 0
+        self.roots_done = 0
+        self.requests_deduped = 0
+        self.batch_failures = 0
+        self.batch_splits = 0
+        self.empty_answers = 0
+        self.trees_capped = 0
+        self.parse_failures = 0
+        self.resolved: dict[str, dict[str, int]] = {}
+        self.tokens = 0  # computed by the stages (a deduplicated request counts once)
+        self.started = time.perf_counter()
+
+    # --- driving -------------------------------------------------------------------------------
+
+    def run(self, questions: Iterable[Question], strategy_names: list[str],
+            todo: Callable[[str, Question], bool] | None = None) -> None:
+        """Answer every (question, strategy) pair, or those ``todo`` accepts (resume)."""
+        pending = ((q, s) for q in questions for s in strategy_names if todo is None or todo(s, q))
+        exhausted = False
+        last_progress = 0.0
+        while True:
+            while not exhausted and self.roots_in_flight < self.config.window:
+                nxt = next(pending, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    self._start_root(*nxt)
+            self._dispatch(flush=not self.launched)
+            if not self.launched:
+                if exhausted and self.roots_in_flight == 0:
+                    break
+                if not any(s.pending() for s in self.stages.values()):
+                    raise RuntimeError("engine stalled: items wait but no request is queued or running")
+                self._rest()
+                continue
+            self._wait_and_route()
+            now = time.perf_counter()
+            if self.on_progress and now - last_progress >= self.progress_every_s:
+                self.on_progress(self)
+                last_progress = now
+        if self.on_progress:
+            self.on_progress(self)
+
+    def _dispatch(self, flush: bool) -> None:
+        now = time.perf_counter()
+        for stage in self.stages.values():
+            while stage.due(now, flush):
+                replica = stage.free_replica(now)
+                if replica is None:
+                    break
+                batch, attempts = stage.take()
+                try:
+                    refs = stage.launch(replica, batch)
+                except Exception as err:  # noqa: BLE001 - a dead actor must not end the run
+                    self._batch_failed(stage, replica, batch, attempts, err)
+                    continue
+                stage.inflight[replica] += 1
+                launched = Launched(stage, replica, batch, refs, attempts, pending=len(refs))
+                for ref in refs:
+                    self.launched[ref] = launched
+
+    def _rest(self) -> None:
+        """Nothing runs and every replica that could take the queued work rests after a failure."""
+        wake = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
+        time.sleep(min(1.0, max(0.0, min(wake) - time.perf_counter())) if wake else 0.05)
+
+    def _wait_and_route(self) -> None:
+        now = time.perf_counter()
+        deadlines = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
+        deadlines += [b.started + b.stage.batching.timeout_s for b in self.launched.values()
+                      if b.stage.batching.timeout_s is not None]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
+        if self.on_progress:  # wake up to report even while one long batch runs
+            timeout = min(timeout, self.progress_every_s)
+        refs = list(self.launched)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:  # take everything else that is done too
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            launched = self.launched.pop(ref)
+            launched.pending -= 1
+            if launched.pending == 0:
+                self._finish_batch(launched)
+        now = time.perf_counter()
+        for launched in {id(b): b for b in self.launched.values() if b.overdue(now)}.values():
+            self._restart_replica(launched)
+
+    def _restart_replica(self, overdue: Launched) -> None:
+        """Restart the replica of an overdue batch; the batch failed, the ones queued behind it did not."""
+        stage, replica = overdue.stage, overdue.replica
+        on_replica = {id(b): b for b in self.launched.values() if b.stage is stage and b.replica == replica}
+        for launched in on_replica.values():
+            for ref in launched.refs:
+                self.launched.pop(ref, None)
+            stage.inflight[replica] -= 1
+            if launched is not overdue:
+                stage.retry.appendleft((launched.batch, launched.attempts))
+        stage.restart(replica)
+        self._batch_failed(stage, replica, overdue.batch, overdue.attempts,
+                           TimeoutError(f"batch of {len(overdue.batch)} ran over {stage.batching.timeout_s} s"))
+
+    def _finish_batch(self, launched: Launched) -> None:
+        stage = launched.stage
+        stage.inflight[launched.replica] -= 1
+        stage.stats.calls += 1
+        stage.stats.requests += len(launched.batch)
+        stage.stats.batch_sizes.append(len(launched.batch))
+        finished = time.perf_counter()
+        stage.stats.busy_s += finished - launched.started
+        stage.stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
+        try:
+            responses = stage.combine(launched.batch, ray.get(launched.refs))
+        except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
+            self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
+            return
+        self._deliver_batch(stage, launched.batch, responses)
+
+    def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
+                      err: BaseException) -> None:
+        """Retry a failed batch on a healthy replica (see ``retry_plan``); a request that failed
+        ``max_attempts`` times on its own becomes an error response."""
+        stage.stats.errors += 1
+        self.batch_failures += 1
+        if isinstance(err, RayActorError) and err.actor_init_failed:
+            stage.retire(replica, err)  # raises when the stage has no replica left
+        stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
+        plan = retry_plan(batch, attempts, self.config.max_attempts)
+        if plan is None:
+            error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"
+            self._deliver_batch(stage, batch, stage.failed(batch, error))
+            return
+        self.batch_splits += len(plan) > 1
+        stage.retry.extend(plan)
+
+    def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
+        for request, response in zip(batch, responses):
+            if isinstance(response, (Generation, Judgment)):
+                self.tokens += response.prompt_tokens + response.completion_tokens
+            if not getattr(response, "error", None) and self.config.cache_size:
+                self.cache[request] = response
+                if len(self.cache) > self.config.cache_size:
+                    self.cache.popitem(last=False)
+            for node, slot in self.waiters.pop(request, []):
+                self._fill(node, slot, response)
+
+    # --- items -----------------------------------------------------------------------------------
+
+    def _start_root(self, question: Question, strategy_name: str) -> None:
+        root = Root(question, self.strategies[strategy_name])
+        self.roots_in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.roots_in_flight)
+        node = Node(Item(question.question, kind=question.kind, dataset=question.dataset), root)
+        if question.error:
+            self._finish(node, Done("", "error", error=question.error))
+            return
+        self._step(node, self._call_strategy(node, "start"))
+
+    def _step(self, node: Node, step) -> None:
+        # Iterative so that chains of cache hits never recurse deeply.
+        while True:
+            if isinstance(step, Done):
+                self._finish(node, step)
+                return
+            if isinstance(step, Spawn):
+                questions, dropped = self._within_caps(node, step.questions)
+                # sub-questions past a cap come back failed, in their places: the parent decides
+                node.slots, node.missing = [None] * len(questions) + dropped, len(questions)
+                if not questions:
+                    step = self._resume(node)
+                    continue
+                root = node.root
+                root.counters["n_subquestions"] += len(questions)
+                root.counters["depth"] = max(root.counters["depth"], node.item.depth + 1)
+                root.nodes += len(questions)
+                for index, question in enumerate(questions):
+                    child = Node(Item(question, depth=node.item.depth + 1), root, node, index)
+                    self._step(child, self._call_strategy(child, "start"))
+                return
+            assert isinstance(step, Ask), f"strategy returned {step!r}"
+            node.slots, node.missing, node.asked = [None] * len(step.requests), len(step.requests), step.requests
+            for slot, request in enumerate(step.requests):
+                self._count_request(node.root, request)
+                if request in self.cache:
+                    self.cache.move_to_end(request)
+                    self.requests_deduped += 1
+                    node.slots[slot] = self.cache[request]
+                    node.missing -= 1
+                elif request in self.waiters:
+                    self.requests_deduped += 1
+                    self.waiters[request].append((node, slot))
+                else:
+                    self.waiters[request] = [(node, slot)]
+                    self.routes[request.stage].queue.append((request, time.perf_counter()))
+            if node.missing:
+                return
+            step = self._resume(node)
+
+    def _within_caps(self, node: Node, questions: list[str]) -> tuple[list[str], list[Done]]:
+        """The sub-questions that may run, and a failed result for each one past the caps."""
+        if node.item.depth + 1 > self.config.max_depth:
+            reason, room = "depth_cap", 0
+        else:
+            reason, room = "node_cap", max(0, self.config.max_nodes_per_root - node.root.nodes)
+        if len(questions) <= room:
+            return questions, []
+        node.item.trace.append({"engine": reason, "dropped": questions[room:]})
+        if not node.root.capped:
+            node.root.capped = True
+            self.trees_capped += 1
+        field = "max_depth" if reason == "depth_cap" else "max_nodes_per_root"
+        return questions[:room], [Done("", reason, error=f"not run: past engine.{field}") for _ in questions[room:]]
+
+    def _resume(self, node: Node):
+        responses, node.slots = node.slots, []
+        asked, node.asked = node.asked, []
+        for request, r in zip(asked, responses):
+            if isinstance(r, (Generation, Judgment)):
+                node.root.counters["prompt_tokens"] += r.prompt_tokens
+                node.root.counters["completion_tokens"] += r.completion_tokens
+                tokens = node.root.step_tokens
+                tokens[request.step] = tokens.get(request.step, 0) + r.prompt_tokens + r.completion_tokens
+        return self._call_strategy(node, "resume", responses)
+
+    def _call_strategy(self, node: Node, method: str, *args):
+        try:
+            return getattr(node.root.strategy, method)(node.item, *args)
+        except Exception as err:  # noqa: BLE001 - a strategy bug fails one question, not the run
+            return Done("", "error", error=f"strategy {node.root.strategy.name}.{method}: {_describe(err)}")
+
+    def _fill(self, node: Node, slot: int, response: Response) -> None:
+        node.slots[slot] = response
+        node.missing -= 1
+        if node.missing == 0:
+            self._step(node, self._resume(node))
+
+    def _count_request(self, root: Root, request: Request) -> None:
+        if request.stage in ("generator", "judge"):
+            root.counters["n_llm_calls"] += 1
+        elif request.stage == "retriever":
+            root.counters["n_retrievals"] += 1
+
+    def _finish(self, node: Node, done: Done) -> None:
+        node.root.counters["n_parse_failures"] += node.item.counts.get("parse_failures", 0)
+        # sub-questions a strategy solved inline (least-to-most), besides the children it spawned
+        node.root.counters["n_subquestions"] += node.item.counts.get("subquestions", 0)
+        self.parse_failures += node.item.counts.get("parse_failures", 0)
+        if node.parent is not None:
+            parent = node.parent
+            parent.item.trace.append({"child": node.item.question, "answer": done.answer,
+                                      "resolved_by": done.resolved_by, "trace": node.item.trace})
+            self._fill(parent, node.index, done)
+            return
+        root = node.root
+        self.roots_in_flight -= 1
+        self.roots_done += 1
+        by = self.resolved.setdefault(root.strategy.name, {})
+        by[done.resolved_by] = by.get(done.resolved_by, 0) + 1
+        if not done.answer and not done.error:  # the model said nothing usable: kept, and counted
+            self.empty_answers += 1
+        passages = node.item.passages
+        self.on_row({
+            "id": root.question.id,
+            "question": root.question.question,
+            "strategy": root.strategy.name,
+            "answer": done.answer,
+            "resolved_by": done.resolved_by,
+            "retrieved_ids": [p.id for p in passages],
+            "retrieved_scores": [p.score for p in passages],
+            "citations": done.citations,
+            **root.counters,
+            "step_tokens": root.step_tokens,
+            "latency_s": time.perf_counter() - root.started,
+            "trace": json.dumps(node.item.trace, ensure_ascii=False),
+            "error": done.error,
+            "_shard": root.question.shard,  # for the writer, not a column
+        })
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        wall = time.perf_counter() - self.started
+        return {
+            "roots_done": self.roots_done,
+            "peak_roots_in_flight": self.peak_in_flight,
+            "wall_s": round(wall, 3),
+            "tokens_computed": self.tokens,
+            "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
+            "requests_deduped": self.requests_deduped,
+            "batch_failures": self.batch_failures,
+            "batch_splits": self.batch_splits,
+            "empty_answers": self.empty_answers,
+            "trees_capped": self.trees_capped,
+            "parse_failures": self.parse_failures,
+            "stages": {name: s.stats.summary(wall, len(s.replicas)) for name, s in self.stages.items()},
+            "resolved_by": self.resolved,
+        }
+
+
+def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list, int]] | None:
+    """What to run again after ``batch`` failed ``attempts`` times before (None: give up).
+
+    A batch that fails for the first time runs again whole: most failures are the replica's (killed,
+    frozen, restarted), and shredding a big batch into small ones would cost the run its batching.
+    A batch that fails twice probably holds a request that breaks replicas: it is split in halves
+    (already suspect, so they split again on their next failure) until that request is alone, so it
+    cannot take the others down; alone, it gets ``max_attempts`` tries.
+    """
+    if len(batch) == 1:
+        return [(batch, attempts + 1)] if attempts + 1 < max_attempts else None
+    if attempts == 0:
+        return [(batch, 1)]
+    half = len(batch) // 2
+    return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err)[:500]}"

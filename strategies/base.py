@@ -1,0 +1,167 @@
+"""What every strategy shares: the coroutine adapter, the structured-step policy, prompts.
+
+A strategy is written the way its paper writes the algorithm, as a generator ``solve(item)``:
+
+    response  = yield Generate(...)             # one request -> its response
+    responses = yield [Judge(...), Judge(...)]  # several at once (batched with every other item's)
+    children  = yield Spawn(questions)          # sub-questions, run on the engine -> their Done
+    return Done(answer, resolved_by)
+
+``Routine`` adapts it to the engine's ``start`` / ``resume`` (engine/steps.py). A response that
+carries an error ends the question as an error row: an error is never a judgment or an empty
+answer. ``yield Lenient([...])`` hands the errors to the strategy instead (label collection keeps
+what it can).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib.resources import files
+from typing import Any, ClassVar, TypeVar
+
+from engine.steps import Ask, Done, Item, Spawn, Step
+from schemas.config import AnswerFormConfig
+from schemas.records import Generate, Generation, Passage, Request
+
+T = TypeVar("T")
+Solve = Generator[Any, Any, Done]
+
+
+@dataclass
+class Lenient:
+    """Requests whose failed responses go back to the strategy instead of ending the question."""
+
+    requests: list[Request]
+
+
+class Routine:
+    """Base class of strategies: subclasses write ``solve``; ``start`` / ``resume`` are the engine's.
+
+    What a strategy declares for the registry (strategies/registry.py):
+
+        name        its name on the command line and in the output
+        Config      its config section (a ``Section`` model, under ``name`` in the run config), or None
+        stages      the stage pools it asks (an instance may add some, e.g. from its settings)
+        answers     whether ``compare`` runs it by default (False for label / probe strategies)
+        from_run    how it is built from the run config
+        check       cross-section checks on the run config (raise ValueError naming the fields)
+        retrieval_methods   the retrieval methods it asks for besides ``retrieval.method``
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type | None] = None
+    answers: ClassVar[bool] = True
+    stages: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_run(cls, run) -> Routine:
+        return cls(getattr(run, cls.name))
+
+    @staticmethod
+    def check(run) -> None:
+        """Nothing to check across sections."""
+
+    @staticmethod
+    def retrieval_methods(run) -> set[str]:
+        return set()
+
+    def solve(self, item: Item) -> Solve:
+        raise NotImplementedError
+
+    def start(self, item: Item) -> Step:
+        item.state["routine"] = self.solve(item)
+        return self._advance(item, None)
+
+    def resume(self, item: Item, responses: list) -> Step:
+        shape = item.state.pop("shape")
+        if shape in ("one", "many"):
+            failed = next((r.error for r in responses if getattr(r, "error", None)), None)
+            if failed:
+                item.state.pop("routine").close()
+                return Done("", "error", error=failed)
+        return self._advance(item, responses[0] if shape == "one" else responses)
+
+    def _advance(self, item: Item, sent) -> Step:
+        try:
+            asked = item.state["routine"].send(sent)
+        except StopIteration as stop:
+            item.state.pop("routine", None)
+            return stop.value
+        if isinstance(asked, Spawn):
+            item.state["shape"] = "spawn"
+            return asked
+        if isinstance(asked, Lenient):
+            item.state["shape"] = "lenient"
+            return Ask(asked.requests)
+        if isinstance(asked, list):
+            item.state["shape"] = "many"
+            return Ask(asked)
+        item.state["shape"] = "one"
+        return Ask([asked])
+
+
+def structured(item: Item, request: Generate, parse: Callable[[str], tuple[T, bool]], step: str):
+    """``value, response = yield from structured(...)``: a structured output under guided decoding.
+
+    ``parse(text) -> (value, ok)``. An output that does not parse was cut off by the token budget
+    (guided decoding allows nothing else): it is counted, kept in the trace and asked once more with
+    twice the tokens; the second try's value is returned whether it parsed or not (``ok`` tells,
+    and that failure is counted too). The strategy's fallback decides what an unparsed value means.
+    """
+    response = yield request
+    value, ok = parse(response.text)
+    if ok:
+        return value, ok, response
+    item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+    item.trace.append({"step": step, "parsed": False, "output": response.text, "retry": True})
+    response = yield replace(request, max_tokens=2 * request.max_tokens)
+    value, ok = parse(response.text)
+    if not ok:
+        item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
+    return value, ok, response
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """What the baselines read from the run config."""
+
+    k: int = 5
+    forms: AnswerFormConfig = field(default_factory=AnswerFormConfig)
+
+
+@cache
+def prompt(name: str) -> str:
+    """The prompt file ``prompts/<name>.txt``; a strategy's own prompts live in ``prompts/<strategy>/``."""
+    return files("strategies").joinpath("prompts", *f"{name}.txt".split("/")).read_text().strip()
+
+
+def answer_messages(user: str, system: str | None = "answer_system"):
+    """Chat messages for a short-answer generation (the shared system prompt, then ``user``)."""
+    return ((("system", prompt(system)),) if system else ()) + (("user", user),)
+
+
+def format_passages(passages: list[Passage]) -> str:
+    return "\n\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(passages, 1))
+
+
+def text_of(response: Generation) -> str:
+    return response.text
+
+
+_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+
+
+def clean_answer(text: str) -> str:
+    """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes."""
+    for line in text.strip().splitlines():
+        line = _PREFIX.sub("", line.strip().strip('"')).strip().strip('"').strip()
+        if line:
+            return line
+    return ""
+
+
+__all__ = ["Ask", "Done", "Item", "Lenient", "Routine", "Solve", "Spawn", "Step", "StrategySettings", "answer_messages",
+           "clean_answer", "format_passages", "prompt", "structured"]

@@ -1,0 +1,100 @@
+"""What ``ragsift calibrate`` needs to choose thresholds, from one pass of the model over a question.
+
+Each threshold decides between two branches of a strategy; the probe asks for both branches'
+answers and for the score the threshold cuts, so every candidate value can be scored offline:
+
+    raisf.know_threshold          P('yes') of RA-ISF's self-knowledge prompt; its closed-book answer
+                                  vs a read of the top-k passages (the passages branch's stand-in)
+    raisf.relevance_threshold     P('yes') of RA-ISF's relevance prompt for each top-k passage
+                                  (against the question's gold passages)
+    think_act.beta_threshold      beta = P('yes') of Think-then-Act's confidence prompt; its closed-book
+                                  answer vs its answer from the top sentences of the top-k passages
+    migres.relevance_threshold    the ranker's scores of the top-N passages MIGRES retrieves (delta
+                                  is set so that a share of questions keeps a passage, its Section 4)
+
+Every answer is in the question's form, as the strategies answer. The final answer is RA-ISF's
+closed-book one; the probes are in the trace.
+"""
+
+from __future__ import annotations
+
+from engine.steps import Done, Item
+from schemas.config import AnswerFormConfig
+from schemas.records import Judge, Rank, Retrieve
+from strategies.base import Routine, Solve, format_passages, prompt
+from strategies.filtering import passage_requests
+from strategies.forms import final_answer, final_request, form_of
+from strategies.migres import MigresConfig
+from strategies.raisf import (
+    RaisfConfig,
+    check_judges,
+    judge_stages,
+    know_request,
+    p_yes,
+    relevance_requests,
+    relevance_scores,
+)
+from strategies.think_act import ThinkActConfig, context_pool
+
+
+class CalibrationProbe(Routine):
+    name = "calibration_probe"
+    answers = False  # its rows are probes for `ragsift calibrate`
+
+    def __init__(self, raisf: RaisfConfig, think_act: ThinkActConfig, migres: MigresConfig,
+                 forms: AnswerFormConfig | None = None):
+        self.raisf, self.think_act, self.migres = raisf, think_act, migres
+        self.forms = forms or AnswerFormConfig()
+        self.stages = frozenset({"generator", "judge", "retriever", "ranker"} | judge_stages(raisf))
+
+    @classmethod
+    def from_run(cls, run) -> CalibrationProbe:
+        return cls(run.raisf, run.think_act, run.migres, run.answer_form)
+
+    @staticmethod
+    def check(run) -> None:
+        check_judges(run)
+
+    @staticmethod
+    def retrieval_methods(run) -> set[str]:
+        return {run.migres.retriever}
+
+    def solve(self, item: Item) -> Solve:
+        q = item.question
+
+        def answer(user: str, step: str):
+            return final_request(user, form_of(item, self.forms), self.forms, step=step)
+
+        know, confidence, raisf_closed, ta_closed, top_k, migres_top = yield [
+            know_request(q, self.raisf),
+            Judge((("user", prompt("think_act/confidence").format(question=q)),), step="capability"),
+            answer(prompt("raisf/answer").format(question=q), "raisf_closed"),
+            answer(prompt("direct/user").format(question=q), "ta_closed"),
+            Retrieve(q, self.raisf.k),
+            Retrieve(q, self.migres.passages_per_query, self.migres.retriever),
+        ]
+        item.passages = top_k.passages
+        probe = {"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by), "ta_beta": confidence.prob("yes"),
+                 "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
+                 "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
+        item.trace.append(probe)
+        pool = context_pool(top_k.passages, self.think_act)
+        relevance = relevance_requests(q, top_k.passages, self.raisf)
+        requests = [*relevance, answer(prompt("rag/user").format(passages=format_passages(top_k.passages), question=q),
+                                       "read")]
+        if pool:
+            requests.append(Rank(q, tuple(pool), self.think_act.top_sentences))
+        if migres_top.passages:
+            requests.append(passage_requests(q, migres_top.passages))
+        responses = yield requests
+        k = len(relevance)
+        judged, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
+        sentence_rank = next(ranks) if pool else None
+        migres_rank = next(ranks) if migres_top.passages else None
+        probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=final_answer(read),
+                     migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
+        chosen = [pool[i] for i in sentence_rank.indices] if sentence_rank else []
+        context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
+        probe["ta_retrieval"] = final_answer((yield answer(prompt("think_act/answer_context").format(
+            context=context, question=q), "ta_retrieval")))
+        return Done(probe["raisf_closed"], "probe")

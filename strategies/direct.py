@@ -1,0 +1,25 @@
+"""Closed-book baseline: one generation, no retrieval."""
+
+from __future__ import annotations
+
+from engine.steps import Done, Item
+from strategies.base import Routine, Solve, StrategySettings, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
+
+
+class Direct(Routine):
+    name = "direct"
+    stages = frozenset({"generator"})
+
+    def __init__(self, settings: StrategySettings):
+        self.settings = settings
+
+    @classmethod
+    def from_run(cls, run) -> Direct:
+        return cls(StrategySettings(k=run.retrieval.k, forms=run.answer_form))
+
+    def solve(self, item: Item) -> Solve:
+        forms = self.settings.forms
+        response = yield final_request(prompt("direct/user").format(question=item.question), form_of(item, forms), forms)
+        item.trace.append({"step": "answer", "output": response_text(response)})
+        return Done(final_answer(response), "closed_book")

@@ -1,0 +1,82 @@
+"""The answer in the form the question asks (config: ``answer_form``, schemas/config.py).
+
+A yes/no question gets yes or no, a claim gets a verdict, anything else a short answer. Every
+strategy's final answer step goes through ``final_request`` / ``final_answer``, so syntheses from
+sub-answers and fallbacks answer in the same form as a one-step answer.
+
+Choice forms are guided choices on the generator (a ``Judge`` routed to the generator stage, so a
+separate judge model never writes answers); the choice is the most probable one by the first
+token's log-probs over every capitalisation ("Yes", "yes"), not only the spelling the grammar
+allows, which is what greedy decoding under the mask would pick.
+"""
+
+from __future__ import annotations
+
+import re
+
+from engine.steps import Item
+from schemas.config import AnswerFormConfig
+from schemas.records import Generate, Generation, Judge, Judgment
+from strategies.base import answer_messages, clean_answer, prompt
+
+SHORT, YES_NO, VERDICT = "short", "yes_no", "verdict"
+SUB_QUESTION = "sub-question"  # the kind ``detect_yes_no`` names for questions a strategy spawned
+
+_AUXILIARY = re.compile(r"^\s*(is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall|may|"
+                        r"might|must)\b", re.IGNORECASE)
+_ALTERNATIVE = re.compile(r"\bor\b", re.IGNORECASE)
+
+
+def is_yes_no_question(question: str) -> bool:
+    """Phrased as a yes/no question: it opens with an auxiliary verb and offers no alternatives
+    ("Did X or Y die first?" asks for a name)."""
+    return bool(_AUXILIARY.match(question)) and not _ALTERNATIVE.search(question)
+
+
+def form_of(item: Item, config: AnswerFormConfig) -> str:
+    """The form of ``item``'s final answer: by dataset, else kind (roots), else yes/no detection."""
+    if item.depth == 0:
+        if item.dataset in config.by_dataset:
+            return config.by_dataset[item.dataset]
+        if item.kind in config.by_kind:
+            return config.by_kind[item.kind]
+    return detected_form(item.question, item.kind if item.depth == 0 else SUB_QUESTION, config)
+
+
+def detected_form(question: str, kind: str | None, config: AnswerFormConfig) -> str:
+    """yes_no for a question of a ``detect_yes_no`` kind phrased as a yes/no question, else short."""
+    if kind in config.detect_yes_no and is_yes_no_question(question):
+        return YES_NO
+    return SHORT
+
+
+def choices(form: str, config: AnswerFormConfig) -> tuple[str, ...] | None:
+    """The closed set of answers of a choice form; None for a short answer."""
+    if form == YES_NO:
+        return ("yes", "no")
+    if form == VERDICT:
+        return tuple(config.verdicts)
+    return None
+
+
+def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "answer") -> Generate | Judge:
+    """The final answer step for ``user`` (a strategy's answer prompt) in ``form``."""
+    options = choices(form, config)
+    if options is None:
+        return Generate(answer_messages(user), step=step)
+    system = prompt(f"answer_system_{form}").format(choices=", ".join(options))
+    return Judge((("system", system), ("user", user)), options, stage="generator", step=step)
+
+
+def final_answer(response: Generation | Judgment) -> str:
+    """The answer a final step's response gives (see the module docstring for choices)."""
+    if isinstance(response, Judgment):
+        if response.probs:
+            return max(response.probs, key=response.probs.get)
+        return response.label
+    return clean_answer(response.text)
+
+
+def response_text(response: Generation | Judgment) -> str:
+    """What the model wrote, for traces."""
+    return response.label if isinstance(response, Judgment) else response.text

@@ -1,0 +1,30 @@
+"""Retrieve-then-read baseline: top-k passages, then one generation over them."""
+
+from __future__ import annotations
+
+from engine.steps import Done, Item
+from schemas.records import Retrieve
+from strategies.base import Routine, Solve, StrategySettings, format_passages, prompt
+from strategies.forms import final_answer, final_request, form_of, response_text
+
+
+class RetrieveThenRead(Routine):
+    name = "rag"
+    stages = frozenset({"generator", "retriever"})
+
+    def __init__(self, settings: StrategySettings):
+        self.settings = settings
+
+    @classmethod
+    def from_run(cls, run) -> RetrieveThenRead:
+        return cls(StrategySettings(k=run.retrieval.k, forms=run.answer_form))
+
+    def solve(self, item: Item) -> Solve:
+        forms = self.settings.forms
+        item.passages = (yield Retrieve(item.question, self.settings.k)).passages
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+        user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
+        response = yield final_request(user, form_of(item, forms), forms, step="read")
+        item.trace.append({"step": "read", "output": response_text(response)})
+        # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
+        return Done(final_answer(response), "passages")

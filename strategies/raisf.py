@@ -1,0 +1,213 @@
+"""RA-ISF: Retrieval Augmented Iterative Self-Feedback (Liu et al.), Algorithm 1.
+
+``solve`` is the paper's Problem-solving(q, iter) line for line; sub-questions are child items on the
+engine, so all nodes of all trees batch together. A node at depth D_th answers its sub-questions
+"unknown" itself (they would be past D_th) instead of spawning them, so a tree has at most
+1 + m + ... + m^D_th nodes for m = ``max_subquestions``; a sub-question the engine could not run
+(its node cap) or that failed is "unknown" too. Binary judgments use P('yes') of the first token
+against a threshold (``judge_by=logprob``) or the guided label, or the trained sub-modules
+(``judges: trained``); a judgment that failed is an error, never a "no". Every answer M(...) is in
+the question's form (forms.py). Ablations (paper Table 2): no self-knowledge (go straight to
+retrieval), no passage relevance (decompose when the model does not know), no decomposition
+("unknown" when nothing is relevant).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from engine.steps import Done, Item, Spawn
+from schemas.config import AnswerFormConfig, Section
+from schemas.records import (
+    Classify,
+    Generate,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieve,
+)
+from strategies.base import (
+    Routine,
+    Solve,
+    answer_messages,
+    format_passages,
+    prompt,
+    structured,
+)
+from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, same_question, string_list_schema
+
+UNKNOWN = "unknown"
+DECOMPOSE_TOKENS = 160
+
+
+class RaisfConfig(Section):
+    """RA-ISF (Liu et al.), Algorithm 1. Defaults are the paper's; the switches are Table 2's ablations."""
+
+    d_th: int = Field(3, ge=0, description="decomposition depth threshold D_th; deeper nodes answer 'unknown'")
+    k: int = Field(5, ge=1, description="passages retrieved per (sub-)question")
+    self_knowledge: bool = Field(True, description="False = ablation 'No SKM'")
+    passage_relevance: bool = Field(True, description="False = ablation 'No PRM' (decompose right away)")
+    decomposition: bool = Field(True, description="False = ablation 'No QDM' ('unknown' when nothing is relevant)")
+    judge_by: Literal["logprob", "label"] = Field(
+        "logprob", description="binary judgments from P('yes') of the first token, or the generated label")
+    judges: Literal["generator", "trained"] = Field(
+        "generator", description="who judges: the generator (or judge pool) by prompt, or the trained "
+        "sub-modules as the paper trains them: M_know on the `know` pool (know.model) and M_rel as the ranker's "
+        "cross-encoder (reranker.model), P(relevant) = sigmoid of its score; from `ragsift train`")
+    know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
+    relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
+    max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
+
+    @property
+    def max_nodes(self) -> int:
+        """Question nodes one RA-ISF tree can have: 1 + m + ... + m^D_th (a node at depth D_th answers
+        its sub-questions 'unknown' itself)."""
+        return sum(self.max_subquestions ** d for d in range(self.d_th + 1))
+
+
+class RAISF(Routine):
+    name = "raisf"
+    Config = RaisfConfig
+
+    def __init__(self, config: RaisfConfig, forms: AnswerFormConfig | None = None):
+        self.config = config
+        self.forms = forms or AnswerFormConfig()
+        self.decompose_schema = string_list_schema("sub_questions", config.max_subquestions)
+        # M_know on its own pool and M_rel as the ranker's cross-encoder, or prompts on the judge pool
+        self.stages = frozenset({"generator", "retriever"} | judge_stages(config))
+
+    @classmethod
+    def from_run(cls, run) -> RAISF:
+        return cls(run.raisf, run.answer_form)
+
+    @staticmethod
+    def check(run) -> None:
+        if run.raisf.max_nodes > run.engine.max_nodes_per_root:
+            raise ValueError(f"engine.max_nodes_per_root {run.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
+                             f"of raisf.d_th {run.raisf.d_th} and raisf.max_subquestions {run.raisf.max_subquestions} "
+                             f"({run.raisf.max_nodes} nodes)")
+        if run.raisf.d_th > run.engine.max_depth:
+            raise ValueError(f"engine.max_depth {run.engine.max_depth} is below raisf.d_th {run.raisf.d_th}")
+        check_judges(run)
+
+    def solve(self, item: Item) -> Solve:  # Problem-solving(q_t, iter)
+        c, q = self.config, item.question
+        if item.depth > c.d_th:
+            item.trace.append({"step": "depth_cap", "depth": item.depth})
+            return Done(UNKNOWN, "unknown")
+        if c.self_knowledge:
+            judgment = yield know_request(q, c)
+            p = p_yes(judgment, c.judge_by)
+            knows = p >= c.know_threshold
+            item.trace.append({"step": "self_knowledge", "p_yes": round(p, 4), "label": judgment.label, "know": knows})
+            if knows:  # M_know(q_t) = know -> M(q_t)
+                user = prompt("raisf/answer").format(question=q)
+                return (yield from self.answer(item, "answer_closed", "self_knowledge", user))
+        if c.passage_relevance or not c.self_knowledge:
+            item.passages = (yield Retrieve(q, c.k)).passages  # P = R(q_t, C)
+            item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+            if not c.passage_relevance:  # both ablated: read everything retrieved
+                user = prompt("raisf/answer_passages").format(passages=format_passages(item.passages), question=q)
+                done = yield from self.answer(item, "answer_passages", "passages", user)
+                return Done(done.answer, done.resolved_by, [p.id for p in item.passages])
+            scores = relevance_scores((yield relevance_requests(q, item.passages, c)), len(item.passages), c)
+            relevant = [p for p, s in zip(item.passages, scores) if s >= c.relevance_threshold]
+            item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
+                               "relevant": [p.id for p in relevant]})
+            if relevant:  # P_rel non-empty -> M(q_t, P_rel); the evidence M_rel chose is RA-ISF's citation
+                user = prompt("raisf/answer_passages").format(passages=format_passages(relevant), question=q)
+                done = yield from self.answer(item, "answer_passages", "passages", user)
+                return Done(done.answer, done.resolved_by, [p.id for p in relevant])
+            if not c.decomposition:
+                item.trace.append({"step": "no_relevant_passage"})
+                return Done(UNKNOWN, "unknown")
+        subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
+        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q)
+            return (yield from self.answer(item, "synthesize", "decomposition", prompt("raisf/answer").format(question=q)))
+        if item.depth + 1 > c.d_th:  # Problem-solving(q_i, iter + 1) with iter + 1 > D_th
+            item.trace.append({"step": "depth_cap", "depth": item.depth + 1, "sub_questions": len(subs)})
+            answers = [UNKNOWN] * len(subs)
+        else:
+            children = yield Spawn(subs)  # a_i = Problem-solving(q_i, iter + 1)
+            # a sub-question that failed, or that the engine did not run (its node cap), is unknown
+            answers = [child.answer if child.answer and not child.error else UNKNOWN for child in children]
+        pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))
+        return (yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
+                                       prompt("raisf/synthesize").format(pairs=pairs, question=q)))
+
+    def decompose(self, item: Item):
+        user = prompt("raisf/decompose").format(question=item.question)
+        request = Generate(answer_messages(user, system=None), max_tokens=DECOMPOSE_TOKENS,
+                           json_schema=self.decompose_schema, step="decompose")
+        subs, ok, _ = yield from structured(
+            item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subquestions), "decompose")
+        # a sub-question identical to its parent would recurse on itself until D_th
+        subs = [s for s in subs if not same_question(s, item.question)]
+        item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
+        return subs
+
+    def answer(self, item: Item, step: str, resolved_by: str, user: str):
+        """M(...): the answer step, in the form the question asks."""
+        response = yield final_request(user, form_of(item, self.forms), self.forms, step=step)
+        item.trace.append({"step": step, "output": response_text(response)})
+        return Done(final_answer(response), resolved_by)
+
+
+def judge_stages(config: RaisfConfig) -> set[str]:
+    return {"know", "ranker"} if config.judges == "trained" else {"judge"}
+
+
+def check_judges(run) -> None:
+    if run.raisf.judges == "trained" and not (run.know.model and run.reranker.model):
+        raise ValueError("raisf.judges: trained needs know.model (M_know) and reranker.model (M_rel), "
+                         "from `ragsift train know` / `ragsift train relevance`")
+
+
+def judge_request(user: str, step: str = "judge") -> Judge:
+    return Judge((("user", user),), step=step)
+
+
+def know_request(question: str, config: RaisfConfig) -> Judge | Classify:
+    """M_know(q): the trained classifier, or the judge asked the paper's self-knowledge prompt."""
+    if config.judges == "trained":
+        return Classify(question)
+    return judge_request(prompt("raisf/know").format(question=question), "self_knowledge")
+
+
+def relevance_requests(question: str, passages: list[Passage], config: RaisfConfig) -> list[Judge | Rank]:
+    """M_rel(p) for each passage: one cross-encoder ranking of them all, or one judgment each."""
+    shown = [f"{p.title}: {p.text}" for p in passages]
+    if not passages:
+        return []
+    if config.judges == "trained":
+        return [Rank(question, tuple(shown), len(shown), step="relevance")]
+    return [judge_request(prompt("raisf/relevance").format(question=question, passage=s), "relevance") for s in shown]
+
+
+def relevance_scores(responses: list[Judgment | Ranking], n: int, config: RaisfConfig) -> list[float]:
+    """P(relevant) per passage, in retrieval order (a ranking's logits through a sigmoid)."""
+    if config.judges == "trained":
+        if not responses:
+            return []
+        (ranking,) = responses
+        scores = [0.0] * n
+        for i, logit in zip(ranking.indices, ranking.scores):
+            scores[i] = 1.0 / (1.0 + math.exp(-logit))
+        return scores
+    return [p_yes(j, config.judge_by) for j in responses]
+
+
+def p_yes(judgment: Judgment, judge_by: str) -> float:
+    """P('yes') of a binary judgment: its first-token estimate, or 1/0 from the guided label.
+    A failed judgment has no P('yes'): callers check ``judgment.error`` first."""
+    if judgment.error:
+        raise ValueError(f"a failed judgment has no P('yes'): {judgment.error}")
+    if judge_by == "label":
+        return float(judgment.label.strip().lower() == "yes")
+    return judgment.prob("yes")

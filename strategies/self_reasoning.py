@@ -1,0 +1,158 @@
+"""Self-Reasoning (Xia et al.): one structured trajectory per question over the top-k passages.
+
+    RAP  relevant (bool) + relevant_reason              is the evidence about the question?
+    EAP  cite_list: [{cite_index, cite_content, cite_reason}]   which passages, and why
+    TAP  analysis (long answer with [n] citations) + answer (<= 10 words)
+
+The paper fine-tunes a model to write this trajectory; here the prompt is its GPT-4 instruction
+(Appendix, Figures 5 and 6) and vLLM decodes it under a JSON schema whose fields are in that order
+(relevance, then evidence, then analysis, then the answer: the model reasons before it answers).
+What the trajectory may copy is bounded (``self_reasoning.max_citations``, ``*_chars``): an untuned
+model otherwise spends its tokens copying whole passages into the quotes and the analysis and never
+reaches the answer. The answer is in the question's form (forms.py): yes / no, a verdict for
+``kind=claim`` (the fact-verification variant), else a short answer. Irrelevant evidence -> the
+answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). A trajectory that
+does not parse is retried once with twice the tokens; then the fallback is a plain read of the same
+passages, in the same form.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, create_model
+
+from engine.steps import Done, Item
+from schemas.config import AnswerFormConfig, Section
+from schemas.records import Generate, Retrieve
+from strategies.base import (
+    Routine,
+    Solve,
+    answer_messages,
+    clean_answer,
+    format_passages,
+    prompt,
+    structured,
+)
+from strategies.forms import (
+    VERDICT,
+    YES_NO,
+    choices,
+    final_answer,
+    final_request,
+    form_of,
+    response_text,
+)
+from strategies.structured import parse_as, schema_of
+
+
+class SelfReasoningConfig(Section):
+    """Self-Reasoning (Xia et al.): one JSON trajectory (relevance, cited evidence, analysis, answer)."""
+
+    k: int = Field(5, ge=1, description="passages in the trajectory's evidence (the paper: top 5)")
+    max_tokens: int = Field(512, ge=32, description="tokens for the trajectory; doubled on the one retry")
+    # What the trajectory may copy (the schema's maxItems / maxLength): an untuned model otherwise
+    # copies whole passages into quotes and analysis and runs out of tokens before the answer.
+    max_citations: int = Field(3, ge=1, description="entries of cite_list (at most k)")
+    quote_chars: int = Field(200, ge=1, description="characters of one cite_content")
+    reason_chars: int = Field(150, ge=1, description="characters of relevant_reason and of one cite_reason")
+    analysis_chars: int = Field(500, ge=1, description="characters of the analysis (the long answer)")
+    answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
+
+
+# the paper's verdict words and FEVER's labels
+VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT ENOUGH INFO"}
+_PAPER_WORD = {label: word for word, label in VERDICTS.items()}
+_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+
+
+def verdict(said: str) -> str:
+    """The model's SUPPORT / REFUTE / NOT ENOUGH INFO as FEVER's label (unknown text is kept as said)."""
+    return VERDICTS.get(said.strip().upper(), said)
+
+
+def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfig) -> str:
+    """The instruction a trajectory is written to (also the prompt of its training label)."""
+    if form == VERDICT:
+        words = [_PAPER_WORD.get(v, v) for v in forms.verdicts]
+        return prompt("self_reasoning/fever").format(passages=format_passages(passages), question=question,
+                                                 verdicts=" / ".join(words),
+                                                 not_enough=prompt("self_reasoning/fever_nei" if "NOT ENOUGH INFO" in words
+                                                                   else "self_reasoning/fever_decide"))
+    answer = "yes or no" if form == YES_NO else "no more than 10 words"
+    return prompt("self_reasoning/qa").format(passages=format_passages(passages), question=question, answer=answer)
+
+
+def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReasoningConfig) -> type[BaseModel]:
+    """The trajectory as a pydantic model, fields in the paper's order (RAP, EAP, TAP)."""
+    reason = Annotated[str, Field(max_length=config.reason_chars)]
+    citation = create_model("Citation", cite_index=(int, Field(ge=1, le=k)),
+                            cite_content=(str, Field(max_length=config.quote_chars)), cite_reason=(reason, ...))
+    answer = Literal[answers] if answers else Annotated[str, Field(max_length=config.answer_chars)]
+    return create_model("Trajectory", relevant=(bool, ...), relevant_reason=(reason, ...),
+                        cite_list=(list[citation], Field(max_length=min(k, config.max_citations))),
+                        analysis=(str, Field(max_length=config.analysis_chars)), answer=(answer, ...))
+
+
+class SelfReasoning(Routine):
+    name = "self_reasoning"
+    Config = SelfReasoningConfig
+    stages = frozenset({"generator", "retriever"})
+
+    def __init__(self, config: SelfReasoningConfig, forms: AnswerFormConfig | None = None):
+        self.config = config
+        self.forms = forms or AnswerFormConfig()
+        self._models: dict[tuple, tuple[type[BaseModel], str]] = {}  # (model, schema) by (k, answers)
+
+    @classmethod
+    def from_run(cls, run) -> SelfReasoning:
+        return cls(run.self_reasoning, run.answer_form)
+
+    def solve(self, item: Item) -> Solve:
+        form = form_of(item, self.forms)
+        item.passages = (yield Retrieve(item.question, self.config.k)).passages
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+        model, schema = self._model(item, form)
+        user = trajectory_prompt(item.question, item.passages, form, self.forms)
+        request = Generate(answer_messages(user, system=None), max_tokens=self.config.max_tokens, json_schema=schema,
+                           step="trajectory")
+
+        def parse(text):
+            t = parse_as(model, text)
+            return t, t is not None and bool(t.answer.strip())
+
+        t, ok, response = yield from structured(item, request, parse, "trajectory")
+        if not ok:  # the fallback: a plain read of the same passages, in the same form
+            item.trace.append({"step": "trajectory", "parsed": False, "output": response.text})
+            name = "self_reasoning/fever_read" if form == VERDICT else "rag/user"
+            read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
+                                                           question=item.question), form, self.forms, step="read")
+            item.trace.append({"step": "fallback_read", "output": response_text(read)})
+            # a plain read cites nothing: its passages are the retrieval, not citations
+            return Done(final_answer(read), "fallback")
+        cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
+        item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
+        answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
+        return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
+
+    def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
+        answers = choices(form, self.forms)
+        if form == VERDICT:
+            answers = tuple(_PAPER_WORD.get(v, v) for v in answers)
+        key = (max(1, len(item.passages)), answers)
+        if key not in self._models:
+            model = trajectory_model(*key, self.config)
+            self._models[key] = model, schema_of(model)
+        return self._models[key]
+
+    def _citations(self, item: Item, t) -> list[str]:
+        """Passage ids cited in cite_list or as [n] in the analysis, in order, valid indices only."""
+        indices = [c.cite_index for c in t.cite_list]
+        for group in _CITE.findall(t.analysis):
+            indices += [int(n) for n in group.split(",")]
+        ids = []
+        for n in indices:
+            if 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:
+                ids.append(item.passages[n - 1].id)
+        return ids

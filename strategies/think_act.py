@@ -1,0 +1,146 @@
+"""Think-then-Act (Shen et al.), Sections 3.1-3.2.
+
+    assess(q)  CLEAR AND COMPLETE -> q_final = q
+               INCOMPLETE         -> q_final = rewrite(q)
+               AMBIGUOUS          -> q_group = split(q): each sub-query is a child item (no further
+                                     assessment), then the answers are aggregated
+    capability(q_final)  confidence: beta = P("yes") of "can you answer on your own?";
+                                     retrieve when beta < beta' (beta' = 0 never, 1 always)
+                         decision:   the model says RETRIEVAL / NO RETRIEVAL
+    answer  LM(q_final), or LM([D, q_final]) where D = the top 3 sentences of the top-k passages,
+            ranked by the embedder (the paper: Sentence-BERT)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from engine.steps import Done, Item, Spawn
+from schemas.config import AnswerFormConfig, Section
+from schemas.records import Generate, Judge, Rank, Retrieve
+from strategies.base import (
+    Routine,
+    Solve,
+    answer_messages,
+    clean_answer,
+    prompt,
+    structured,
+)
+from strategies.filtering import sentences
+from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.parsing import parse_string_list, same_question, string_list_schema
+
+ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
+DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
+
+
+class ThinkActConfig(Section):
+    """Think-then-Act (Shen et al.): query assessment and rewriting, then a capability check that
+    gates retrieval. Defaults are the paper's."""
+
+    assess: bool = Field(True, description="assess the query (CLEAR AND COMPLETE / INCOMPLETE / AMBIGUOUS) and rewrite it")
+    capability: Literal["confidence", "decision"] = Field(
+        "confidence", description="confidence: retrieve when beta = P('yes') < beta_threshold; decision: "
+                                  "the model says RETRIEVAL / NO RETRIEVAL")
+    beta_threshold: float = Field(0.5, ge=0, le=1, description="beta'; 0 = never retrieve, 1 = always")
+    k: int = Field(5, ge=1, description="passages retrieved; their sentences are ranked")
+    top_sentences: int = Field(3, ge=1, description="units kept as context (the paper: top 3 by Sentence-BERT)")
+    context: Literal["sentences", "passages"] = Field(
+        "sentences", description="what the top 3 are: the sentences of the top-k passages, or the passages themselves "
+        "(the paper ranks 'the top sentences from the relevant Wikipedia pages' and Google's organic results, "
+        "then keeps 'the top 3 most similar': either reading fits it)")
+    max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
+
+
+class ThinkThenAct(Routine):
+    name = "think_act"
+    Config = ThinkActConfig
+    stages = frozenset({"generator", "judge", "retriever", "ranker"})
+
+    def __init__(self, config: ThinkActConfig, forms: AnswerFormConfig | None = None):
+        self.config = config
+        self.forms = forms or AnswerFormConfig()
+        self.split_schema = string_list_schema("sub_questions", config.max_subqueries)
+
+    @classmethod
+    def from_run(cls, run) -> ThinkThenAct:
+        return cls(run.think_act, run.answer_form)
+
+    def solve(self, item: Item) -> Solve:
+        query = item.question
+        if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries
+            judgment = yield Judge(user(prompt("think_act/assess").format(question=item.question)), ASSESSMENTS, step="assess")
+            label = judgment.label if judgment.label in ASSESSMENTS else "CLEAR AND COMPLETE"
+            item.trace.append({"step": "assess", "label": judgment.label, "probs": judgment.probs})
+            if label == "INCOMPLETE":  # q_final = q_comp
+                rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
+                                                         system=None), max_tokens=64, step="rewrite")
+                query = clean_answer(rewrite.text) or item.question
+                item.trace.append({"step": "rewrite", "query": query})
+            if label == "AMBIGUOUS":  # q_group = {q^1, ..., q^k}
+                subs = yield from self.split(item)
+                if subs:
+                    children = yield Spawn(subs)
+                    pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}"
+                                      for i, (q, c) in enumerate(zip(subs, children), 1))
+                    return (yield from self.answer(item, "aggregate", "sub_queries",
+                                                   prompt("think_act/aggregate").format(pairs=pairs, question=item.question)))
+        if not (yield from self.retrieves(item, query)):  # beta >= beta': LM(q_final)
+            return (yield from self.answer(item, "answer", "closed_book", prompt("direct/user").format(question=query)))
+        item.passages = (yield Retrieve(query, self.config.k)).passages  # LM([D, q_final])
+        item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
+        pool = context_pool(item.passages, self.config)
+        chosen = []
+        if pool:
+            ranking = yield Rank(query, tuple(pool), self.config.top_sentences, step="rank")
+            chosen = [pool[i] for i in ranking.indices]
+            item.trace.append({"step": "rank", "sentences": chosen, "scores": [round(x, 4) for x in ranking.scores]})
+        context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
+        return (yield from self.answer(item, "answer", "retrieval",
+                                       prompt("think_act/answer_context").format(context=context, question=query)))
+
+    def split(self, item: Item):
+        request = Generate(answer_messages(prompt("think_act/split").format(question=item.question), system=None),
+                           max_tokens=160, json_schema=self.split_schema, step="split")
+        subs, ok, _ = yield from structured(
+            item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subqueries), "split")
+        subs = [q for q in subs if not same_question(q, item.question)]
+        item.trace.append({"step": "split", "sub_queries": subs, "parsed": ok})
+        return subs  # nothing to split into: the query goes on as it is
+
+    def retrieves(self, item: Item, query: str):
+        """The capability check: does answering ``query`` need retrieval?"""
+        beta, label = None, None
+        if self.config.capability == "decision":
+            judgment = yield Judge(user(prompt("think_act/decision").format(question=query)), DECISIONS, step="capability")
+            label = judgment.label
+            retrieve = label != "NO RETRIEVAL"
+        elif self.config.beta_threshold <= 0.0:  # beta' = 0: never retrieve, nothing to ask
+            retrieve = False
+        elif self.config.beta_threshold >= 1.0:  # beta' = 1: always retrieve
+            retrieve = True
+        else:
+            beta = (yield Judge(user(prompt("think_act/confidence").format(question=query)), step="capability")).prob("yes")
+            retrieve = beta < self.config.beta_threshold
+        item.trace.append({"step": "capability", "beta": None if beta is None else round(beta, 4), "label": label,
+                           "retrieve": retrieve})
+        return retrieve
+
+    def answer(self, item: Item, step: str, resolved_by: str, user_prompt: str):
+        """The answer step, in the form the (user's) question asks."""
+        response = yield final_request(user_prompt, form_of(item, self.forms), self.forms, step=step)
+        item.trace.append({"step": step, "output": response_text(response)})
+        return Done(final_answer(response), resolved_by)
+
+
+def context_pool(passages, config: ThinkActConfig) -> list[str]:
+    """What the ranker picks D from: the passages' sentences, or the passages."""
+    if config.context == "passages":
+        return [f"{p.title}: {p.text}" for p in passages]
+    return [s for p in passages for s in sentences(p.text)]
+
+
+def user(text: str):
+    return (("user", text),)

@@ -1,0 +1,94 @@
+"""Chaos on local Ray: replicas killed mid-run, requests that crash or hang replicas, actors that
+cannot start. Every question must come out exactly once, with the answers of an undisturbed run."""
+
+import pytest
+
+from engine.loop import Engine
+from engine.stages import GeneratorStage, RetrieverStage, StageDown
+from schemas.config import EngineConfig, StageBatching
+from schemas.records import Question
+from strategies.base import StrategySettings
+from strategies.registry import STRATEGIES
+from tests.engine.fakes import (
+    BrokenGenerator,
+    FakeEncoder,
+    FakeGenerator,
+    FlakyGenerator,
+    SlowGenerator,
+    SlowShard,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+QUESTIONS = [Question(f"q{i}", f"question {i}") for i in range(40)]
+
+
+def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageBatching(max_batch=8),
+        kill=None, **engine):
+    """Run the engine; ``kill(stages)`` is called once, after the fifth question is done."""
+    actor = ray.remote(generator).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
+    stages = {"generator": GeneratorStage([actor.remote() for _ in range(2)], batching)}
+    shard = ray.remote(SlowShard).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
+    stages["retriever"] = RetrieverStage([ray.remote(FakeEncoder).options(num_cpus=0).remote()],
+                                         [shard.remote(n) for n in ("a", "b")], StageBatching(max_batch=8))
+    rows, killed = [], []
+
+    def chaos(e):
+        if kill and not killed and e.roots_done >= 5:
+            kill(stages)
+            killed.append(True)
+
+    config = EngineConfig(**{"window": 16, "failure_cooldown_s": 0.0, **engine})
+    eng = Engine(stages, {strategy: STRATEGIES[strategy](StrategySettings(k=2))}, config, rows.append,
+                 on_progress=chaos, progress_every_s=0.0)
+    eng.run(questions, [strategy])
+    assert not kill or killed, "the run ended before the chaos"
+    return {r["id"]: r for r in rows}, rows, eng
+
+
+def answers(by_id):
+    return {i: (r["answer"], r["retrieved_ids"], r["error"]) for i, r in by_id.items()}
+
+
+@pytest.mark.parametrize("victim", ["generator replica", "retriever shard"])
+def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim):
+    def kill(stages):
+        actor = stages["generator"].replicas[0] if victim == "generator replica" else stages["retriever"].shards[1]
+        ray_session.kill(actor, no_restart=False)
+
+    calm, _, _ = run(ray_session, QUESTIONS)
+    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
+    assert len(rows) == len(QUESTIONS) and answers(by_id) == answers(calm)
+    assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
+
+
+def test_a_transient_failure_retries_the_batch_whole(ray_session):
+    calm, _, _ = run(ray_session, QUESTIONS)
+    by_id, rows, engine = run(ray_session, QUESTIONS, generator=FlakyGenerator)
+    assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
+    assert engine.batch_failures == 2 and engine.batch_splits == 0  # each replica's first batch failed once
+    assert engine.metrics()["batch_splits"] == 0
+
+
+def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session):
+    questions = [*QUESTIONS[:12], Question("killer", "KILLME please"), *QUESTIONS[12:20]]
+    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, max_attempts=2)
+    assert len(rows) == len(questions)
+    assert "generator failed 2 times" in by_id["killer"]["error"]
+    assert engine.batch_splits >= 2  # a batch of several only splits after failing twice
+    assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "killer")
+
+
+def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(ray_session):
+    questions = [*QUESTIONS[:6], Question("hang", "HANG forever"), *QUESTIONS[6:10]]
+    by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=FakeGenerator,
+                         batching=StageBatching(max_batch=4, timeout_s=5.0), max_attempts=2,
+                         failure_cooldown_s=1.0)  # time for the killed replica to restart
+    assert len(rows) == len(questions)
+    assert "ran over 5.0 s" in by_id["hang"]["error"]
+    assert {i: r["error"] for i, r in by_id.items() if r["error"]}.keys() == {"hang"}
+
+
+def test_actors_that_cannot_start_stop_the_run_with_a_clear_error(ray_session):
+    with pytest.raises(StageDown, match="model weights not found"):
+        run(ray_session, QUESTIONS[:4], strategy="direct", generator=BrokenGenerator)

@@ -1,0 +1,203 @@
+"""Engine control flow on local Ray with scripted fake stage actors (no models)."""
+
+import json
+
+import pytest
+
+from engine.loop import Engine
+from engine.stages import GeneratorStage, RetrieverStage
+from schemas.config import EngineConfig, StageBatching
+from schemas.records import Generate, Question
+from strategies.base import Ask, Done, Spawn, StrategySettings
+from strategies.registry import STRATEGIES
+from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+
+class Tree:
+    """Test strategy: split into two sub-questions until depth 2, then join the children's answers."""
+
+    name = "tree"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        if item.depth < 2:
+            return Spawn([f"{item.question}.L", f"{item.question}.R"])
+        return Ask([Generate((("user", item.question),))])
+
+    def resume(self, item, responses):
+        if isinstance(responses[0], Done):
+            return Done("(" + " ".join(r.answer for r in responses) + ")", "decomposition")
+        return Done(responses[0].text.removeprefix("echo:"), "leaf")
+
+
+def make_engine(ray, rows, generator_batching=StageBatching(max_batch=8), window=16, retriever=False):
+    gen = [ray.remote(FakeGenerator).options(num_cpus=0).remote()]
+    stages = {"generator": GeneratorStage(gen, generator_batching)}
+    if retriever:
+        enc = [ray.remote(FakeEncoder).options(num_cpus=0).remote()]
+        shards = [ray.remote(FakeShard).options(num_cpus=0).remote(n) for n in ("a", "b")]
+        stages["retriever"] = RetrieverStage(enc, shards, StageBatching(max_batch=8))
+    strategies = {n: STRATEGIES[n](StrategySettings(k=3)) for n in ("direct", "rag")}
+    strategies["tree"] = Tree()
+    return Engine(stages, strategies, EngineConfig(window=window), rows.append)
+
+
+def test_every_question_and_strategy_yields_one_row(ray_session):
+    rows = []
+    engine = make_engine(ray_session, rows, retriever=True)
+    questions = [Question(f"q{i}", f"question {i}") for i in range(50)]
+    engine.run(questions, ["direct", "rag"])
+    assert sorted((r["id"], r["strategy"]) for r in rows) == sorted(
+        (f"q{i}", s) for i in range(50) for s in ("direct", "rag"))
+    rag = {r["id"]: r for r in rows if r["strategy"] == "rag"}
+    # top-3 over two shards (b scores one higher); the tie at 2.0 keeps shard order: a before b
+    assert rag["q7"]["retrieved_ids"] == ["b-question 7-2", "a-question 7-2", "b-question 7-1"]
+    assert rag["q7"]["n_retrievals"] == 1 and rag["q7"]["n_llm_calls"] == 1
+    assert all(r["error"] is None for r in rows)
+
+
+def test_window_bounds_roots_in_flight_and_batches_respect_max_batch(ray_session):
+    rows = []
+    engine = make_engine(ray_session, rows, StageBatching(max_batch=4), window=10)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(100)], ["direct"])
+    assert len(rows) == 100
+    assert engine.peak_in_flight == 10
+    sizes = engine.stages["generator"].stats.batch_sizes
+    assert max(sizes) <= 4 and sum(sizes) == 100
+
+
+def test_identical_requests_are_computed_once(ray_session):
+    rows = []
+    engine = make_engine(ray_session, rows)
+    engine.run([Question(f"q{i}", "the same question") for i in range(30)], ["direct"])
+    assert len(rows) == 30 and {r["answer"] for r in rows} == {"echo:Question: the same question"}
+    assert engine.stages["generator"].stats.requests == 1
+    assert engine.requests_deduped == 29
+    assert engine.tokens == 5  # computed once (3 prompt + 2 completion) ...
+    assert all(r["prompt_tokens"] == 3 and r["completion_tokens"] == 2 for r in rows)  # ... charged to each
+
+
+def test_fan_out_tree_completes_with_children_in_order(ray_session):
+    rows = []
+    engine = make_engine(ray_session, rows)
+    engine.run([Question("r", "Q")], ["tree"])
+    (row,) = rows
+    assert row["answer"] == "((Q.L.L Q.L.R) (Q.R.L Q.R.R))"
+    assert row["resolved_by"] == "decomposition"
+    assert row["n_subquestions"] == 6 and row["n_llm_calls"] == 4
+    trace = json.loads(row["trace"])
+    assert sorted(c["child"] for c in trace) == ["Q.L", "Q.R"]
+
+
+def test_a_failing_batch_becomes_error_rows_and_the_run_continues(ray_session):
+    rows = []
+    engine = make_engine(ray_session, rows, StageBatching(max_batch=1))
+    qs = [Question("ok1", "fine"), Question("bad", "POISON"), Question("ok2", "also fine"),
+          Question("empty", "", error="empty question")]
+    engine.run(qs, ["direct"])
+    by_id = {r["id"]: r for r in rows}
+    assert len(rows) == 4
+    assert "replica crashed" in by_id["bad"]["error"]
+    assert by_id["empty"]["error"] == "empty question"
+    assert by_id["ok1"]["error"] is None and by_id["ok2"]["error"] is None
+
+
+def test_driver_sleeps_while_replicas_work(ray_session):
+    """A partial batch waiting for a busy replica must not make the driver spin."""
+    import time
+
+    rows = []
+    gen = [ray_session.remote(SlowGenerator).options(num_cpus=0).remote()]
+    strategies = {"direct": STRATEGIES["direct"](StrategySettings())}
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching(max_batch=4, max_wait_s=0.0))},
+                    strategies, EngineConfig(window=6), rows.append)
+    wall, cpu = time.perf_counter(), time.process_time()
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(12)], ["direct"])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert len(rows) == 12 and wall >= 1.5
+    assert cpu < 0.25 * wall, f"driver used {cpu:.2f} s CPU in {wall:.2f} s"
+
+
+class Wide:
+    """Test strategy: every node asks for five sub-questions, forever (only caps stop it)."""
+
+    name = "wide"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        return Spawn([f"{item.question}.{i}" for i in range(5)])
+
+    def resume(self, item, children):
+        ran = [c for c in children if c.error is None]
+        assert all(c.resolved_by in ("node_cap", "depth_cap") for c in children if c.error)
+        return Done(f"{len(ran)} of {len(children)} children", "decomposition")
+
+
+def test_node_and_depth_caps_bound_trees_and_give_the_parent_its_dropped_children_as_failed(ray_session):
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},
+                    EngineConfig(max_nodes_per_root=12, max_depth=3), rows.append)
+    engine.run([Question("r", "Q")], ["wide"])
+    (row,) = rows
+    assert row["n_subquestions"] == 11  # the root plus 11 children hit the cap of 12 nodes
+    assert row["answer"] == "5 of 5 children" and row["depth"] <= 3 and row["error"] is None
+    trace = json.loads(row["trace"])
+    assert any(t.get("engine") == "node_cap" for t in _walk(trace))
+    assert {t["answer"] for t in _walk(trace) if "child" in t} >= {"5 of 5 children", "1 of 5 children"}
+    assert engine.metrics()["trees_capped"] == 1
+
+    rows.clear()
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"wide": Wide()},
+                    EngineConfig(max_nodes_per_root=10_000, max_depth=2), rows.append)
+    engine.run([Question("r", "Q")], ["wide"])
+    (row,) = rows
+    assert row["depth"] == 2 and row["n_subquestions"] == 5 + 25
+    assert sum(t.get("engine") == "depth_cap" for t in _walk(json.loads(row["trace"]))) == 25
+
+
+def _walk(trace):
+    for entry in trace:
+        yield entry
+        yield from _walk(entry.get("trace", []))
+
+
+class Fragile:
+    """Test strategy whose start() raises for one question."""
+
+    name = "fragile"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        if item.question == "boom":
+            raise ValueError("bad state")
+        return Ask([Generate((("user", item.question),))])
+
+    def resume(self, item, responses):
+        return Done(responses[0].text, "leaf")
+
+
+def test_a_strategy_exception_fails_one_question_only(ray_session):
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"fragile": Fragile()},
+                    EngineConfig(), rows.append)
+    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok")], ["fragile"])
+    by_id = {r["id"]: r for r in rows}
+    assert "fragile.start: ValueError: bad state" in by_id["b"]["error"]
+    assert by_id["a"]["answer"] == "echo:fine" and by_id["c"]["error"] is None
+
+
+def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
+    from engine.stages import utilisation
+
+    # replica 0 busy 0-10 s (two overlapping batches), replica 1 busy 5-10 s
+    assert utilisation([(0, 0, 5), (0, 2, 10), (1, 5, 10)], 10, 2, bins=5) == {
+        "bin_s": 2.0, "busy": [0.5, 0.5, 0.75, 1.0, 1.0]}
+    rows = []
+    engine = make_engine(ray_session, rows)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(40)], ["direct"])
+    u = engine.metrics()["stages"]["generator"]["utilisation"]
+    assert len(u["busy"]) == 50 and u["bin_s"] > 0 and 0 < max(u["busy"]) <= 1

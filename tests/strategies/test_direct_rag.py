@@ -1,0 +1,45 @@
+from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
+from strategies.base import Ask, Done, Item, StrategySettings, clean_answer
+from strategies.registry import STRATEGIES
+
+
+def test_direct_asks_once_and_cleans_the_answer():
+    s = STRATEGIES["direct"](StrategySettings())
+    item = Item("Who wrote Hamlet?")
+    step = s.start(item)
+    assert isinstance(step, Ask) and len(step.requests) == 1
+    (req,) = step.requests
+    assert isinstance(req, Generate) and "Who wrote Hamlet?" in req.messages[-1][1]
+    done = s.resume(item, [Generation("Answer: William Shakespeare\nmore", 10, 5)])
+    assert done == Done("William Shakespeare", "closed_book")
+
+
+def test_rag_retrieves_k_then_reads_the_passages_in_order_and_cites_nothing():
+    s = STRATEGIES["rag"](StrategySettings(k=2))
+    item = Item("capital of France?")
+    step = s.start(item)
+    assert step.requests == [Retrieve("capital of France?", 2)]
+    passages = [Passage("p1", "France", "Paris is the capital.", 0.9), Passage("p2", "Lyon", "Lyon.", 0.5)]
+    step = s.resume(item, [Retrieval(passages)])
+    prompt = step.requests[0].messages[-1][1]
+    assert prompt.index("[1] France: Paris") < prompt.index("[2] Lyon") < prompt.index("capital of France?")
+    done = s.resume(item, [Generation("Paris", 100, 1)])
+    # the reader cites nothing: its passages are the retrieval (retrieved_ids), not citations
+    assert done.answer == "Paris" and done.resolved_by == "passages" and done.citations == []
+    assert item.passages == passages
+
+
+def test_errors_become_error_results():
+    rag = STRATEGIES["rag"](StrategySettings())
+    item = Item("q")
+    rag.start(item)
+    assert rag.resume(item, [Retrieval(error="shard died")]).error == "shard died"
+    direct = STRATEGIES["direct"](StrategySettings())
+    item = Item("q")
+    direct.start(item)
+    assert direct.resume(item, [Generation("", error="too long")]).resolved_by == "error"
+
+
+def test_clean_answer():
+    assert clean_answer('  \n"Final answer: Paris"\n') == "Paris"
+    assert clean_answer("") == ""

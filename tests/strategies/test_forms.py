@@ -1,0 +1,61 @@
+"""The answer in the form the question asks: yes/no questions get yes or no, claims a verdict."""
+
+import pytest
+
+from schemas.config import AnswerFormConfig
+from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
+from strategies.base import Item
+from strategies.forms import final_answer, final_request, form_of, is_yes_no_question
+from strategies.registry import AnswerConfig, make_strategy
+
+
+@pytest.mark.parametrize("question, yes_no", [
+    ("Are Villa Paletti and Betrayal at House on the Hill both board games?", True),
+    ("Do director of film X and director of film Y have the same nationality?", True),
+    ("Would the top of Mount Fuji stick out of the Sea of Japan?", True),
+    ("Did Ed Wood or Scott Derrickson die first?", False),  # an alternative asks for a name
+    ("Which film came out first, Blind Shaft or The Mask Of Fu Manchu?", False),
+    ("Who directed Levity?", False),
+    ("Island is a novel by Aldous Huxley", False),
+])
+def test_yes_no_questions_are_recognised_by_their_phrasing(question, yes_no):
+    assert is_yes_no_question(question) is yes_no
+
+
+def test_the_form_comes_from_dataset_then_kind_then_phrasing():
+    forms = AnswerFormConfig(by_dataset={"mine": "short"})
+    assert form_of(Item("Is it?", kind="yes-no"), forms) == "yes_no"
+    assert form_of(Item("Is it?", kind="yes-no", dataset="mine"), forms) == "short"
+    assert form_of(Item("Paris is in France.", kind="claim"), forms) == "verdict"
+    assert form_of(Item("Were both films American?", kind="multi-hop"), forms) == "yes_no"
+    assert form_of(Item("Were the centers profitable", kind="single-hop"), forms) == "short"  # not detected there
+    assert form_of(Item("Were both films American?"), forms) == "short"  # no kind: a short answer
+    # a sub-question has no kind or dataset of its own: its phrasing decides
+    assert form_of(Item("Is Paris in France?", depth=1, kind=None), forms) == "yes_no"
+    assert form_of(Item("Who founded Paris?", depth=1), AnswerFormConfig(by_kind={"": "yes_no"})) == "short"
+
+
+def test_choice_forms_are_guided_choices_on_the_generator_and_pick_the_likelier_answer():
+    forms = AnswerFormConfig()
+    assert isinstance(final_request("Question: q\nAnswer:", "short", forms), Generate)
+    yes_no = final_request("Question: q\nAnswer:", "yes_no", forms)
+    assert isinstance(yes_no, Judge) and yes_no.choices == ("yes", "no") and yes_no.stage == "generator"
+    assert "yes or no" in yes_no.messages[0][1]
+    verdict = final_request("Question: c\nAnswer:", "verdict", AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES"]))
+    assert verdict.choices == ("SUPPORTS", "REFUTES") and "SUPPORTS, REFUTES" in verdict.messages[0][1]
+    # probabilities counted over every capitalisation beat the masked greedy label
+    assert final_answer(Judgment("yes", {"yes": 0.4, "no": 0.6})) == "no"
+    assert final_answer(Judgment("yes", None)) == "yes"
+    assert final_answer(Generation("Answer: Paris\nmore")) == "Paris"
+
+
+@pytest.mark.parametrize("strategy", ["direct", "rag"])
+def test_baselines_answer_a_yes_no_question_yes_or_no(strategy):
+    s = make_strategy(strategy, AnswerConfig(strategies=[strategy]))
+    item = Item("Would the top of Mount Fuji stick out of the Sea of Japan?", kind="yes-no")
+    step = s.start(item)
+    if strategy == "rag":
+        step = s.resume(item, [Retrieval([Passage("p", "Fuji", "Mount Fuji is 3,776 m high.", 1.0)])])
+    (request,) = step.requests
+    assert isinstance(request, Judge) and request.choices == ("yes", "no")
+    assert s.resume(item, [Judgment("yes", {"yes": 0.8, "no": 0.2})]).answer == "yes"

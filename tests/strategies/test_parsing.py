@@ -1,0 +1,49 @@
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
+
+
+def test_json_in_fences_and_prose():
+    assert parse_json_object('Sure!\n```json\n{"a": 1}\n```') == {"a": 1}
+    assert parse_json_object('Here: {"a": [1, 2]} done') == {"a": [1, 2]}
+    assert parse_json_object("[1, 2]") is None
+
+
+def test_string_list_json_fallbacks_and_dedup():
+    assert parse_string_list('{"qs": ["A?", " a? ", "B?", ""]}', "qs", 5) == (["A?", "B?"], True)
+    assert parse_string_list("1. A?\n2) B?\n- C?\nnoise", "qs", 5) == (["A?", "B?", "C?"], False)
+    assert parse_string_list('{"qs": "not a list"}', "qs", 5) == ([], False)
+    assert parse_string_list('{"qs": ["A", "B", "C"]}', "qs", 2) == (["A", "B"], True)
+
+
+def test_schema_is_a_hashable_json_string():
+    schema = json.loads(string_list_schema("qs", 3))
+    assert schema["properties"]["qs"]["maxItems"] == 3 and schema["required"] == ["qs"]
+
+
+@given(st.text(), st.integers(min_value=1, max_value=6))
+def test_never_raises_and_honours_the_contract(text, limit):
+    items, ok = parse_string_list(text, "sub_questions", limit)
+    assert len(items) <= limit and all(isinstance(i, str) and i.strip() == i and i for i in items)
+    assert len({i.lower() for i in items}) == len(items)
+    assert not ok or items
+
+
+@given(st.lists(st.text(min_size=1).filter(lambda s: s.strip()), max_size=8))
+def test_valid_json_round_trips(values):
+    items, ok = parse_string_list(json.dumps({"sub_questions": values}), "sub_questions", 10)
+    expected = []
+    for v in (" ".join(x.split()) for x in values):
+        if v and v.lower() not in {e.lower() for e in expected}:
+            expected.append(v)
+    assert items == expected[:10] and ok == bool(expected)
+
+
+def test_list_markers_inside_json_items_are_dropped_and_repeats_recognised():
+    from strategies.parsing import parse_string_list, same_question
+    items, ok = parse_string_list('{"q": ["1. Who is X?", "- Where is Y?"]}', "q", 4)
+    assert (items, ok) == (["Who is X?", "Where is Y?"], True)
+    assert same_question("Who directed Levity?", "who directed  levity") and not same_question("Who?", "Where?")

@@ -1,0 +1,207 @@
+"""RA-ISF transitions (Algorithm 1) with a scripted model: every branch, caps, ablations, parsing."""
+
+import json
+
+import pytest
+
+from schemas.records import (
+    Generate,
+    Generation,
+    Judgment,
+    Passage,
+    Retrieval,
+    Retrieve,
+)
+from strategies.raisf import RAISF, RaisfConfig
+from tests.strategies.scripted import drive
+
+PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
+
+
+class Script:
+    """know: P(yes) per question; relevant: passage ids judged relevant per question;
+    subs: decomposition per question (a list, or raw text)."""
+
+    def __init__(self, know=None, relevant=None, subs=None):
+        self.know, self.relevant, self.subs = know or {}, relevant or {}, subs or {}
+
+    def __call__(self, request, item):
+        q = item.question
+        if request.step == "self_knowledge":
+            p = self.know.get(q, 0.1)
+            return Judgment("yes" if p >= 0.5 else "no", {"yes": p, "no": 1 - p}, 20, 1)
+        if request.step == "relevance":
+            user = request.messages[-1][1]
+            pid = next(p.id for p in PASSAGES if f"{p.title}: {p.text}" in user)
+            p = 0.9 if pid in self.relevant.get(q, ()) else 0.2
+            return Judgment("yes" if p >= 0.5 else "no", {"yes": p, "no": 1 - p}, 20, 1)
+        if isinstance(request, Retrieve):
+            return Retrieval(PASSAGES[: request.k])
+        assert isinstance(request, Generate)
+        if request.step == "decompose":
+            subs = self.subs.get(q, [])
+            return Generation(subs if isinstance(subs, str) else json.dumps({"sub_questions": subs}), 30, 10)
+        if request.step == "synthesize" and "Sub-question 1" in request.messages[-1][1]:
+            return Generation(f"synth({q})", 50, 3)
+        if request.step == "answer_passages":
+            return Generation(f"read({q})", 200, 3)
+        return Generation(f"closed({q})", 10, 3)
+
+
+def kinds(log):
+    return [type(r).__name__ for _, r in log]
+
+
+def test_knows_answers_closed_book():
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(know={"Q": 0.8}), log=log)
+    assert (done.answer, done.resolved_by) == ("closed(Q)", "self_knowledge")
+    assert kinds(log) == ["Judge", "Generate"]
+    assert item.trace[0]["know"] is True
+
+
+def test_answers_from_the_relevant_passages_only():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig()), "Q", Script(relevant={"Q": {"p1", "p3"}}), log=log)
+    assert (done.answer, done.resolved_by, done.citations) == ("read(Q)", "passages", ["p1", "p3"])
+    assert kinds(log) == ["Judge", "Retrieve"] + ["Judge"] * 5 + ["Generate"]
+    read_prompt = log[-1][1].messages[-1][1]
+    assert "T1: text 1" in read_prompt and "T3: text 3" in read_prompt and "T0:" not in read_prompt
+
+
+def test_decomposes_and_synthesizes_from_sub_answers_in_order():
+    script = Script(subs={"Q": ["A?", "B?"]}, know={"A?": 0.9}, relevant={"B?": {"p0"}})
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", script, log=log)
+    assert (done.answer, done.resolved_by) == ("synth(Q)", "decomposition")
+    synth_prompt = log[-1][1].messages[-1][1]
+    assert synth_prompt.index("Sub-question 1: A?\nAnswer 1: closed(A?)") < synth_prompt.index(
+        "Sub-question 2: B?\nAnswer 2: read(B?)")
+    assert max(d for d, _ in log) == 1
+
+
+def test_depth_cap_answers_unknown_below_d_th():
+    # nothing known, nothing relevant, every question decomposes into two
+    script = Script(subs={q: [q + ".a", q + ".b"] for q in ["Q", "Q.a", "Q.b", "Q.a.a", "Q.a.b", "Q.b.a", "Q.b.b"]})
+    log = []
+    done, item = drive(RAISF(RaisfConfig(d_th=1)), "Q", script, log=log)
+    assert done.resolved_by == "decomposition"
+    # a node at D_th answers its sub-questions 'unknown' itself: no node below D_th exists
+    assert max(d for d, _ in log) == 1
+    synth_q_a = [r.messages[-1][1] for d, r in log
+                 if d == 1 and isinstance(r, Generate) and "Based on" in r.messages[-1][1]][0]
+    assert "Answer 1: unknown" in synth_q_a and "Answer 2: unknown" in synth_q_a
+
+
+def test_no_self_knowledge_ablation_retrieves_first():
+    log = []
+    drive(RAISF(RaisfConfig(self_knowledge=False)), "Q", Script(relevant={"Q": {"p0"}}), log=log)
+    assert kinds(log)[0] == "Retrieve"
+
+
+def test_no_relevance_ablation_decomposes_without_retrieving():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig(passage_relevance=False)), "Q",
+                    Script(subs={"Q": ["A?"]}, know={"A?": 0.9}), log=log)
+    assert "Retrieve" not in kinds(log) and done.resolved_by == "decomposition"
+
+
+def test_no_decomposition_ablation_gives_unknown():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig(decomposition=False)), "Q", Script(), log=log)
+    assert (done.answer, done.resolved_by) == ("unknown", "unknown")
+    assert all(not (isinstance(r, Generate) and r.json_schema) for _, r in log)
+
+
+def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_answering():
+    log = []
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "I cannot split this."}), log=log)
+    decompositions = [r for _, r in log if isinstance(r, Generate) and r.json_schema]
+    assert [r.max_tokens for r in decompositions] == [160, 320]  # one retry, with room to finish the JSON
+    assert item.counts["parse_failures"] == 2
+    assert [t.get("retry", False) for t in item.trace if t["step"] == "decompose"] == [True, False]
+    assert done.resolved_by == "decomposition" and done.answer == "closed(Q)"  # M(q, {}, {}) is M(q)
+    # a numbered list outside JSON is used, but still counted as a parse failure
+    done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "1. A?\n2. B?"}, know={"A?": .9, "B?": .9}))
+    assert decomposed(item) == ["A?", "B?"] and item.counts["parse_failures"] == 2
+
+
+def test_sub_questions_are_capped_and_self_repeats_dropped():
+    done, item = drive(RAISF(RaisfConfig(max_subquestions=2)), "Q",
+                       Script(subs={"Q": ["Q", "A?", "B?", "C?"]}, know={"A?": .9, "B?": .9}))
+    assert decomposed(item) == ["A?"]  # cap of 2 keeps ["Q", "A?"], then the repeat of Q is dropped
+
+
+@pytest.mark.parametrize("judge_by, p_yes, label, knows", [
+    ("logprob", 0.6, "no", True), ("logprob", 0.4, "yes", False),
+    ("label", 0.1, "yes", True), ("label", 0.9, "no", False)])
+def test_judgments_by_logprob_or_label(judge_by, p_yes, label, knows):
+    s = RAISF(RaisfConfig(judge_by=judge_by))
+    from strategies.base import Item
+    item = Item("Q")
+    s.start(item)
+    step = s.resume(item, [Judgment(label, {"yes": p_yes, "no": 1 - p_yes})])
+    assert isinstance(step.requests[0], Generate if knows else Retrieve)
+
+
+def test_errors_end_the_item_with_an_error():
+    from strategies.base import Item
+    s = RAISF(RaisfConfig(self_knowledge=False))
+    item = Item("Q")
+    s.start(item)
+    assert s.resume(item, [Retrieval(error="boom")]).error == "boom"
+
+
+def test_a_node_at_d_th_synthesizes_from_unknown_sub_answers_without_spawning():
+    from strategies.base import Ask, Item, Spawn
+    s = RAISF(RaisfConfig(d_th=2, self_knowledge=False))
+    item = Item("Q", depth=2)
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
+    step = s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?"]}))])
+    assert isinstance(step, Ask) and not isinstance(step, Spawn)
+    assert "Answer 1: unknown\nSub-question 2: B?\nAnswer 2: unknown" in step.requests[0].messages[-1][1]
+    assert RaisfConfig(d_th=3, max_subquestions=4).max_nodes == 1 + 4 + 16 + 64
+
+
+def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
+    from strategies.base import Done, Item
+    s = RAISF(RaisfConfig(self_knowledge=False))
+    item = Item("Q")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
+    s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?", "C?"]}))])
+    step = s.resume(item, [Done("a", "passages"), Done("", "node_cap", error="not run: past engine.max_nodes_per_root"),
+                           Done("", "error", error="boom")])
+    user = step.requests[0].messages[-1][1]
+    assert "Answer 1: a\n" in user and "Answer 2: unknown\n" in user and "Answer 3: unknown\n" in user
+
+
+@pytest.mark.parametrize("phase", ["know", "relevance"])
+def test_a_failed_judgment_is_an_error_never_a_no(phase):
+    from strategies.base import Item
+    s = RAISF(RaisfConfig())
+    item = Item("Q")
+    failed = Judgment("", error="generator failed 3 times: boom")
+    s.start(item)
+    if phase == "relevance":
+        s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})])
+        s.resume(item, [Retrieval(PASSAGES)])
+        done = s.resume(item, [Judgment("yes", {"yes": 0.9, "no": 0.1})] * 4 + [failed])
+    else:
+        done = s.resume(item, [failed])
+    assert (done.resolved_by, done.error) == ("error", "generator failed 3 times: boom")
+
+
+def test_the_engine_caps_must_hold_a_whole_ra_isf_tree():
+    from strategies.registry import AnswerConfig
+    with pytest.raises(ValueError, match="max_nodes_per_root 64 cannot hold an RA-ISF tree.*85 nodes"):
+        AnswerConfig(strategies=["raisf"], engine={"max_nodes_per_root": 64})
+    AnswerConfig(strategies=["rag"], engine={"max_nodes_per_root": 64})
+    assert AnswerConfig(strategies=["raisf"]).engine.max_nodes_per_root >= RaisfConfig().max_nodes
+
+
+def decomposed(item) -> list[str]:
+    return next(t["sub_questions"] for t in item.trace if t["step"] == "decompose" and not t.get("retry"))

@@ -1,0 +1,38 @@
+"""RA-ISF's label collection (Appendix A) with a scripted model."""
+
+from schemas.records import Retrieval
+from strategies.raisf import RaisfConfig
+from strategies.raisf_labels import RaisfLabels
+from tests.strategies.scripted import drive
+from tests.strategies.test_raisf import Script
+
+
+def test_one_pass_collects_closed_book_answer_decomposition_and_relevance():
+    log = []
+    done, item = drive(RaisfLabels(RaisfConfig(k=3)), "Q", Script(relevant={"Q": {"p1"}}, subs={"Q": ["a?", "b?"]}),
+                       log=log)
+    assert (done.answer, done.resolved_by) == ("closed(Q)", "labels")
+    assert [type(r).__name__ for _, r in log] == ["Generate", "Retrieve", "Generate", "Judge", "Judge", "Judge"]
+    steps = {t["step"]: t for t in item.trace}
+    assert steps["decompose"] == {"step": "decompose", "sub_questions": ["a?", "b?"], "parsed": True}
+    assert steps["retrieve"]["ids"] == ["p0", "p1", "p2"]
+    assert steps["relevance"]["relevant"] == [False, True, False] and steps["relevance"]["p_yes"] == [0.2, 0.9, 0.2]
+
+
+def test_unparsed_decomposition_is_counted_and_no_passages_means_no_relevance_labels():
+    script = Script(subs={"Q": "not json"})
+
+    def no_passages(request, item):
+        return Retrieval([]) if type(request).__name__ == "Retrieve" else script(request, item)
+
+    done, item = drive(RaisfLabels(RaisfConfig()), "Q", no_passages)
+    assert done.resolved_by == "labels" and item.counts["parse_failures"] == 1
+    assert [t["step"] for t in item.trace] == ["closed_book", "decompose", "retrieve"]
+
+
+def test_self_knowledge_labels_alone_cost_one_short_generation():
+    log = []
+    strategy = RaisfLabels(RaisfConfig(), collect=["self_knowledge"])
+    done, item = drive(strategy, "Q", Script(), log=log)
+    assert [type(r).__name__ for _, r in log] == ["Generate"] and strategy.stages == {"generator"}
+    assert (done.answer, [t["step"] for t in item.trace]) == ("closed(Q)", ["closed_book"])

@@ -1,0 +1,63 @@
+"""One registry: a strategy installed by another package (entry point ``ragsift.strategies``) runs
+through the CLI with its own config section, without editing ragsift."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+
+from strategies.registry import ANSWERING, STRATEGIES, AnswerConfig
+from tests.conftest import REPO, SAMPLE_QUESTIONS
+
+TINY = '''
+"""A user's strategy: answers with the question shouted, plus a configurable suffix."""
+from pydantic import Field
+
+from engine.steps import Done
+from schemas.config import Section
+from strategies.base import Routine
+
+
+class ShoutConfig(Section):
+    suffix: str = Field("!", description="appended to the answer")
+
+
+class Shout(Routine):
+    name = "shout"
+    Config = ShoutConfig
+    stages = frozenset()
+
+    def __init__(self, config):
+        self.config = config
+
+    def solve(self, item):
+        item.trace.append({"step": "shout"})
+        return Done(item.question.upper() + self.config.suffix, "shouted")
+        yield  # a generator, like every strategy
+'''
+
+
+def test_built_in_strategies_declare_what_the_registry_needs():
+    assert {"direct", "rag", "raisf", "least_to_most", "self_reasoning", "think_act", "migres"} <= set(ANSWERING)
+    assert "raisf_labels" in STRATEGIES and "raisf_labels" not in ANSWERING
+    config = AnswerConfig()
+    assert config.raisf.d_th == 3 and config.migres.max_iterations == 5  # each strategy's own section
+
+
+def test_a_strategy_from_an_entry_point_runs_through_the_cli(tmp_path):
+    site = tmp_path / "site"
+    (site / "tiny_shout-0.1.dist-info").mkdir(parents=True)
+    (site / "tiny_shout.py").write_text(textwrap.dedent(TINY))
+    (site / "tiny_shout-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-shout\nVersion: 0.1\n")
+    (site / "tiny_shout-0.1.dist-info" / "entry_points.txt").write_text("[ragsift.strategies]\nshout = tiny_shout:Shout\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "RAY_ADDRESS": ""}
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "answer", "--questions", str(SAMPLE_QUESTIONS), "--limit", "3",
+                           "--output", str(tmp_path / "out"), "--strategy", "shout", "--set", "shout.suffix=?!"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pq.read_table(tmp_path / "out" / "shout").to_pylist()
+    questions = pq.read_table(SAMPLE_QUESTIONS).slice(0, 3)["question"].to_pylist()
+    assert sorted(r["answer"] for r in rows) == sorted(q.upper() + "?!" for q in questions)
+    assert {r["resolved_by"] for r in rows} == {"shouted"}

@@ -1,0 +1,154 @@
+"""Self-Reasoning transitions with a scripted model: trajectory, citations, irrelevant evidence,
+fact verification, the retry and the fallback."""
+
+import json
+
+import pytest
+
+from schemas.config import AnswerFormConfig
+from schemas.records import (
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Retrieval,
+    Retrieve,
+)
+from strategies.base import Item
+from strategies.self_reasoning import SelfReasoning, SelfReasoningConfig
+from tests.strategies.scripted import drive
+
+PASSAGES = [Passage(f"p{i}", f"T{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
+
+
+def script(*trajectories, read="Paris"):
+    """Trajectories (dicts or raw text) answer the guided generations in order; plain reads get ``read``."""
+    queue = list(trajectories)
+
+    def respond(request, item):
+        if isinstance(request, Retrieve):
+            return Retrieval(PASSAGES[: request.k])
+        assert isinstance(request, Generate)
+        if request.json_schema:
+            t = queue.pop(0)
+            return Generation(t if isinstance(t, str) else json.dumps(t), 300, 120)
+        return Generation(read, 300, 2)
+    return respond
+
+
+def trajectory(relevant=True, cites=(2,), analysis="Paris is the capital [2][1,9].", answer="Paris"):
+    return {"relevant": relevant, "relevant_reason": "", "analysis": analysis, "answer": answer,
+            "cite_list": [{"cite_index": i, "cite_content": "...", "cite_reason": "why"} for i in cites]}
+
+
+def test_one_guided_trajectory_over_the_top_k_with_citations_as_passage_ids():
+    log = []
+    done, item = drive(SelfReasoning(SelfReasoningConfig()), "capital of France?", script(trajectory()), log=log)
+    assert [type(r).__name__ for _, r in log] == ["Retrieve", "Generate"]
+    schema = json.loads(log[1][1].json_schema)
+    (citation,) = schema["$defs"].values()
+    assert citation["properties"]["cite_index"]["maximum"] == 5
+    assert "[5] T4: text 4" in log[1][1].messages[-1][1]
+    assert (done.answer, done.resolved_by) == ("Paris", "passages")
+    assert done.citations == ["p1", "p0"]  # cite_list first, then [n] markers; index 9 is not a passage
+    assert item.trace[-1]["cite_list"][0]["cite_reason"] == "why"
+
+
+def test_irrelevant_evidence_answers_from_internal_knowledge_without_citations():
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory(relevant=False, answer="Lyon")))
+    assert (done.answer, done.resolved_by, done.citations) == ("Lyon", "internal_knowledge", [])
+
+
+def test_the_schema_keeps_the_papers_order_relevance_then_evidence_then_answer():
+    # guided decoding writes fields in schema order: sorted keys wrote `analysis` and `answer` first
+    log = []
+    drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory()), log=log)
+    schema = json.loads(log[1][1].json_schema)
+    assert list(schema["properties"]) == ["relevant", "relevant_reason", "cite_list", "analysis", "answer"]
+    assert schema["required"] == ["relevant", "relevant_reason", "cite_list", "analysis", "answer"]
+    (citation,) = schema["$defs"].values()
+    assert list(citation["properties"]) == ["cite_index", "cite_content", "cite_reason"]
+
+
+def test_what_the_trajectory_may_copy_is_bounded():
+    config = SelfReasoningConfig(max_citations=2, quote_chars=100, reason_chars=50, analysis_chars=300, answer_chars=40)
+    log = []
+    drive(SelfReasoning(config), "Q", script(trajectory()), log=log)
+    schema = json.loads(log[1][1].json_schema)
+    props, (citation,) = schema["properties"], schema["$defs"].values()
+    assert props["cite_list"]["maxItems"] == 2 and props["analysis"]["maxLength"] == 300
+    assert props["relevant_reason"]["maxLength"] == 50 and props["answer"]["maxLength"] == 40
+    assert citation["properties"]["cite_content"]["maxLength"] == 100
+    assert citation["properties"]["cite_reason"]["maxLength"] == 50
+
+
+def test_a_yes_no_question_gets_a_yes_or_no_answer_in_the_trajectory_and_the_fallback():
+    s = SelfReasoning(SelfReasoningConfig())
+    item = Item("Is Paris in France?", kind="yes-no")
+    s.start(item)
+    step = s.resume(item, [Retrieval(PASSAGES)])
+    assert json.loads(step.requests[0].json_schema)["properties"]["answer"]["enum"] == ["yes", "no"]
+    assert "short answer (yes or no)" in step.requests[0].messages[-1][1]
+    s.resume(item, [Generation("not json")])
+    (read,) = s.resume(item, [Generation("{")]).requests
+    assert isinstance(read, Judge) and read.choices == ("yes", "no") and read.stage == "generator"
+    done = s.resume(item, [Judgment("yes", {"yes": 0.3, "no": 0.7})])
+    assert (done.answer, done.resolved_by, done.citations) == ("no", "fallback", [])
+
+
+@pytest.mark.parametrize("said, verdict", [("SUPPORT", "SUPPORTS"), ("REFUTE", "REFUTES")])
+def test_claims_use_the_fact_verification_variant(said, verdict):
+    s = SelfReasoning(SelfReasoningConfig())
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    step = s.resume(item, [Retrieval(PASSAGES)])
+    user = step.requests[0].messages[-1][1]
+    assert "check whether the given claim" in user and "decide with your own knowledge" in user
+    assert json.loads(step.requests[0].json_schema)["properties"]["answer"]["enum"] == ["SUPPORT", "REFUTE"]
+    assert s.resume(item, [Generation(json.dumps(trajectory(answer=said)))]).answer == verdict
+
+
+def test_not_enough_info_is_a_verdict_only_when_configured():
+    forms = AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"])
+    s = SelfReasoning(SelfReasoningConfig(), forms)
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    step = s.resume(item, [Retrieval(PASSAGES)])
+    assert "output NOT ENOUGH INFO" in step.requests[0].messages[-1][1]
+    assert json.loads(step.requests[0].json_schema)["properties"]["answer"]["enum"] == [
+        "SUPPORT", "REFUTE", "NOT ENOUGH INFO"]
+    assert s.resume(item, [Generation(json.dumps(trajectory(answer="NOT ENOUGH INFO")))]).answer == "NOT ENOUGH INFO"
+
+
+def test_an_unparseable_trajectory_is_retried_once_then_falls_back_to_a_plain_read():
+    log = []
+    done, item = drive(SelfReasoning(SelfReasoningConfig(max_tokens=100)), "Q",
+                       script('{"relevant": true, "analysis": "cut o', "not json"), log=log)
+    assert [r.max_tokens for _, r in log if isinstance(r, Generate)] == [100, 200, None]
+    assert item.counts["parse_failures"] == 2
+    # a plain read cites nothing: its passages are the retrieval, not citations
+    assert (done.answer, done.resolved_by, done.citations) == ("Paris", "fallback", [])
+    # the retry succeeding needs no fallback
+    done, item = drive(SelfReasoning(SelfReasoningConfig()), "Q", script("{", trajectory()))
+    assert done.resolved_by == "passages" and item.counts["parse_failures"] == 1
+
+
+def test_a_claim_whose_trajectory_fails_falls_back_to_a_verdict_not_free_text():
+    s = SelfReasoning(SelfReasoningConfig())
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Generation("not json")])
+    step = s.resume(item, [Generation("{")])
+    (judge,) = step.requests
+    assert isinstance(judge, Judge) and judge.choices == ("SUPPORTS", "REFUTES") and judge.stage == "generator"
+    assert "Claim: The Eiffel Tower is in Rome." in judge.messages[-1][1] and "[1] T0: text 0" in judge.messages[-1][1]
+    done = s.resume(item, [Judgment("REFUTES", {"SUPPORTS": 0.2, "REFUTES": 0.8})])
+    assert (done.answer, done.resolved_by, done.citations) == ("REFUTES", "fallback", [])
+    assert item.trace[-1]["step"] == "fallback_read" and s.stages == {"generator", "retriever"}
+
+
+def test_a_failed_retrieval_ends_with_an_error():
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", lambda r, i: Retrieval(error="shard down"))
+    assert done.error == "shard down"

@@ -1,0 +1,123 @@
+"""Think-then-Act transitions with a scripted model: assessment branches, both capability checks,
+the beta' extremes, sentence ranking as context, sub-queries as children."""
+
+import json
+
+import pytest
+
+from schemas.records import (
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Rank,
+    Ranking,
+    Retrieval,
+    Retrieve,
+)
+from strategies.think_act import ThinkActConfig, ThinkThenAct, sentences
+from tests.strategies.scripted import drive
+
+PASSAGES = [Passage("p0", "Paris", "Paris is the capital of France. It is large.", 0.9),
+            Passage("p1", "Lyon", "Lyon is a city. Lyon is in France!", 0.5)]
+
+
+class Script:
+    def __init__(self, assess="CLEAR AND COMPLETE", beta=0.2, decision="RETRIEVAL", subs=(), rewrite="Q full?"):
+        self.assess, self.beta, self.decision, self.subs, self.rewrite = assess, beta, decision, subs, rewrite
+
+    def __call__(self, request, item):
+        if request.step == "assess":
+            return Judgment(self.assess, None, 30, 3)
+        if request.step == "capability":
+            if "RETRIEVAL" in request.choices:
+                return Judgment(self.decision, None, 30, 2)
+            beta = self.beta(item.question) if callable(self.beta) else self.beta
+            return Judgment("yes" if beta >= .5 else "no", {"yes": beta, "no": 1 - beta}, 30, 1)
+        if isinstance(request, Retrieve):
+            return Retrieval(PASSAGES[: request.k])
+        if isinstance(request, Rank):  # rank by length, longest first
+            order = sorted(range(len(request.texts)), key=lambda i: -len(request.texts[i]))[: request.top]
+            return Ranking(order, [1.0] * len(order))
+        assert isinstance(request, Generate)
+        user = request.messages[-1][1]
+        if request.step == "split":
+            return Generation(json.dumps({"sub_questions": list(self.subs)}), 20, 9)
+        if request.step == "rewrite":
+            return Generation(self.rewrite, 20, 4)
+        return Generation(f"ans[{user.splitlines()[-2]}]", 40, 3)
+
+
+def steps(item):
+    return [t["step"] for t in item.trace]
+
+
+def test_clear_query_low_confidence_retrieves_and_answers_from_the_top_sentences():
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig(top_sentences=2)), "Q?", Script(beta=0.2), log=log)
+    assert steps(item) == ["assess", "capability", "retrieve", "rank", "answer"]
+    (rank,) = [r for _, r in log if isinstance(r, Rank)]
+    assert rank.texts == ("Paris is the capital of France.", "It is large.", "Lyon is a city.", "Lyon is in France!")
+    answer_prompt = log[-1][1].messages[-1][1]
+    assert "- Paris is the capital of France.\n- Lyon is in France!" in answer_prompt
+    assert done.resolved_by == "retrieval" and done.citations == []  # the ranker chose the sentences, not the model
+    assert [p.id for p in item.passages] == ["p0", "p1"]
+    assert item.trace[1] == {"step": "capability", "beta": 0.2, "label": None, "retrieve": True}
+
+
+def test_confident_model_answers_closed_book():
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", Script(beta=0.7))
+    assert done.resolved_by == "closed_book" and "retrieve" not in steps(item)
+
+
+@pytest.mark.parametrize("beta_threshold, retrieves", [(0.0, False), (1.0, True)])
+def test_beta_threshold_extremes_never_or_always_retrieve_without_asking(beta_threshold, retrieves):
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig(beta_threshold=beta_threshold)), "Q?", Script(beta=0.5), log=log)
+    assert sum(isinstance(r, Judge) for _, r in log) == 1  # only the assessment
+    assert (done.resolved_by == "retrieval") is retrieves
+
+
+def test_direct_decision_variant():
+    done, _ = drive(ThinkThenAct(ThinkActConfig(capability="decision")), "Q?", Script(decision="NO RETRIEVAL"))
+    assert done.resolved_by == "closed_book"
+    done, _ = drive(ThinkThenAct(ThinkActConfig(capability="decision")), "Q?", Script(decision="RETRIEVAL"))
+    assert done.resolved_by == "retrieval"
+
+
+def test_incomplete_query_is_rewritten_and_the_rewrite_is_used_downstream():
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", Script(assess="INCOMPLETE", beta=0.1), log=log)
+    assert next(t["query"] for t in item.trace if t["step"] == "rewrite") == "Q full?"
+    assert [r.query for _, r in log if isinstance(r, Retrieve)] == ["Q full?"]
+    assert "Question: Q full?" in log[-1][1].messages[-1][1]
+
+
+def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggregated():
+    log = []
+    script = Script(assess="AMBIGUOUS", subs=["A?", "B?"], beta=lambda q: 0.9 if q == "A?" else 0.1)
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", script, log=log)
+    assert sum("AMBIGUOUS" in r.choices for _, r in log if isinstance(r, Judge)) == 1
+    assert done.resolved_by == "sub_queries" and done.citations == []
+    aggregate = log[-1][1].messages[-1][1]
+    assert "Sub-query 1: A?\nAnswer 1: ans[Question: A?]" in aggregate and "Sub-query 2: B?" in aggregate
+
+
+def test_no_assessment_switch_and_errors():
+    done, item = drive(ThinkThenAct(ThinkActConfig(assess=False)), "Q?", Script(beta=0.9))
+    assert steps(item) == ["capability", "answer"]
+    done, _ = drive(ThinkThenAct(ThinkActConfig()), "Q?", lambda r, i: Judgment("", error="judge down"))
+    assert done.error == "judge down"
+
+
+def test_sentence_split():
+    assert sentences("One. Two! 3 three? four.") == ["One.", "Two!", "3 three? four."]
+
+
+def test_the_context_may_be_the_top_passages_instead_of_sentences():
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig(top_sentences=1, context="passages")), "Q?", Script(beta=0.2), log=log)
+    (rank,) = [r for _, r in log if isinstance(r, Rank)]
+    assert rank.texts == ("Paris: Paris is the capital of France. It is large.", "Lyon: Lyon is a city. Lyon is in France!")
+    assert "- Paris: Paris is the capital of France. It is large." in log[-1][1].messages[-1][1]
