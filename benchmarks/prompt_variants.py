@@ -1,0 +1,110 @@
+"""Score answer-prompt variants of the baselines on a question set, in one vLLM load.
+
+The passages come from an existing ``rag`` run over the same questions (its ``retrieved_ids``), so
+every variant reads exactly the same evidence; answers go through ragsift's answer forms (yes/no
+questions are a guided choice) and are scored like ``ragsift evaluate``. For choosing prompts on a
+calibration slice, never on a reported one.
+
+    python benchmarks/prompt_variants.py --questions runs/slices/calib.parquet --rag-run runs/tune/base \\
+        --corpus ../shared/data/corpus.parquet [--generator qwen2.5-coder-0.5b-instruct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+VARIANTS = {
+    # name: (system prompt or None, direct user template, rag user template)
+    "current": ("answer_system", "Question: {question}\nAnswer:",
+                "Use the passages below to answer the question. If they do not contain the answer, answer from your own "
+                "knowledge.\n\n{passages}\n\nQuestion: {question}\nAnswer:"),
+    "few_words": (None, "Answer the question in a few words.\nQuestion: {question}\nAnswer:",
+                  "Answer the question in a few words, using the passages below. If they do not contain the answer, "
+                  "answer from your own knowledge.\n\n{passages}\n\nQuestion: {question}\nAnswer:"),
+    "question_last": ("answer_system", "Question: {question}\nAnswer:",
+                      "{passages}\n\nUse the passages above to answer the question. If they do not contain the answer, "
+                      "answer from your own knowledge.\nQuestion: {question}\nAnswer:"),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", required=True)
+    p.add_argument("--rag-run", required=True, help="a ragsift run with a rag/ folder over the same questions")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--out")
+    args = p.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["OMP_NUM_THREADS"] = str(os.cpu_count())
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from actors.generator import choice_probs
+    from engine.steps import Item
+    from jobs import metrics as M
+    from jobs.models import resolve
+    from schemas.config import AnswerFormConfig
+    from schemas.records import Generation, Judgment, Passage
+    from strategies.base import format_passages, prompt
+    from strategies.forms import choices, final_answer, form_of
+
+    questions = pq.read_table(args.questions).to_pylist()
+    rag_rows = pq.read_table(f"{args.rag_run}/rag", columns=["id", "retrieved_ids"]).to_pylist()
+    retrieved = {r["id"]: r["retrieved_ids"] for r in rag_rows}
+    ids = sorted({i for ids in retrieved.values() for i in ids})
+    corpus = pq.read_table(args.corpus, columns=["id", "title", "text"])
+    corpus = {r["id"]: r for r in corpus.filter(pc.is_in(corpus["id"], value_set=pa.array(ids))).to_pylist()}
+    forms = AnswerFormConfig()
+    llm = LLM(model=resolve(args.generator), dtype="bfloat16", max_model_len=2048, enforce_eager=True,
+              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+    tokenizer = llm.get_tokenizer()
+    results = {}
+    for name, (system, direct_user, rag_user) in VARIANTS.items():
+        for strategy, template in (("direct", direct_user), ("rag", rag_user)):
+            chats, params = [], []
+            for q in questions:
+                passages = [Passage(i, corpus[i]["title"] or "", corpus[i]["text"], 0.0) for i in retrieved[q["id"]]]
+                user = template.format(question=q["question"], passages=format_passages(passages))
+                form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
+                options = choices(form, forms)
+                sys_text = (prompt(f"answer_system_{form}").format(choices=", ".join(options)) if options
+                            else prompt(system) if system else None)
+                messages = [{"role": "system", "content": sys_text}] if sys_text else []
+                chats.append(messages + [{"role": "user", "content": user}])
+                if options:
+                    longest = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in options)
+                    params.append(SamplingParams(temperature=0, max_tokens=longest + 1, logprobs=20,
+                                                 structured_outputs=StructuredOutputsParams(choice=list(options))))
+                else:
+                    params.append(SamplingParams(temperature=0, max_tokens=48))
+            outs = llm.chat(chats, params, use_tqdm=False)
+            scores = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
+            for q, out, sp in zip(questions, outs, params):
+                completion = out.outputs[0]
+                if sp.structured_outputs is not None:
+                    first = completion.logprobs[0] if completion.logprobs else {}
+                    response = Judgment(completion.text.strip(), choice_probs(first, tuple(sp.structured_outputs.choice)))
+                else:
+                    response = Generation(completion.text)
+                answer = final_answer(response)
+                scores["EM"] += M.exact_match(answer, q["answers"])
+                scores["F1"] += M.f1(answer, q["answers"])
+                scores["acc"] += M.accuracy(answer, q["answers"])
+            results[f"{name}/{strategy}"] = {k: round(100 * v / len(questions), 1) for k, v in scores.items()}
+            print(name, strategy, results[f"{name}/{strategy}"], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"questions": args.questions, "n": len(questions), "variants": VARIANTS, "scores": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
