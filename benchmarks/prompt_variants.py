@@ -26,6 +26,7 @@ VARIANTS = {
     "question_last": ("answer_system", "Question: {question}\nAnswer:",
                       "{passages}\n\nUse the passages above to answer the question. If they do not contain the answer, "
                       "answer from your own knowledge.\nQuestion: {question}\nAnswer:"),
+    "plain": (None, "{question}", "{passages}\n\n{question}"),
 }
 
 

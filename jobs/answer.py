@@ -18,7 +18,7 @@ from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
-from jobs.pools import build_stages
+from jobs.pools import build_stages, cpus_requested
 from jobs.progress import progress_printer
 from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
@@ -51,8 +51,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
                               max_chars=config.input.max_question_chars)
 
     if stages is None:
-        init_ray(config.ray)
-        stages = build_stages(config, set().union(*(s.stages for s in strategies.values())))
+        needs = set().union(*(s.stages for s in strategies.values()))
+        init_ray(config.ray, cpus_requested(config, needs))
+        stages = build_stages(config, needs)
     metadata = run_metadata(config, identity)
     engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress_printer(log))
     try:

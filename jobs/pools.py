@@ -93,6 +93,27 @@ def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple
             for s in manifest["shards"]], bm25
 
 
+def cpus_requested(config: AnswerConfig, needs: set[str]) -> float:
+    """The logical CPUs the pools of ``build_stages`` ask Ray for, so a local Ray can be sized to place them all
+    (an actor Ray cannot place waits forever, and the run with it)."""
+    total = 0.0
+    if needs & {"generator", "judge"}:
+        total += config.generator.num_cpus * config.generator.replicas
+    if "judge" in needs and config.judge is not None:
+        total += config.judge.num_cpus * config.judge.replicas
+    if needs & {"retriever", "ranker"}:
+        total += config.embedder.num_cpus * config.embedder.replicas
+        if "retriever" in needs:
+            total += config.retrieval.num_cpus_per_shard * len(read_manifest(config.index.path)["shards"])
+        if "ranker" in needs and config.reranker.model:
+            total += config.reranker.num_cpus * config.reranker.replicas
+    if "know" in needs:
+        total += config.know.num_cpus * config.know.replicas
+    if "nli" in needs:
+        total += config.nli.num_cpus * config.nli.replicas
+    return total
+
+
 def entailment_name(config: AnswerConfig) -> str | None:
     """What verifies MIGRES's extracted statements, for the run metadata."""
     if "migres" not in config.strategies:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 
 from schemas.config import RayConfig
 
@@ -15,7 +17,9 @@ DEFAULT_ENV = {
 }
 
 
-def init_ray(config: RayConfig):
+def init_ray(config: RayConfig, cpus_requested: float = 0.0):
+    """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs the
+    run's actor pools request: they are scheduling tokens, and a pool Ray cannot place would wait forever."""
     import ray
 
     for key, value in DEFAULT_ENV.items():
@@ -30,9 +34,13 @@ def init_ray(config: RayConfig):
     runtime_env = None if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ else {"env_vars": env}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=config.log_to_driver)
+        have = ray.cluster_resources().get("CPU", 0)
+        if have < cpus_requested:
+            print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
+                  "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
     else:
         ray.init(
-            num_cpus=config.num_cpus or os.cpu_count(),
+            num_cpus=max(config.num_cpus or os.cpu_count(), math.ceil(cpus_requested)),
             object_store_memory=config.object_store_mb * 2**20,
             include_dashboard=config.include_dashboard,
             dashboard_host=config.dashboard_host,

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.io import filesystem
-from jobs.pools import build_stages
+from jobs.pools import build_stages, cpus_requested
 from schemas.config import ConfigError, parse_override
 from strategies.registry import make_strategy
 
@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     base = answer_job.config_from_args(args)
     configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
-    init_ray(base.ray)
     needs = set().union(*(make_strategy(n, base).stages for n in base.strategies))
+    init_ray(base.ray, cpus_requested(base, needs))
     stages = build_stages(base, needs)
     rows = []
     for value, config in configs:

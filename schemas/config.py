@@ -264,7 +264,8 @@ class CalibrationRecord(Section):
 class RayConfig(Section):
     changes_answers = False
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
-    num_cpus: int | None = None
+    num_cpus: int | None = Field(None, description="CPUs of a local Ray (None = os.cpu_count()), raised to what "
+                                                 "the actor pools request")
     object_store_mb: int = Field(512, ge=64)
     include_dashboard: bool = False
     dashboard_host: str = "127.0.0.1"

@@ -74,7 +74,11 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
             assert row["n_retrievals"] == 1 and row["n_llm_calls"] == 1 + 5 + 1
             assert set(row["citations"]) <= set(row["retrieved_ids"]) and row["citations"]
         if row["resolved_by"] == "decomposition":
-            assert row["n_subquestions"] >= 1 and 1 <= row["depth"] <= 3
+            decompose = next(t for t in trace if t.get("step") == "decompose")
+            if decompose["sub_questions"]:
+                assert row["n_subquestions"] >= 1 and 1 <= row["depth"] <= 3
+            else:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), no child
+                assert (row["n_subquestions"], row["depth"]) == (0, 0) and trace[-1]["step"] == "synthesize"
 
     ragsift("evaluate", "--answers", tmp / "out", "--questions", tmp / "q.parquet", "--k", 5)
     table = json.loads((tmp / "out" / "eval.json").read_text())
@@ -89,15 +93,18 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
 
 
 def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
-    """Nothing known, nothing relevant: every node decomposes, to D_th, on the real model and engine."""
+    """Nothing known, nothing relevant: every node decomposes, on the real model and engine; each sub-question
+    becomes a child one level down, and a node at D_th answers its sub-questions "unknown" itself."""
     tmp, picked = ten_questions
     if not (tmp / "idx" / "manifest.json").exists():
         ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
     questions = pq.read_table(SAMPLE_QUESTIONS)
     multi_hop = questions.filter(pc.equal(questions["kind"], "multi-hop")).slice(0, 4)
     pq.write_table(multi_hop, tmp / "q2.parquet")
+    # Qwen, not SmolLM2: SmolLM2 mostly repeats the question as its only sub-question (dropped), so its
+    # trees rarely grow; even Qwen does so for some questions, hence the per-node checks below
     ragsift("answer", "--questions", tmp / "q2.parquet", "--index-dir", tmp / "idx", "--output", tmp / "deep",
-            "--strategy", "raisf", "--generator", "smollm2-135m-instruct", "--set", "raisf.self_knowledge=false",
+            "--strategy", "raisf", "--set", "raisf.self_knowledge=false",
             "--set", "raisf.relevance_threshold=1.0", "--set", "raisf.d_th=2", "--set", "raisf.max_subquestions=2",
             "--set", "raisf.k=2")
     rows = pq.read_table(tmp / "deep" / "raisf").to_pylist()
@@ -109,16 +116,21 @@ def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
                 yield depth + 1, t
                 yield from nodes(t["trace"], depth + 1)
 
+    def spawned(trace):
+        return [t for t in trace if "child" in t]
+
     for row in rows:
-        children = list(nodes(json.loads(row["trace"])))
+        trace = json.loads(row["trace"])
+        children = list(nodes(trace))
         assert row["resolved_by"] == "decomposition" and row["n_subquestions"] == len(children) <= 2 + 4
-        # a node at D_th answers its sub-questions "unknown" itself: nothing deeper than D_th exists
         assert row["depth"] == max((d for d, _ in children), default=0) <= 2
-        for d, t in children:
-            steps = {s.get("step"): s for s in t["trace"]}
-            if d == 2 and steps.get("decompose", {}).get("sub_questions"):
-                assert "depth_cap" in steps and t["answer"]
-    assert max(r["depth"] for r in rows) == 2  # SmolLM2 decomposes poorly, but some tree reaches D_th
+        for d, node_trace in [(0, trace)] + [(d, t["trace"]) for d, t in children]:
+            subs = next(s for s in node_trace if s.get("step") == "decompose")["sub_questions"]
+            if d < 2:  # every sub-question of a node above D_th is a child one level down
+                assert len(spawned(node_trace)) == len(subs)
+            else:  # at D_th: answered "unknown" inline, nothing spawned
+                assert not spawned(node_trace) and (not subs or any(s.get("step") == "depth_cap" for s in node_trace))
+    assert max(r["depth"] for r in rows) >= 1
     metrics = json.loads((tmp / "deep" / "metrics.json").read_text())
     assert metrics["trees_capped"] == 0
 

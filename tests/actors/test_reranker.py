@@ -27,13 +27,16 @@ def tiny_cross_encoder(tmp_path_factory):
 
 @pytest.mark.model
 def test_cross_encoder_ranks_each_request_by_its_predict_scores(tiny_cross_encoder):
+    import torch
     from sentence_transformers import CrossEncoder
 
     ranker = CrossEncoderRanker(tiny_cross_encoder, batch_size=4, device="cpu")
     requests = [Rank("capital of France", ("Paris is in France.", "Bananas are yellow.", "Rome."), 2),
                 Rank("who wrote Hamlet", ("Shakespeare wrote plays.",), 1), Rank("empty", (), 3)]
     out = ranker.rank(requests)
-    expected = CrossEncoder(tiny_cross_encoder, device="cpu").predict([(requests[0].query, t) for t in requests[0].texts])
+    # logits: RA-ISF applies its own sigmoid, MIGRES's delta is on the raw scale
+    expected = CrossEncoder(tiny_cross_encoder, device="cpu").predict(
+        [(requests[0].query, t) for t in requests[0].texts], activation_fn=torch.nn.Identity())
     assert out[0].indices == list(np.argsort(-expected, kind="stable")[:2])
     np.testing.assert_allclose(out[0].scores, np.sort(expected)[::-1][:2], rtol=1e-4)
     assert out[1].indices == [0] and out[2].indices == []

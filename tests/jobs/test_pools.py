@@ -1,0 +1,32 @@
+"""Actor pools and the Ray they run on: a local Ray holds every pool a run asks for."""
+
+import json
+import os
+import subprocess
+import sys
+
+from jobs.pools import cpus_requested
+from strategies.registry import AnswerConfig
+from tests.conftest import REPO
+
+
+def test_cpus_requested_counts_every_pool_the_strategies_need(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"shards": [{"dir": "s0"}, {"dir": "s1"}]}))
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "reranker": {"model": "m_rel"},
+                                          "know": {"model": "m_know"}})
+    # generator 1 + embedder 0.5 + 2 shards x 0.25 + cross-encoder 0.5 + know 0.5
+    assert cpus_requested(config, {"generator", "retriever", "ranker", "know"}) == 3.0
+    assert cpus_requested(config, {"generator"}) == 1.0
+    # without a reranker.model the ranker is the embedder pool: nothing more
+    assert cpus_requested(AnswerConfig.model_validate({"index": {"path": str(tmp_path)}}), {"ranker"}) == 0.5
+
+
+def test_a_local_ray_is_started_with_at_least_the_cpus_the_pools_request():
+    """On a 2-core box RA-ISF with trained judges asks for 2.75 CPUs; with Ray sized to os.cpu_count() its
+    know and ranker actors were never placed and the run waited forever."""
+    code = ("import os, ray; from jobs.ray_session import init_ray; from schemas.config import RayConfig; "
+            "init_ray(RayConfig(), os.cpu_count() + 1.5); print(int(ray.cluster_resources()['CPU']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) == os.cpu_count() + 2
