@@ -27,6 +27,17 @@ VARIANTS = {
                       "{passages}\n\nUse the passages above to answer the question. If they do not contain the answer, "
                       "answer from your own knowledge.\nQuestion: {question}\nAnswer:"),
     "plain": (None, "{question}", "{passages}\n\n{question}"),
+    "few_words_system": ("answer_system", "Answer the question in a few words.\nQuestion: {question}\nAnswer:",
+                         "Answer the question in a few words, using the passages below. If they do not contain the "
+                         "answer, answer from your own knowledge.\n\n{passages}\n\nQuestion: {question}\nAnswer:"),
+    "short_phrase": (None, "Answer with a short phrase: a name, date, number or a few words.\nQuestion: {question}\n"
+                     "Answer:", "Answer with a short phrase (a name, date, number or a few words), using the passages "
+                     "below. If they do not contain the answer, answer from your own knowledge.\n\n{passages}\n\n"
+                     "Question: {question}\nAnswer:"),
+    "question_last_few_words": (None, "Answer the question in a few words.\nQuestion: {question}\nAnswer:",
+                                "{passages}\n\nAnswer the question in a few words, using the passages above. If they "
+                                "do not contain the answer, answer from your own knowledge.\nQuestion: {question}\n"
+                                "Answer:"),
 }
 
 
@@ -37,6 +48,7 @@ def main() -> None:
     p.add_argument("--corpus", required=True)
     p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--out")
+    p.add_argument("--variants", help="comma-separated names (default: all)")
     args = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
@@ -69,14 +81,17 @@ def main() -> None:
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
     tokenizer = llm.get_tokenizer()
     results = {}
-    for name, (system, direct_user, rag_user) in VARIANTS.items():
+    picked = args.variants.split(",") if args.variants else list(VARIANTS)
+    for name in picked:
+        system, direct_user, rag_user = VARIANTS[name]
         for strategy, template in (("direct", direct_user), ("rag", rag_user)):
-            chats, params = [], []
+            chats, params, asked = [], [], []
             for q in questions:
                 passages = [Passage(i, corpus[i]["title"] or "", corpus[i]["text"], 0.0) for i in retrieved[q["id"]]]
                 user = template.format(question=q["question"], passages=format_passages(passages))
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
                 options = choices(form, forms)
+                asked.append(options)
                 sys_text = (prompt(f"answer_system_{form}").format(choices=", ".join(options)) if options
                             else prompt(system) if system else None)
                 messages = [{"role": "system", "content": sys_text}] if sys_text else []
@@ -89,11 +104,11 @@ def main() -> None:
                     params.append(SamplingParams(temperature=0, max_tokens=48))
             outs = llm.chat(chats, params, use_tqdm=False)
             scores = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
-            for q, out, sp in zip(questions, outs, params):
+            for q, out, options in zip(questions, outs, asked):
                 completion = out.outputs[0]
-                if sp.structured_outputs is not None:
+                if options:  # (vLLM rewrites a request's choice into a grammar: keep our own copy)
                     first = completion.logprobs[0] if completion.logprobs else {}
-                    response = Judgment(completion.text.strip(), choice_probs(first, tuple(sp.structured_outputs.choice)))
+                    response = Judgment(completion.text.strip(), choice_probs(first, tuple(options)))
                 else:
                     response = Generation(completion.text)
                 answer = final_answer(response)
@@ -104,7 +119,8 @@ def main() -> None:
             print(name, strategy, results[f"{name}/{strategy}"], flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"questions": args.questions, "n": len(questions), "variants": VARIANTS, "scores": results}, f, indent=2)
+            json.dump({"questions": args.questions, "n": len(questions), "variants": {n: VARIANTS[n] for n in picked},
+                       "scores": results}, f, indent=2)
 
 
 if __name__ == "__main__":
