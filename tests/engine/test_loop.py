@@ -8,7 +8,7 @@ from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import EngineConfig, StageBatching
 from schemas.records import Generate, Question
-from strategies.base import Ask, Done, Spawn, StrategySettings
+from strategies.base import Ask, Done, Spawn, StrategySettings, prompt
 from strategies.registry import STRATEGIES
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
 
@@ -72,7 +72,8 @@ def test_identical_requests_are_computed_once(ray_session):
     rows = []
     engine = make_engine(ray_session, rows)
     engine.run([Question(f"q{i}", "the same question") for i in range(30)], ["direct"])
-    assert len(rows) == 30 and {r["answer"] for r in rows} == {"echo:Question: the same question"}
+    first_line = prompt("direct/user").format(question="the same question").splitlines()[0]
+    assert len(rows) == 30 and {r["answer"] for r in rows} == {"echo:" + first_line}
     assert engine.stages["generator"].stats.requests == 1
     assert engine.requests_deduped == 29
     assert engine.tokens == 5  # computed once (3 prompt + 2 completion) ...
