@@ -18,7 +18,7 @@ from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.output import ShardedOutput
-from jobs.pools import build_stages, cpus_requested
+from jobs.pools import build_stages, cpus_requested, pool_plan
 from jobs.progress import progress_printer
 from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
@@ -52,8 +52,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
 
     if stages is None:
         needs = set().union(*(s.stages for s in strategies.values()))
-        init_ray(config.ray, cpus_requested(config, needs))
-        stages = build_stages(config, needs)
+        pools = pool_plan(config, needs)
+        init_ray(config.ray, cpus_requested(pools))
+        stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
     engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress_printer(log))
     try:

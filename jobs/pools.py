@@ -1,13 +1,23 @@
 """The actor pools of a run, built from its config: one stage per pool the strategies ask for.
 
-Model names are resolved here (the actors load the paths they are given); what each pool really
-runs (a cross-encoder or the cosine fallback, which judges) is named for the run metadata.
+``pool_plan`` says which pools a run needs (actor class, what each replica asks Ray for, its
+constructor arguments); a local Ray is sized from that plan and the stages are built from it, so
+adding a pool is one entry. Model names are resolved here (the actors load the paths they are
+given); what each pool really runs (a cross-encoder or the cosine fallback, which judges) is named
+for the run metadata.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from actors.encoder import Encoder
+from actors.generator import Generator
+from actors.know import KnowClassifier, embedder_of
+from actors.nli import NLICrossEncoder
+from actors.reranker import CrossEncoderRanker
+from actors.retriever import ShardRetriever
 from engine.stages import (
     GeneratorStage,
     KnowStage,
@@ -20,98 +30,101 @@ from jobs.models import resolve
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
-def build_stages(config: AnswerConfig, needs: set[str]) -> dict:
-    import ray
+@dataclass(frozen=True)
+class Pool:
+    """One actor pool: a replica per entry of ``replicas`` (its constructor arguments)."""
 
-    from actors.encoder import Encoder
-    from actors.generator import Generator
-    from actors.nli import NLICrossEncoder
-    from actors.reranker import CrossEncoderRanker
+    actor: type
+    num_cpus: float
+    num_gpus: float
+    replicas: tuple[tuple, ...]
 
-    # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
-    restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
+    @property
+    def cpus(self) -> float:
+        return self.num_cpus * len(self.replicas)
 
-    def llm_pool(name: str, llm) -> GeneratorStage:
-        actor = ray.remote(Generator).options(num_cpus=llm.num_cpus, num_gpus=llm.num_gpus, **restarts)
-        settings = {**llm.model_dump(), "model": resolve(llm.model)}
-        replicas = [actor.remote(settings, config.sampling.model_dump()) for _ in range(llm.replicas)]
-        return GeneratorStage(replicas, getattr(config.engine, name), name)
 
-    stages = {}
+def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
+    """The pools for the stages in ``needs``: generator, judge, encoder (query vectors, and the ranker
+    when no cross-encoder is configured), shards (FAISS + BM25, one actor each), ranker, know, nli."""
+    plan = {}
+
+    def llm(c) -> Pool:
+        settings = {**c.model_dump(), "model": resolve(c.model)}
+        return Pool(Generator, c.num_cpus, c.num_gpus, ((settings, config.sampling.model_dump()),) * c.replicas)
+
     if needs & {"generator", "judge"}:
-        stages["generator"] = llm_pool("generator", config.generator)
+        plan["generator"] = llm(config.generator)
     if "judge" in needs and config.judge is not None:  # else the engine routes judge -> generator
-        stages["judge"] = llm_pool("judge", config.judge)
+        plan["judge"] = llm(config.judge)
     if needs & {"retriever", "ranker"}:
         e = config.embedder
         manifest = read_manifest(config.index.path) if "retriever" in needs else None
         # the query encoder must be the model the index was built with; the ranker may share the pool
-        encoder = ray.remote(Encoder).options(num_cpus=e.num_cpus, num_gpus=e.num_gpus, **restarts)
-        model = manifest["embedder"] if manifest else e.model
-        encoders = [encoder.remote(resolve(model), e.batch_size, e.device) for _ in range(e.replicas)]
+        model = resolve(manifest["embedder"] if manifest else e.model)
+        plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas)
         if manifest:
-            shards, bm25 = _shard_actors(config, manifest, restarts)
-            stages["retriever"] = RetrieverStage(encoders, shards, config.engine.retriever, bm25, config.retrieval)
-        if "ranker" in needs:
-            rr = config.reranker
-            if rr.model:
-                actor = ray.remote(CrossEncoderRanker).options(num_cpus=rr.num_cpus, num_gpus=rr.num_gpus, **restarts)
-                rankers = [actor.remote(resolve(rr.model), rr.batch_size, rr.max_length, rr.device)
-                           for _ in range(rr.replicas)]
-            else:
-                rankers = encoders
-            stages["ranker"] = RankerStage(rankers, config.engine.ranker)
+            plan["shards"] = _shards(config, manifest)
+        rr = config.reranker
+        if "ranker" in needs and rr.model:
+            plan["ranker"] = Pool(CrossEncoderRanker, rr.num_cpus, rr.num_gpus,
+                                  ((resolve(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas)
     if "know" in needs:
-        from actors.know import KnowClassifier, embedder_of
-
         k = config.know
-        actor = ray.remote(KnowClassifier).options(num_cpus=k.num_cpus, num_gpus=k.num_gpus, **restarts)
         path = resolve(k.model)
-        embedder = resolve(embedder_of(path))
-        stages["know"] = KnowStage([actor.remote(path, embedder, k.batch_size, k.device) for _ in range(k.replicas)],
-                                   config.engine.know)
+        plan["know"] = Pool(KnowClassifier, k.num_cpus, k.num_gpus,
+                            ((path, resolve(embedder_of(path)), k.batch_size, k.device),) * k.replicas)
     if "nli" in needs:
         n = config.nli
-        actor = ray.remote(NLICrossEncoder).options(num_cpus=n.num_cpus, num_gpus=n.num_gpus, **restarts)
-        stages["nli"] = NLIStage([actor.remote(resolve(n.model), n.batch_size, n.max_length, n.device)
-                                  for _ in range(n.replicas)], config.engine.nli)
-    return stages
+        plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
+                           ((resolve(n.model), n.batch_size, n.max_length, n.device),) * n.replicas)
+    return plan
 
 
-def _shard_actors(config: AnswerConfig, manifest: dict, restarts: dict) -> tuple[list, bool]:
+def _shards(config: AnswerConfig, manifest: dict) -> Pool:
     """One actor per shard: its FAISS index, and its BM25 index when this run retrieves with BM25."""
-    import ray
-
-    from actors.retriever import ShardRetriever
-
     bm25 = bool(retrieval_methods(config) - {"dense"})
     if bm25 and not manifest.get("bm25"):
         raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
                          "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
-    actor = ray.remote(ShardRetriever).options(num_cpus=config.retrieval.num_cpus_per_shard, **restarts)
-    return [actor.remote(str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
-            for s in manifest["shards"]], bm25
+    return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, 0,
+                tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
+                      for s in manifest["shards"]))
 
 
-def cpus_requested(config: AnswerConfig, needs: set[str]) -> float:
-    """The logical CPUs the pools of ``build_stages`` ask Ray for, so a local Ray can be sized to place them all
-    (an actor Ray cannot place waits forever, and the run with it)."""
-    total = 0.0
-    if needs & {"generator", "judge"}:
-        total += config.generator.num_cpus * config.generator.replicas
-    if "judge" in needs and config.judge is not None:
-        total += config.judge.num_cpus * config.judge.replicas
-    if needs & {"retriever", "ranker"}:
-        total += config.embedder.num_cpus * config.embedder.replicas
-        if "retriever" in needs:
-            total += config.retrieval.num_cpus_per_shard * len(read_manifest(config.index.path)["shards"])
-        if "ranker" in needs and config.reranker.model:
-            total += config.reranker.num_cpus * config.reranker.replicas
-    if "know" in needs:
-        total += config.know.num_cpus * config.know.replicas
-    if "nli" in needs:
-        total += config.nli.num_cpus * config.nli.replicas
-    return total
+def cpus_requested(plan: dict[str, Pool]) -> float:
+    """The logical CPUs ``plan`` asks Ray for, so a local Ray can be sized to place every pool (an
+    actor Ray cannot place waits forever, and the run with it)."""
+    return sum(pool.cpus for pool in plan.values())
+
+
+def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None) -> dict:
+    """Start the actors of ``plan`` (default: ``pool_plan(config, needs)``) and wrap them in stages."""
+    import ray
+
+    plan = pool_plan(config, needs) if plan is None else plan
+    # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
+    restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
+    actors = {}
+    for name, pool in plan.items():
+        actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, **restarts)
+        actors[name] = [actor.remote(*args) for args in pool.replicas]
+    stages = {}
+    if "generator" in actors:
+        stages["generator"] = GeneratorStage(actors["generator"], config.engine.generator, "generator")
+    if "judge" in actors:
+        stages["judge"] = GeneratorStage(actors["judge"], config.engine.judge, "judge")
+    if "shards" in actors:
+        bm25 = bool(retrieval_methods(config) - {"dense"})
+        stages["retriever"] = RetrieverStage(actors["encoder"], actors["shards"], config.engine.retriever, bm25,
+                                             config.retrieval)
+    if "ranker" in needs:
+        stages["ranker"] = RankerStage(actors.get("ranker", actors["encoder"]), config.engine.ranker)
+    if "know" in actors:
+        stages["know"] = KnowStage(actors["know"], config.engine.know)
+    if "nli" in actors:
+        stages["nli"] = NLIStage(actors["nli"], config.engine.nli)
+    return stages
 
 
 def entailment_name(config: AnswerConfig) -> str | None:

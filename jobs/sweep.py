@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.io import filesystem
-from jobs.pools import build_stages, cpus_requested
+from jobs.pools import build_stages, cpus_requested, pool_plan
 from schemas.config import ConfigError, parse_override
 from strategies.registry import make_strategy
 
@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     base = answer_job.config_from_args(args)
     configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
     needs = set().union(*(make_strategy(n, base).stages for n in base.strategies))
-    init_ray(base.ray, cpus_requested(base, needs))
-    stages = build_stages(base, needs)
+    pools = pool_plan(base, needs)
+    init_ray(base.ray, cpus_requested(pools))
+    stages = build_stages(base, needs, pools)
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")

@@ -5,20 +5,29 @@ import os
 import subprocess
 import sys
 
-from jobs.pools import cpus_requested
+from actors.know import WEIGHTS
+from jobs.pools import cpus_requested, pool_plan
 from strategies.registry import AnswerConfig
 from tests.conftest import REPO
 
 
-def test_cpus_requested_counts_every_pool_the_strategies_need(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({"shards": [{"dir": "s0"}, {"dir": "s1"}]}))
-    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "reranker": {"model": "m_rel"},
-                                          "know": {"model": "m_know"}})
+def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"embedder": "e", "shards": [{"dir": "s0"}, {"dir": "s1"}]}))
+    (tmp_path / "m_know").mkdir()
+    (tmp_path / "m_know" / WEIGHTS).write_text(json.dumps({"embedder": "e", "coef": [], "intercept": 0.0}))
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "generator": {"model": "g"},
+                                          "reranker": {"model": "m_rel"}, "know": {"model": str(tmp_path / "m_know")}})
+    plan = pool_plan(config, {"generator", "retriever", "ranker", "know"})
+    assert {name: len(pool.replicas) for name, pool in plan.items()} == {
+        "generator": 1, "encoder": 1, "shards": 2, "ranker": 1, "know": 1}
+    assert [args[0] for args in plan["shards"].replicas] == [str(tmp_path / "s0"), str(tmp_path / "s1")]
     # generator 1 + embedder 0.5 + 2 shards x 0.25 + cross-encoder 0.5 + know 0.5
-    assert cpus_requested(config, {"generator", "retriever", "ranker", "know"}) == 3.0
-    assert cpus_requested(config, {"generator"}) == 1.0
+    assert cpus_requested(plan) == 3.0
+    assert cpus_requested(pool_plan(config, {"generator"})) == 1.0
     # without a reranker.model the ranker is the embedder pool: nothing more
-    assert cpus_requested(AnswerConfig.model_validate({"index": {"path": str(tmp_path)}}), {"ranker"}) == 0.5
+    bare = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "embedder": {"model": "e"}})
+    assert list(pool_plan(bare, {"ranker"})) == ["encoder"]
+    assert cpus_requested(pool_plan(bare, {"ranker"})) == 0.5
 
 
 def test_a_local_ray_is_started_with_at_least_the_cpus_the_pools_request():
