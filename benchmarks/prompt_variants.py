@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 VARIANTS = {
     # name: (system prompt or None, direct user template, rag user template)
@@ -50,25 +49,18 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--variants", help="comma-separated names (default: all)")
     args = p.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["OMP_NUM_THREADS"] = str(os.cpu_count())
-
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-    from vllm import LLM, SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
 
-    from actors.generator import choice_probs
+    from actors.generator import Generator
     from engine.steps import Item
     from jobs import metrics as M
     from jobs.models import resolve
-    from schemas.config import AnswerFormConfig
-    from schemas.records import Generation, Judgment, Passage
-    from strategies.base import format_passages, prompt
-    from strategies.forms import choices, final_answer, form_of
+    from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
+    from schemas.records import Generate, Passage
+    from strategies.base import answer_messages, format_passages
+    from strategies.forms import choices, final_answer, final_request, form_of
 
     questions = pq.read_table(args.questions).to_pylist()
     rag_rows = pq.read_table(f"{args.rag_run}/rag", columns=["id", "retrieved_ids"]).to_pylist()
@@ -77,40 +69,24 @@ def main() -> None:
     corpus = pq.read_table(args.corpus, columns=["id", "title", "text"])
     corpus = {r["id"]: r for r in corpus.filter(pc.is_in(corpus["id"], value_set=pa.array(ids))).to_pylist()}
     forms = AnswerFormConfig()
-    llm = LLM(model=resolve(args.generator), dtype="bfloat16", max_model_len=2048, enforce_eager=True,
-              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
-    tokenizer = llm.get_tokenizer()
+    # the generator actor's own class, in this process: the same templating, sampling and choice handling
+    llm = LLMConfig(model=args.generator).model_dump()
+    generator = Generator({**llm, "model": resolve(args.generator)}, SamplingConfig().model_dump())
     results = {}
     picked = args.variants.split(",") if args.variants else list(VARIANTS)
     for name in picked:
         system, direct_user, rag_user = VARIANTS[name]
         for strategy, template in (("direct", direct_user), ("rag", rag_user)):
-            chats, params, asked = [], [], []
+            requests = []
             for q in questions:
                 passages = [Passage(i, corpus[i]["title"] or "", corpus[i]["text"], 0.0) for i in retrieved[q["id"]]]
                 user = template.format(question=q["question"], passages=format_passages(passages))
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
-                options = choices(form, forms)
-                asked.append(options)
-                sys_text = (prompt(f"answer_system_{form}").format(choices=", ".join(options)) if options
-                            else prompt(system) if system else None)
-                messages = [{"role": "system", "content": sys_text}] if sys_text else []
-                chats.append(messages + [{"role": "user", "content": user}])
-                if options:
-                    longest = max(len(tokenizer.encode(c, add_special_tokens=False)) for c in options)
-                    params.append(SamplingParams(temperature=0, max_tokens=longest + 1, logprobs=20,
-                                                 structured_outputs=StructuredOutputsParams(choice=list(options))))
-                else:
-                    params.append(SamplingParams(temperature=0, max_tokens=48))
-            outs = llm.chat(chats, params, use_tqdm=False)
+                # choice forms always take their own system prompt (final_request); a short answer the variant's
+                requests.append(final_request(user, form, forms) if choices(form, forms)
+                                else Generate(answer_messages(user, system)))
             scores = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
-            for q, out, options in zip(questions, outs, asked):
-                completion = out.outputs[0]
-                if options:  # (vLLM rewrites a request's choice into a grammar: keep our own copy)
-                    first = completion.logprobs[0] if completion.logprobs else {}
-                    response = Judgment(completion.text.strip(), choice_probs(first, tuple(options)))
-                else:
-                    response = Generation(completion.text)
+            for q, response in zip(questions, generator.generate(requests)):
                 answer = final_answer(response)
                 scores["EM"] += M.exact_match(answer, q["answers"])
                 scores["F1"] += M.f1(answer, q["answers"])
