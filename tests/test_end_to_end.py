@@ -175,6 +175,9 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
             assert trace["step"] == "migres" and 1 <= len(trace["iterations"]) <= 2
             assert row["resolved_by"] in ("answered", "max_iterations", "no_new_query") and row["n_retrievals"] >= 1
             assert set(row["citations"]) <= set(row["retrieved_ids"])
+            for iteration in trace["iterations"]:  # passages kept -> the leaf wrote statements to verify
+                if any(iteration["passages"]):
+                    assert iteration.get("extracted") or row["n_parse_failures"] > 0, iteration
     assert (tmp / "cmp" / "eval.png").stat().st_size > 10_000
     table = json.loads((tmp / "cmp" / "eval.json").read_text())
     assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act", "migres"}

@@ -196,3 +196,25 @@ def test_a_yes_no_question_is_answered_yes_or_no_by_the_main_module_and_the_clos
     closing = log[-1][1]  # unanswered at T: the closing answer is a guided yes / no on the generator
     assert isinstance(closing, Judge) and closing.choices == ("yes", "no") and closing.stage == "generator"
     assert (done.answer, done.resolved_by) == ("no", "max_iterations")
+
+
+def test_the_leaf_schema_asks_for_a_statement_citing_a_passage_that_exists():
+    """Under guided decoding an untuned 0.5B model took the empty list every time, and cited passage -1
+    when made to write one: MIGRES's information set stayed empty and the main module guessed."""
+    import pydantic
+    import pytest
+
+    from strategies.migres import leaf_model
+
+    leaf = leaf_model(2)
+    assert leaf.model_validate({"useful_information": [{"info": "x", "support_passages": [1]}]})
+    for bad in ([], [{"info": "x", "support_passages": []}], [{"info": "x", "support_passages": [2]}],
+                [{"info": "x", "support_passages": [-1]}]):
+        with pytest.raises(pydantic.ValidationError):
+            leaf.model_validate({"useful_information": bad})
+    # the request carries that schema, sized to the passages listed (FILM alone passes delta)
+    log = []
+    drive(MIGRES(MigresConfig()), "Who directed Levity?", Script(), log=log)
+    leaf_request = next(r for _, r in log if getattr(r, "step", "") == "leaf")
+    assert json.loads(leaf_request.json_schema)["$defs"]["Statement"]["properties"]["support_passages"]["items"] == {
+        "maximum": 0, "minimum": 0, "type": "integer"}
