@@ -56,7 +56,7 @@ def main() -> None:
     from actors.generator import Generator
     from engine.steps import Item
     from jobs import metrics as M
-    from jobs.models import resolve
+    from jobs.pools import llm_settings
     from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
     from schemas.records import Generate, Passage
     from strategies.base import answer_messages, format_passages
@@ -70,8 +70,7 @@ def main() -> None:
     corpus = {r["id"]: r for r in corpus.filter(pc.is_in(corpus["id"], value_set=pa.array(ids))).to_pylist()}
     forms = AnswerFormConfig()
     # the generator actor's own class, in this process: the same templating, sampling and choice handling
-    llm = LLMConfig(model=args.generator).model_dump()
-    generator = Generator({**llm, "model": resolve(args.generator)}, SamplingConfig().model_dump())
+    generator = Generator(llm_settings(LLMConfig(model=args.generator)), SamplingConfig().model_dump())
     results = {}
     picked = args.variants.split(",") if args.variants else list(VARIANTS)
     for name in picked:

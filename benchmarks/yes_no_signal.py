@@ -64,7 +64,7 @@ def score(args: argparse.Namespace) -> None:
 
     from actors.generator import Generator
     from jobs.label import passages_by_id
-    from jobs.models import resolve
+    from jobs.pools import llm_settings
     from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
     from strategies.base import format_passages, prompt
     from strategies.forms import YES_NO, final_request
@@ -73,8 +73,7 @@ def score(args: argparse.Namespace) -> None:
     rag_rows = pq.read_table(f"{args.rag_run}/rag", columns=["id", "retrieved_ids"]).to_pylist()
     retrieved = {r["id"]: r["retrieved_ids"] for r in rag_rows}
     passages = passages_by_id(args.index_dir, {i for ids in retrieved.values() for i in ids})
-    generator = Generator({**LLMConfig(model=args.generator).model_dump(), "model": resolve(args.generator)},
-                          SamplingConfig().model_dump())
+    generator = Generator(llm_settings(LLMConfig(model=args.generator)), SamplingConfig().model_dump())
     users = {"direct": [prompt("direct/user").format(question=q["question"]) for q in questions],
              "rag": [prompt("rag/user").format(question=q["question"],
                                                passages=format_passages([passages[i] for i in retrieved[q["id"]]]))

@@ -50,8 +50,7 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
     plan = {}
 
     def llm(c) -> Pool:
-        settings = {**c.model_dump(), "model": resolve(c.model)}
-        return Pool(Generator, c.num_cpus, c.num_gpus, ((settings, config.sampling.model_dump()),) * c.replicas)
+        return Pool(Generator, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas)
 
     if needs & {"generator", "judge"}:
         plan["generator"] = llm(config.generator)
@@ -81,9 +80,19 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
     return plan
 
 
+def llm_settings(c) -> dict:
+    """A generator replica's settings (``actors.generator.Generator``'s first argument) from an LLM config."""
+    return {**c.model_dump(), "model": resolve(c.model)}
+
+
+def _bm25(config: AnswerConfig) -> bool:
+    """Whether this run retrieves with BM25 (then every shard actor loads its BM25 index)."""
+    return bool(retrieval_methods(config) - {"dense"})
+
+
 def _shards(config: AnswerConfig, manifest: dict) -> Pool:
     """One actor per shard: its FAISS index, and its BM25 index when this run retrieves with BM25."""
-    bm25 = bool(retrieval_methods(config) - {"dense"})
+    bm25 = _bm25(config)
     if bm25 and not manifest.get("bm25"):
         raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
                          "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
@@ -115,9 +124,8 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     if "judge" in actors:
         stages["judge"] = GeneratorStage(actors["judge"], config.engine.judge, "judge")
     if "shards" in actors:
-        bm25 = bool(retrieval_methods(config) - {"dense"})
-        stages["retriever"] = RetrieverStage(actors["encoder"], actors["shards"], config.engine.retriever, bm25,
-                                             config.retrieval)
+        stages["retriever"] = RetrieverStage(actors["encoder"], actors["shards"], config.engine.retriever,
+                                             _bm25(config), config.retrieval)
     if "ranker" in needs:
         stages["ranker"] = RankerStage(actors.get("ranker", actors["encoder"]), config.engine.ranker)
     if "know" in actors:

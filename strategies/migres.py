@@ -25,6 +25,7 @@ and "unanswerable". The structured outputs' strings are bounded so that a small 
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
@@ -89,6 +90,11 @@ def leaf_model(n: int) -> type[BaseModel]:
     return create_model("Leaf", useful_information=(Annotated[list[statement], Field(min_length=1, max_length=5)], ...))
 
 
+@functools.cache
+def leaf_schema(n: int) -> str:
+    return schema_of(leaf_model(n))
+
+
 def main_model(answers: tuple[str, ...] | None) -> type[BaseModel]:
     """The main module's output in the paper's field order; ``answers`` closes the answer set."""
     answer = Literal[answers + (UNANSWERABLE,)] if answers else Annotated[str, Field(max_length=80)]
@@ -106,7 +112,6 @@ class MIGRES(Routine):
         self.config = config
         self.forms = forms or AnswerFormConfig()
         self.main_schemas: dict[str, str] = {}  # by answer form
-        self.leaf_schemas: dict[int, str] = {}  # by number of passages
         self.nli = nli  # verify entailment on the NLI cross-encoder pool instead of the judge
         if nli:
             self.stages = self.stages | {"nli"}
@@ -183,10 +188,8 @@ class MIGRES(Routine):
         for q, ps in zip(queries, knowledge):
             if ps:
                 listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
-                if len(ps) not in self.leaf_schemas:
-                    self.leaf_schemas[len(ps)] = schema_of(leaf_model(len(ps)))
                 asks.append(Generate(answer_messages(prompt("migres/leaf").format(passages=listing, question=q),
-                                                     system=None), max_tokens=200, json_schema=self.leaf_schemas[len(ps)],
+                                                     system=None), max_tokens=200, json_schema=leaf_schema(len(ps)),
                                      step="leaf"))
             elif self.config.knowledge_prompting:
                 asks.append(Generate(answer_messages(prompt("migres/knowledge").format(question=q), system=None),
