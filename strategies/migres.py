@@ -21,6 +21,10 @@ answer, one closing generation answers from the information gathered (``resolved
 ``no_new_query`` when the query generator asked nothing new before T). Answers are in the question's
 form (forms.py): for yes/no questions and claims the main module chooses among the form's answers
 and "unanswerable". The structured outputs' strings are bounded so that a small model finishes them.
+By default (``answer_step: read``) the main module decides when the information suffices and what
+is missing, as in the paper, but the answer itself is that same closing read of the information: the
+0.5B model's main-module answers are sentences (median 11 words on the calib slice), and reading
+the same information in the question's form lifted EM 16.3 -> 24.7 there (results/README.md).
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ class MigresConfig(Section):
     max_uses: int = Field(2, ge=1, description="memory: a passage used this often is not used again")
     knowledge_prompting: bool = Field(True, description="ask the LLM about a query no passage survives for")
     entailment_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') for an extracted statement to be kept")
+    answer_step: Literal["read", "main"] = Field(
+        "read", description="read: once the main module finds the information sufficient, the answer is read from "
+        "the information in the question's form (the closing step); main: the main module's own answer (the "
+        "paper). Changes results: results/README.md")
 
 
 def leaf_model(n: int) -> type[BaseModel]:
@@ -144,6 +152,8 @@ class MIGRES(Routine):
             answer, missing, confidence = yield from self.main(item, info, t)  # Main module
             iteration.update(answer=answer, confidence=confidence, missing=missing)
             if answer.strip() and UNANSWERABLE not in answer.lower():
+                if self.config.answer_step == "read":
+                    return (yield from self.final(item, info, iterations, "answered"))
                 return self.done(item, clean_answer(answer), "answered", iterations, info)
             if t + 1 >= self.max_iterations(item):
                 return (yield from self.final(item, info, iterations, "max_iterations"))
@@ -265,7 +275,8 @@ class MIGRES(Routine):
         return queries
 
     def final(self, item: Item, info: list[dict], iterations: list[dict], ending: str):
-        """The closing answer from the gathered information, when the loop ends unanswered."""
+        """The answer read from the gathered information, in the question's form: when the loop ends
+        unanswered, and (``answer_step: read``) when the main module found the information sufficient."""
         user = prompt("migres/final").format(information=information(info), question=item.question)
         response = yield final_request(user, form_of(item, self.forms), self.forms, step="final")
         iterations[-1]["final"] = response_text(response)

@@ -81,6 +81,9 @@ class Script:
             return Generation(json.dumps({"queries": queries}))
         if request.step == "knowledge":
             return Generation("LLM says American.")
+        if request.step == "final":  # the answer read from the information
+            information = user.split("Information: ")[1].split("\n")[0]
+            return Generation("American" if "American" in information else "best guess")
         return Generation("best guess")
 
 
@@ -218,3 +221,22 @@ def test_the_leaf_schema_asks_for_a_statement_citing_a_passage_that_exists():
     leaf_request = next(r for _, r in log if getattr(r, "step", "") == "leaf")
     assert json.loads(leaf_request.json_schema)["$defs"]["Statement"]["properties"]["support_passages"]["items"] == {
         "maximum": 0, "minimum": 0, "type": "integer"}
+
+
+def test_once_the_main_module_finds_the_information_sufficient_the_answer_is_read_from_it_in_short_form():
+    """The 0.5B model's main-module answers were sentences (median 11 words on the calib slice, 24 of 134
+    right): by default the main module decides when to stop and the answer is read in the question's form."""
+    class Wordy(Script):
+        def __call__(self, request, item):
+            response = super().__call__(request, item)
+            if is_main(request) and '"American"' in response.text:
+                return Generation(response.text.replace('"American"', '"The director of Levity is American."'))
+            return response
+
+    log = []
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", Wordy(), log=log)
+    assert (done.answer, done.resolved_by) == ("American", "answered")
+    assert log[-1][1].step == "final" and trace(item)["iterations"][-1]["final"] == "American"
+    assert trace(item)["iterations"][-1]["answer"] == "The director of Levity is American."
+    done, _ = drive(MIGRES(MigresConfig(answer_step="main")), "What nationality is the director of Levity?", Wordy())
+    assert (done.answer, done.resolved_by) == ("The director of Levity is American.", "answered")
