@@ -44,6 +44,14 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     for shard, questions_in_shard in sizes.items():
         if shard not in skip:
             out.sealed(shard, questions_in_shard)
+    if sizes and skip >= set(sizes):  # nothing to do: no Ray, no models, and the run's metrics stay as they are
+        out.close()
+        check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
+        if not all(c["ok"] for c in check.values()):
+            raise RuntimeError(f"output incomplete: check {check}")
+        log(f"nothing to do: all {len(sizes)} input shards of {redact(config.output)} are committed for every "
+            "strategy, every input id once per strategy")
+        return previous_metrics(config.output) or {"exactly_once": check, "shards_resumed": len(skip)}
     if skip:
         log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
     questions = question_rows(config.questions, config.input.read_batch_rows, config.limit,
@@ -78,6 +86,15 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
         f"{redact(config.output)}; every input id once per strategy")
     return metrics
+
+
+def previous_metrics(output: str) -> dict | None:
+    fs, root = filesystem(output)
+    try:
+        with fs.open_input_stream(f"{root}/metrics.json") as f:
+            return json.loads(f.read())
+    except (OSError, json.JSONDecodeError):  # none yet, or not readable: the caller says what it knows
+        return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -62,3 +62,26 @@ def test_killed_driver_resumes_exactly_once(tmp_path):
     assert metrics["roots_done"] < 2 * 60  # committed shards were not answered again
     assert rows(out) == rows(calm) and len(rows(out)) == 120
     assert not list(out.rglob("*.tmp"))
+
+
+def test_a_resume_with_nothing_to_do_starts_nothing_and_keeps_the_runs_metrics(tmp_path, monkeypatch):
+    """Before, it started Ray (17 s) and overwrote metrics.json with zeros."""
+    import jobs.ray_session
+    from jobs.answer import answer
+    from strategies.registry import AnswerConfig
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(15)], "question": [f"question {i}" for i in range(15)]}),
+                   questions)
+    finish(start(questions, out))  # the same settings as tests/jobs/resume_run.py
+    before = (out / "metrics.json").read_bytes()
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started with nothing to do")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    log = []
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct", "rag"],
+                          commit={"shard_rows": 10}, engine={"window": 8})
+    metrics = answer(config, log=log.append)
+    assert "nothing to do" in log[-1] and (out / "metrics.json").read_bytes() == before
+    assert metrics["roots_done"] == 30 and all(c["ok"] for c in metrics["exactly_once"].values())
