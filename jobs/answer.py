@@ -56,7 +56,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
     questions = question_rows(config.questions, config.input.read_batch_rows, config.limit,
                               shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
-                              max_chars=config.input.max_question_chars)
+                              max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
     if stages is None:
         needs = set().union(*(s.stages for s in strategies.values()))

@@ -3,7 +3,8 @@
 Row policy (schema problems raise SchemaError; a bad row never stops the others):
 
 ==========================  =======================================================
-null id                     error row, id ``<row N>``
+null id                     error row, id ``<row N>`` (``<<row N>`` ... if a real id starts
+                            with ``<row ``: a stand-in never equals a real id)
 null / empty question       error row ``empty question``
 question over the limit     error row ``question too long (N chars > limit)``
 invalid UTF-8               error row ``invalid UTF-8 in question``
@@ -73,13 +74,25 @@ def hash_ids(ids) -> np.ndarray:
     return pd.util.hash_array(np.asarray(ids, dtype=object))
 
 
-def _row_id(row: int) -> str:
+NULL_ID_PREFIX = "<row "
+
+
+def _row_id(row: int, prefix: str = NULL_ID_PREFIX) -> str:
     """The id a row without one gets (its error row carries it)."""
-    return f"<row {row}>"
+    return f"{prefix}{row}>"
 
 
-def _effective_ids(batch_ids: list, first_row: int) -> list[str]:
-    return [qid if qid is not None else _row_id(first_row + i) for i, qid in enumerate(batch_ids)]
+def _effective_ids(batch_ids: list, first_row: int, prefix: str) -> list[str]:
+    return [qid if qid is not None else _row_id(first_row + i, prefix) for i, qid in enumerate(batch_ids)]
+
+
+def _null_id_prefix(pf: pq.ParquetFile, batch_rows: int, total: int) -> str:
+    """A stand-in prefix no real id starts with, so that a stand-in never collides with a real id."""
+    prefix = NULL_ID_PREFIX
+    while any(pc.any(pc.starts_with(pa.array(ids, pa.string()), prefix)).as_py()
+              for ids in _id_batches(pf, batch_rows, total)):
+        prefix = "<" + prefix
+    return prefix
 
 
 @dataclass
@@ -90,6 +103,7 @@ class InputPlan:
     rows: int
     duplicate_rows: set[int] = field(default_factory=set)
     file_size: int | None = None
+    null_id_prefix: str = NULL_ID_PREFIX  # of the stand-in ids of rows without an id
 
     @property
     def answered(self) -> int:
@@ -112,10 +126,11 @@ def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
 def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> InputPlan:
     """Validate the schema and find duplicate ids (8 bytes per row, transient)."""
     pf, total = _open_questions(uri, limit)
+    prefix = _null_id_prefix(pf, batch_rows, total)
     hashes = np.empty(total, dtype=np.uint64)
     n = 0
     for ids in _id_batches(pf, batch_rows, total):
-        hashes[n:n + len(ids)] = hash_ids(_effective_ids(ids, n))
+        hashes[n:n + len(ids)] = hash_ids(_effective_ids(ids, n, prefix))
         n += len(ids)
     values, counts = np.unique(hashes, return_counts=True)
     suspects = set(values[counts > 1].tolist())
@@ -124,7 +139,7 @@ def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> I
         first: dict[str, int] = {}
         n = 0
         for ids in _id_batches(pf, batch_rows, total):
-            for i, (qid, h) in enumerate(zip(_effective_ids(ids, n), hashes[n:n + len(ids)].tolist())):
+            for i, (qid, h) in enumerate(zip(_effective_ids(ids, n, prefix), hashes[n:n + len(ids)].tolist())):
                 if h in suspects:
                     if qid in first:
                         duplicates.add(n + i)
@@ -132,7 +147,7 @@ def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> I
                         first[qid] = n + i
             n += len(ids)
     fs, path = filesystem(uri)
-    return InputPlan(redact(uri), total, duplicates, fs.get_file_info(path).size)
+    return InputPlan(redact(uri), total, duplicates, fs.get_file_info(path).size, prefix)
 
 
 def _id_batches(pf: pq.ParquetFile, batch_rows: int, total: int) -> Iterator[list]:
@@ -147,8 +162,9 @@ def _id_batches(pf: pq.ParquetFile, batch_rows: int, total: int) -> Iterator[lis
 
 def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *, shard_rows: int = 10_000,
                   skip_shards: frozenset[int] = frozenset(), drop_rows: set[int] = frozenset(),
-                  max_chars: int = 4096) -> Iterator[Question]:
+                  max_chars: int = 4096, null_id_prefix: str = NULL_ID_PREFIX) -> Iterator[Question]:
     """Stream questions batch by batch (policy in the module docstring); schema problems raise.
+    ``null_id_prefix``: the input plan's (``plan_input``), so stand-ins never equal a real id.
 
     Input shard ``i`` is rows ``[i * shard_rows, (i + 1) * shard_rows)``; rows of ``skip_shards`` are
     not yielded (already committed) and row groups holding only such rows are not read.
@@ -177,13 +193,13 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
                     return
                 if row // shard_rows in skip_shards or row in drop_rows:
                     continue
-                yield _question(qid, raw, kind, dataset, row, row // shard_rows, max_chars)
+                yield _question(qid, raw, kind, dataset, row, row // shard_rows, max_chars, null_id_prefix)
 
 
 def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str | None, row: int, shard: int,
-              max_chars: int) -> Question:
+              max_chars: int, null_id_prefix: str) -> Question:
     def error(text: str, reason: str) -> Question:
-        return Question(qid if qid is not None else _row_id(row), text, reason, shard, kind, dataset)
+        return Question(qid if qid is not None else _row_id(row, null_id_prefix), text, reason, shard, kind, dataset)
 
     if qid is None:
         return error("", "null id")

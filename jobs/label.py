@@ -86,7 +86,8 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
 
 
 def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage],
-                          config: LabelConfig, forms: AnswerFormConfig | None = None) -> tuple[list[dict], Counter]:
+                          config: LabelConfig, forms: AnswerFormConfig | None = None,
+                          short_answer: str = "no more than 10 words") -> tuple[list[dict], Counter]:
     """Trajectories that pass quality control, and why the others were dropped."""
     kept, dropped, forms = [], Counter(), forms or AnswerFormConfig()
     for row in rows:
@@ -114,7 +115,7 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
             continue
         target = json.dumps({k: trajectory.get(k) for k in ("relevant", "relevant_reason", "cite_list", "analysis", "answer")})
         form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
-        user = trajectory_prompt(row["question"], evidence, form, forms)
+        user = trajectory_prompt(row["question"], evidence, form, forms, short_answer)
         kept.append({"id": row["id"], "question": row["question"], "passage_ids": row["retrieved_ids"],
                      "trajectory": target, "answer": row["answer"], "gold_answers": g.get("answers") or [],
                      "citation_precision": precision, "citation_recall": recall, "messages": _chat(user, target)})
@@ -206,7 +207,7 @@ def label(config, log=print, force: bool = False) -> dict:
         writer, dropped, seen = LabelWriter(config.output, "self_reasoning"), Counter(), 0
         for rows, ids in answer_chunks(config.output, "self_reasoning"):
             kept, why = self_reasoning_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
-                                              config.answer_form)
+                                              config.answer_form, config.self_reasoning.short_answer)
             writer.write(kept)
             dropped.update(why)
             seen += len(rows)

@@ -182,7 +182,8 @@ class ShardedOutput:
         """
         report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "ok": True} for s in self.strategies}
         questions = question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
-                                  drop_rows=plan.duplicate_rows, max_chars=max_chars)
+                                  drop_rows=plan.duplicate_rows, max_chars=max_chars,
+                                  null_id_prefix=plan.null_id_prefix)
         for shard, ids in _by_shard(questions, plan.shard_sizes(self.shard_rows)):
             expected = np.sort(hash_ids(ids))
             for strategy in self.strategies:

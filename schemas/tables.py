@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 # Questions: `id` and `question` are required; the rest is optional (used by `evaluate`).
-QUESTION_REQUIRED = {"id": pa.string(), "question": pa.string()}
+# text or bytes: a question that is not valid UTF-8 becomes an error row (jobs/io.py), not a schema error
+QUESTION_REQUIRED = {"id": pa.string(), "question": pa.binary()}
 QUESTION_OPTIONAL = {
     "answers": pa.list_(pa.string()),
     "dataset": pa.string(),
@@ -67,6 +68,9 @@ def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
         return True
     if pa.types.is_string(expected):
         return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    if pa.types.is_binary(expected):
+        return any(f(actual) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                       pa.types.is_large_binary))
     if pa.types.is_list(expected):
         return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _compatible(
             actual.value_type, expected.value_type

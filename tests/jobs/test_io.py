@@ -63,6 +63,23 @@ def test_row_policy(tmp_path):
     assert rows[2].question == "tab\tandnul?" and rows[5].question == "dup first"
 
 
+def test_a_real_id_equal_to_a_stand_in_is_kept_and_the_stand_in_changes(tmp_path):
+    """Before, the real id "<row 2>" was dropped as a duplicate of row 2's stand-in: a row lost."""
+    f = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "<row 2>", None], "question": ["x?", "y?", "z?"]}), f)
+    plan = plan_input(str(f))
+    assert plan.duplicate_rows == set()
+    rows = list(question_rows(str(f), drop_rows=plan.duplicate_rows, null_id_prefix=plan.null_id_prefix))
+    assert [(r.id, r.error) for r in rows] == [("a", None), ("<row 2>", None), ("<<row 2>", "null id")]
+
+
+def test_a_binary_question_column_follows_the_invalid_utf8_row_policy(tmp_path):
+    f = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "question": pa.array([b"fine?", b"\xff bad"], pa.binary())}), f)
+    rows = list(question_rows(str(f), drop_rows=plan_input(str(f)).duplicate_rows))
+    assert [(r.question, r.error) for r in rows] == [("fine?", None), ("", "invalid UTF-8 in question")]
+
+
 def test_shards_are_skipped_without_losing_rows(tmp_path):
     f = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": [f"q{i}" for i in range(25)], "question": ["?"] * 25}), f, row_group_size=4)
@@ -78,15 +95,18 @@ def test_credentials_never_leave_a_uri():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=4)), st.one_of(st.none(), st.binary(max_size=40))),
-                max_size=30))
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=4), st.sampled_from(["<row 0>", "<row 3>", "<<row 1>"])),
+                          st.one_of(st.none(), st.binary(max_size=40))), max_size=30))
 def test_any_rows_give_one_question_each_and_never_raise(tmp_path, rows):
     f = tmp_path / "q.parquet"
     questions = pa.array([q for _, q in rows], pa.binary()).cast(pa.string(), safe=False)
     pq.write_table(pa.table({"id": pa.array([i for i, _ in rows], pa.string()), "question": questions}), f)
     plan = plan_input(str(f))
-    out = list(question_rows(str(f), batch_rows=7, shard_rows=5, drop_rows=plan.duplicate_rows, max_chars=30))
+    out = list(question_rows(str(f), batch_rows=7, shard_rows=5, drop_rows=plan.duplicate_rows, max_chars=30,
+                             null_id_prefix=plan.null_id_prefix))
     assert len(out) == plan.answered and len({q.id for q in out}) == len(out)
+    real = [i for i, _ in rows if i is not None]
+    assert plan.answered == len(set(real)) + sum(i is None for i, _ in rows)  # only real repeats are dropped
     for q in out:
         if q.error is None:
             assert q.question.strip() and len(q.question) <= 30
