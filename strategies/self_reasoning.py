@@ -59,6 +59,8 @@ class SelfReasoningConfig(Section):
     reason_chars: int = Field(150, ge=1, description="characters of relevant_reason and of one cite_reason")
     analysis_chars: int = Field(500, ge=1, description="characters of the analysis (the long answer)")
     answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
+    short_answer: str = Field("no more than 10 words", description="how the instruction describes the short "
+                              "answer (the paper's words); changes results")
 
 
 # the paper's verdict words and FEVER's labels
@@ -72,7 +74,8 @@ def verdict(said: str) -> str:
     return VERDICTS.get(said.strip().upper(), said)
 
 
-def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfig) -> str:
+def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfig,
+                      short_answer: str = "no more than 10 words") -> str:
     """The instruction a trajectory is written to (also the prompt of its training label)."""
     if form == VERDICT:
         words = [_PAPER_WORD.get(v, v) for v in forms.verdicts]
@@ -80,7 +83,7 @@ def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfi
                                                  verdicts=" / ".join(words),
                                                  not_enough=prompt("self_reasoning/fever_nei" if "NOT ENOUGH INFO" in words
                                                                    else "self_reasoning/fever_decide"))
-    answer = "yes or no" if form == YES_NO else "no more than 10 words"
+    answer = "yes or no" if form == YES_NO else short_answer
     return prompt("self_reasoning/qa").format(passages=format_passages(passages), question=question, answer=answer)
 
 
@@ -114,7 +117,7 @@ class SelfReasoning(Routine):
         item.passages = (yield Retrieve(item.question, self.config.k)).passages
         item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
         model, schema = self._model(item, form)
-        user = trajectory_prompt(item.question, item.passages, form, self.forms)
+        user = trajectory_prompt(item.question, item.passages, form, self.forms, self.config.short_answer)
         request = Generate(answer_messages(user, system=None), max_tokens=self.config.max_tokens, json_schema=schema,
                            step="trajectory")
 

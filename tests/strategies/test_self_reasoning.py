@@ -83,6 +83,15 @@ def test_what_the_trajectory_may_copy_is_bounded():
     assert citation["properties"]["cite_reason"]["maxLength"] == 50
 
 
+def test_the_instruction_describes_the_short_answer_as_configured():
+    log = []
+    drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory()), log=log)
+    assert "short answer (no more than 10 words)" in log[1][1].messages[-1][1]  # the paper's words
+    log = []
+    drive(SelfReasoning(SelfReasoningConfig(short_answer="a name")), "Q", script(trajectory()), log=log)
+    assert "short answer (a name)" in log[1][1].messages[-1][1]
+
+
 def test_a_yes_no_question_gets_a_yes_or_no_answer_in_the_trajectory_and_the_fallback():
     s = SelfReasoning(SelfReasoningConfig())
     item = Item("Is Paris in France?", kind="yes-no")
