@@ -35,6 +35,10 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     strategies = {n: make_strategy(n, config) for n in config.strategies}
+    needs = set().union(*(s.stages for s in strategies.values()))
+    # the index and the models are checked (pool_plan reads the index manifest and resolves every
+    # model name) before the output is claimed: a mistyped --index-dir must not leave a manifest behind
+    pools = pool_plan(config, needs) if stages is None else None
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
@@ -59,8 +63,6 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
                               max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
     if stages is None:
-        needs = set().union(*(s.stages for s in strategies.values()))
-        pools = pool_plan(config, needs)
         init_ray(config.ray, cpus_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)

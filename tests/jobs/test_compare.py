@@ -40,3 +40,20 @@ def test_a_bad_gold_column_fails_compare_before_any_answering(tmp_path):
     with pytest.raises(SchemaError, match=r"'gold_passage_ids' has type list<element: int64>"):
         compare.run(args)
     assert not (tmp_path / "out" / "rag").exists()
+
+
+def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Before, it failed only after Ray started and left a _manifest.json that refused the corrected rerun."""
+    import jobs.ray_session
+    from jobs.cli import run_job
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    code = run_job("answer", ["--questions", str(questions), "--output", str(tmp_path / "out"),
+                              "--index-dir", str(tmp_path / "no-index"), "--strategy", "rag"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no index at" in err and "no-index" in err
+    assert not (tmp_path / "out").exists()
