@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -113,6 +114,17 @@ def resolve(name_or_path: str) -> str:
             return str(_module_dir(model.wheel[1]) / model.wheel[2])
         return str(model_dir(name_or_path))
     return os.path.expanduser(name_or_path) if os.path.exists(os.path.expanduser(name_or_path)) else name_or_path
+
+
+def embedding_dims(path: str) -> int | None:
+    """The vector size a local sentence-transformers model directory makes (None when unknown, e.g. a
+    hub name), read from its files without loading it."""
+    for name, key in (("1_Pooling/config.json", "word_embedding_dimension"), ("config.json", "hidden_size")):
+        try:
+            return int(json.loads((Path(path) / name).read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def prepare(alias: str, log=print) -> Path:

@@ -26,7 +26,7 @@ from engine.stages import (
     RetrieverStage,
 )
 from jobs.index import read_manifest
-from jobs.models import resolve
+from jobs.models import embedding_dims, resolve
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
@@ -61,6 +61,10 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         manifest = read_manifest(config.index.path) if "retriever" in needs else None
         # the query encoder must be the model the index was built with; the ranker may share the pool
         model = resolve(manifest["embedder"] if manifest else e.model)
+        if manifest and manifest.get("dims") and embedding_dims(model) not in (None, manifest["dims"]):
+            raise ValueError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
+                             f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
+                             "with `ragsift index`")
         plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas)
         if manifest:
             plan["shards"] = _shards(config, manifest)

@@ -30,6 +30,22 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     assert cpus_requested(pool_plan(bare, {"ranker"})) == 0.5
 
 
+def test_an_index_whose_vectors_do_not_match_its_embedder_is_refused_before_anything_starts(tmp_path):
+    """Before, every row became an AssertionError row, the parts were committed and the run exited 0."""
+    import pytest
+
+    from jobs.models import resolve
+    model = resolve("all-minilm-l6-v2")  # 384-d
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}})
+    for dims, ok in ((384, True), (768, False)):
+        (tmp_path / "manifest.json").write_text(json.dumps({"embedder": model, "dims": dims, "shards": [{"dir": "s0"}]}))
+        if ok:
+            assert "shards" in pool_plan(config, {"retriever"})
+        else:
+            with pytest.raises(ValueError, match="768-d vectors but its embedder .* makes 384-d ones"):
+                pool_plan(config, {"retriever"})
+
+
 def test_a_local_ray_is_started_with_at_least_the_cpus_the_pools_request():
     """On a 2-core box RA-ISF with trained judges asks for 2.75 CPUs; with Ray sized to os.cpu_count() its
     know and ranker actors were never placed and the run waited forever."""
