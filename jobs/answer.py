@@ -17,7 +17,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
-from jobs.output import ShardedOutput
+from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan
 from jobs.progress import progress_printer
 from schemas.config import load_config
@@ -36,9 +36,10 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
-    # the index and the models are checked (pool_plan reads the index manifest and resolves every
-    # model name) before the output is claimed: a mistyped --index-dir must not leave a manifest behind
-    pools = pool_plan(config, needs) if stages is None else None
+    # a fresh output is claimed only after the index and the models are checked (pool_plan reads the
+    # index manifest and resolves every model name): a mistyped --index-dir must not leave a manifest
+    # behind. A finished output is left alone before that: "nothing to do" needs neither.
+    pools = pool_plan(config, needs) if stages is None and not claimed(config.output) else None
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
@@ -63,6 +64,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
                               max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
     if stages is None:
+        pools = pools or pool_plan(config, needs)
         init_ray(config.ray, cpus_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)

@@ -4,13 +4,17 @@
     <output>/<strategy>/part-00000.parquet       the rows of input shard 0, for one strategy
 
 A part is written under ``.tmp`` and renamed once every question of its shard has its row (an answer
-or an error row), so a part that exists is complete. Re-running the same command resumes: committed
-parts are kept (their footers are checked), leftovers of the interrupted run are removed, and only
-the unfinished shards are answered. A different answer config is refused unless forced.
+or an error row), so a part that exists is complete; its sha256 and row count are written beside it
+(``_part-NNNNN.parquet.sha256``) just before the rename. Re-running the same command resumes: committed
+parts are kept when their checksum matches (a damaged part is named in the log and answered again;
+a part written before checksums existed is checked by its footer only), leftovers of the interrupted
+run are removed, and only the unfinished shards are answered. A different answer config is refused
+unless forced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -25,6 +29,13 @@ from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 
 MANIFEST = "_manifest.json"
+
+
+def checksum_path(part: str) -> str:
+    """Beside each part, {"sha256", "rows"}; the leading underscore keeps dataset readers (pyarrow,
+    Spark) from taking it for data."""
+    folder, name = part.rsplit("/", 1)
+    return f"{folder}/_{name}.sha256"
 _PART = re.compile(r"part-(\d{5,})\.parquet$")
 
 
@@ -35,6 +46,12 @@ class _Open:
     path: str
     rows: list[dict]
     written: int = 0
+
+
+def claimed(output: str) -> bool:
+    """Whether ``output`` holds a run already (its manifest)."""
+    fs, root = filesystem(output)
+    return fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File
 
 
 def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
@@ -85,20 +102,35 @@ class ShardedOutput:
         self.fs.move(manifest + ".tmp", manifest)
         for strategy in self.strategies:
             self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
-            for entry in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}")):
-                name = entry.path.rsplit("/", 1)[-1]
+            entries = {e.path.rsplit("/", 1)[-1]: e.path
+                       for e in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}"))}
+            for name, path in sorted(entries.items()):
                 match = _PART.fullmatch(name)
-                if match and self._valid(entry.path):
+                if match and self._valid(path):
                     self.committed.add((strategy, int(match.group(1))))
-                else:  # a leftover of an interrupted run
-                    self.fs.delete_file(entry.path)
+                elif not (name.startswith("_") and name.endswith(".sha256") and name[1:-7] in entries):
+                    self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part
+                    if match and f"_{name}.sha256" in entries:
+                        self.fs.delete_file(entries[f"_{name}.sha256"])
 
     def _strategy_dirs(self) -> list[str]:
         return [e.path.rsplit("/", 1)[-1] for e in self.fs.get_file_info(pafs.FileSelector(self.root))
                 if e.type == pafs.FileType.Directory]
 
     def _valid(self, path: str) -> bool:
+        """A part of this run that is whole: its checksum matches, its footer reads, its identity agrees."""
         try:
+            with self.fs.open_input_stream(checksum_path(path)) as f:
+                recorded = json.loads(f.read())
+        except FileNotFoundError:
+            recorded = None  # written before parts had checksums: the footer check below is all there is
+        except (OSError, ValueError):
+            recorded = {}
+        try:
+            if recorded is not None and _sha256(self.fs, path) != recorded.get("sha256"):
+                self.log(f"damaged part {redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]} "
+                         "(its checksum does not match): answering its shard again")
+                return False
             with self.fs.open_input_file(path) as f:
                 meta = pq.ParquetFile(f).schema_arrow.metadata or {}
             return not changed_fields(json.loads(meta.get(b"ragsift", b"{}")), self.identity, self.defaults)
@@ -155,6 +187,8 @@ class ShardedOutput:
         self._flush(part)
         part.writer.close()
         part.stream.close()
+        with self.fs.open_output_stream(checksum_path(part.path)) as f:  # before the rename: a part never lacks it
+            f.write(json.dumps({"sha256": _sha256(self.fs, part.path + ".tmp"), "rows": part.written}).encode())
         self.fs.move(part.path + ".tmp", part.path)
         del self.open[(strategy, shard)]
         self.committed.add((strategy, shard))
@@ -200,6 +234,14 @@ class ShardedOutput:
                 r["missing"] += len(np.setdiff1d(expected, unique))
                 r["ok"] = r["ok"] and bool(np.array_equal(got, expected))
         return report
+
+
+def _sha256(fs: pafs.FileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _by_shard(questions, shards):

@@ -41,7 +41,30 @@ def test_resume_keeps_committed_parts_and_removes_leftovers(tmp_path):
     again = ShardedOutput(str(tmp_path), IDENTITY, ["rag", "direct"], shard_rows=3)
     assert again.committed == {("rag", 0), ("direct", 0), ("rag", 1)}
     assert again.skip_shards() == {0} and again.todo("direct", 1) and not again.todo("rag", 1)
-    assert sorted(p.name for p in tmp_path.rglob("*.parquet*")) == ["part-00000.parquet"] * 2 + ["part-00001.parquet"]
+    assert sorted(p.name for p in tmp_path.rglob("part-*")) == ["part-00000.parquet"] * 2 + ["part-00001.parquet"]
+    assert sorted(p.name for p in tmp_path.rglob("_part-*")) == ["_part-00000.parquet.sha256"] * 2 + [
+        "_part-00001.parquet.sha256"]
+    assert pq.read_table(tmp_path / "rag")["id"].to_pylist() == ["q0", "q3"]  # readers skip the checksums
+
+
+def test_a_part_damaged_inside_is_named_and_answered_again(tmp_path):
+    """Before, 40 bytes overwritten inside the answer column survived a resume (only the footer was checked)."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.sealed(1, 1)
+    out.write(row("q0", "rag", 0))
+    out.write(row("q3", "rag", 1))
+    out.close()
+    part = tmp_path / "rag" / "part-00000.parquet"
+    data = bytearray(part.read_bytes())
+    data[40:80] = b"x" * 40  # inside the data pages; the footer still reads
+    part.write_bytes(bytes(data))
+    pq.ParquetFile(part)
+    log = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=log.append)
+    assert again.committed == {("rag", 1)} and again.todo("rag", 0)
+    assert any("damaged part" in line and "rag/part-00000.parquet" in line for line in log)
+    assert not part.exists() and not (tmp_path / "rag" / "_part-00000.parquet.sha256").exists()
 
 
 def test_a_different_run_is_refused_unless_forced(tmp_path):

@@ -92,6 +92,26 @@ def test_the_instruction_describes_the_short_answer_as_configured():
     assert "short answer (a name)" in log[1][1].messages[-1][1]
 
 
+def test_with_answer_step_read_the_short_answer_is_read_from_the_analysis_in_the_questions_form():
+    """The untuned 0.5B model writes sentences in the short `answer` field (median 11 words on calib)."""
+    log = []
+    wordy = trajectory(analysis="The capital of France is Paris [1].", answer="The capital of France is Paris.")
+    config = SelfReasoningConfig(answer_step="read")
+    done, item = drive(SelfReasoning(config), "capital of France?", script(wordy, read="Paris"), log=log)
+    read = log[-1][1]
+    assert read.step == "answer" and not read.json_schema and "The capital of France is Paris [1]." in read.messages[-1][1]
+    assert (done.answer, done.resolved_by, done.citations) == ("Paris", "passages", ["p1", "p0"])
+    assert item.trace[-1] == {"step": "read_analysis", "output": "Paris"}
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "capital of France?", script(wordy))
+    assert done.answer == "The capital of France is Paris."  # the paper's: the trajectory's own answer
+    # a choice form keeps the trajectory's guided choice: nothing to read
+    s, item = SelfReasoning(config), Item("Is Paris in France?", kind="yes-no")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    done = s.resume(item, [Generation(json.dumps(trajectory(answer="yes")))])
+    assert done.answer == "yes"
+
+
 def test_a_yes_no_question_gets_a_yes_or_no_answer_in_the_trajectory_and_the_fallback():
     s = SelfReasoning(SelfReasoningConfig())
     item = Item("Is Paris in France?", kind="yes-no")
