@@ -61,6 +61,10 @@ class SelfReasoningConfig(Section):
     answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
     short_answer: str = Field("no more than 10 words", description="how the instruction describes the short "
                               "answer (the paper's words); changes results")
+    answer_step: Literal["trajectory", "read"] = Field(
+        "trajectory", description="trajectory: the trajectory's short answer (the paper); read: a short answer "
+        "read from the trajectory's analysis and answer in the question's form (one short generation more). "
+        "Changes results: results/README.md")
 
 
 # the paper's verdict words and FEVER's labels
@@ -137,6 +141,11 @@ class SelfReasoning(Routine):
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
         item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
         answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
+        if self.config.answer_step == "read" and choices(form, self.forms) is None:
+            read = yield final_request(prompt("self_reasoning/read_analysis").format(
+                analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
+            item.trace.append({"step": "read_analysis", "output": response_text(read)})
+            answer = final_answer(read)
         return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
 
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
