@@ -17,6 +17,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
+from jobs.lease import Lease
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan
 from jobs.progress import progress_printer
@@ -29,8 +30,6 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
 
     ``stages`` replaces the actor pools (tests use stub actors); by default they are built from config.
     """
-    from jobs.ray_session import init_ray
-
     if not config.questions or not config.output:
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
@@ -40,6 +39,13 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     # index manifest and resolves every model name): a mistyped --index-dir must not leave a manifest
     # behind. A finished output is left alone before that: "nothing to do" needs neither.
     pools = pool_plan(config, needs) if stages is None and not claimed(config.output) else None
+    with Lease(config.output, log=log):  # one driver per output: a second one is refused, naming the first
+        return _answer(config, plan, strategies, needs, pools, stages, log, force)
+
+
+def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool) -> dict:
+    from jobs.ray_session import init_ray
+
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())

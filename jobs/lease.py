@@ -1,0 +1,124 @@
+"""One driver per output directory: an exclusive lease, ``<output>/_lease.json``.
+
+Two drivers on one ``--output`` (a job submitted twice, a retry loop, a colleague) would both do all
+the work and delete each other's unfinished parts. The lease names its owner (host, pid, start) and
+carries a heartbeat that a thread renews; a second driver is refused with one line naming the owner.
+A lease whose owner is gone (same host and its pid is dead, or no heartbeat for ``stale_s``) is
+taken over. On a local disk the lease is created atomically (``O_EXCL``); object stores offer no
+such create through pyarrow, so there the check is best effort (read, then write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pyarrow.fs as pafs
+
+from jobs.io import filesystem, redact
+from schemas.config import ConfigError
+
+LEASE = "_lease.json"
+
+
+class OutputInUse(ConfigError):
+    """Another live driver holds the output."""
+
+
+class Lease:
+    def __init__(self, output: str, heartbeat_s: float = 10.0, stale_s: float = 60.0, log=print):
+        self.fs, root = filesystem(output)
+        self.output, self.path = output, f"{root}/{LEASE}"
+        self.heartbeat_s, self.stale_s, self.log = heartbeat_s, stale_s, log
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+        if not self._create():
+            held = self._read()
+            if held is not None and not self._stale(held):
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("started", 0)))
+                raise OutputInUse(
+                    f"{redact(self.output)} is in use by pid {held.get('pid')} on {held.get('host')} (since {since}, "
+                    f"last heartbeat {time.time() - held.get('heartbeat', 0):.0f} s ago); wait for it, stop it, or "
+                    "use another --output")
+            if held is not None:
+                self.log(f"taking over the lease of {redact(self.output)} from pid {held.get('pid')} on "
+                         f"{held.get('host')}: it is gone")
+            self._write()
+        self._thread = threading.Thread(target=self._beat, name="ragsift-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        held = self._read()
+        if held and (held.get("host"), held.get("pid"), held.get("started")) == (
+                self.owner["host"], self.owner["pid"], self.owner["started"]):
+            self.fs.delete_file(self.path)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _record(self) -> bytes:
+        return json.dumps({**self.owner, "heartbeat": time.time()}).encode()
+
+    def _create(self) -> bool:
+        """Create the lease if there is none; False when one exists."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(self._record())
+            return True
+        if self.fs.get_file_info(self.path).type == pafs.FileType.File:
+            return False
+        self._write()
+        return True
+
+    def _write(self) -> None:
+        with self.fs.open_output_stream(self.path + ".tmp") as f:
+            f.write(self._record())
+        self.fs.move(self.path + ".tmp", self.path)
+
+    def _read(self) -> dict | None:
+        try:
+            with self.fs.open_input_stream(self.path) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # unreadable (written half-way): stale, since it has no heartbeat
+
+    def _stale(self, held: dict) -> bool:
+        if time.time() - held.get("heartbeat", 0) > self.stale_s:
+            return True
+        if held.get("host") == self.owner["host"] and isinstance(held.get("pid"), int):
+            try:
+                os.kill(held["pid"], 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:  # alive, someone else's
+                return False
+        return False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self._write()
+            except OSError as err:  # a missed heartbeat is not fatal; a long outage makes the lease stale
+                self.log(f"lease heartbeat failed: {err}")

@@ -1,0 +1,64 @@
+"""One driver per output: the second is refused with one line naming the first; a dead owner's lease is
+taken over. Before, a second driver deleted the first one's unfinished part and both did all the work."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.lease import LEASE, Lease, OutputInUse
+
+
+def test_a_second_driver_is_refused_naming_the_owner_until_the_first_releases(tmp_path):
+    first = Lease(str(tmp_path), heartbeat_s=0.05)
+    first.acquire()
+    with pytest.raises(OutputInUse, match=rf"in use by pid {os.getpid()} on {socket.gethostname()}") as err:
+        Lease(str(tmp_path)).acquire()
+    assert "\n" not in str(err.value)
+    before = json.loads((tmp_path / LEASE).read_text())["heartbeat"]
+    time.sleep(0.3)
+    assert json.loads((tmp_path / LEASE).read_text())["heartbeat"] > before  # the heartbeat is renewed
+    first.release()
+    assert not (tmp_path / LEASE).exists()
+    with Lease(str(tmp_path)):
+        assert (tmp_path / LEASE).exists()
+    assert not (tmp_path / LEASE).exists()
+
+
+def test_a_lease_whose_owner_is_gone_is_taken_over(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for held in ({"host": socket.gethostname(), "pid": dead.pid, "started": 0, "heartbeat": time.time()},
+                 {"host": "elsewhere", "pid": 1, "started": 0, "heartbeat": time.time() - 3600}):
+        (tmp_path / LEASE).write_text(json.dumps(held))
+        log = []
+        with Lease(str(tmp_path), log=log.append):
+            assert json.loads((tmp_path / LEASE).read_text())["pid"] == os.getpid()
+        assert "taking over" in log[0] and str(held["pid"]) in log[0]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_a_second_answer_on_a_running_output_exits_2_and_the_first_finishes_exactly_once(tmp_path, capsys):
+    from jobs.cli import run_job
+    from tests.jobs.test_resume import finish, start
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(40)], "question": [f"question {i}" for i in range(40)]}),
+                   questions)
+    proc = start(questions, out)
+    deadline = time.time() + 120
+    while not (out / "_manifest.json").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the first driver finished before the second could start"
+    code = run_job("answer", ["--questions", str(questions), "--output", str(out), "--strategy", "direct"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "is in use by pid" in err
+    finish(proc)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert all(c["ok"] for c in metrics["exactly_once"].values()) and not (out / LEASE).exists()
