@@ -11,7 +11,10 @@ What the trajectory may copy is bounded (``self_reasoning.max_citations``, ``*_c
 model otherwise spends its tokens copying whole passages into the quotes and the analysis and never
 reaches the answer. The answer is in the question's form (forms.py): yes / no, a verdict for
 ``kind=claim`` (the fact-verification variant), else a short answer. Irrelevant evidence -> the
-answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). A trajectory that
+answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). The untuned 0.5B
+model writes sentences in the short ``answer`` field (median 11 words on the calib slice), so by
+default (``answer_step: read``) the short answer is then read from the trajectory's analysis and
+answer in the question's form (EM 16.9 -> 27.7 on calib, results/README.md). A trajectory that
 does not parse is retried once with twice the tokens; then the fallback is a plain read of the same
 passages, in the same form.
 """
@@ -61,10 +64,10 @@ class SelfReasoningConfig(Section):
     answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
     short_answer: str = Field("no more than 10 words", description="how the instruction describes the short "
                               "answer (the paper's words); changes results")
-    answer_step: Literal["trajectory", "read"] = Field(
-        "trajectory", description="trajectory: the trajectory's short answer (the paper); read: a short answer "
-        "read from the trajectory's analysis and answer in the question's form (one short generation more). "
-        "Changes results: results/README.md")
+    answer_step: Literal["read", "trajectory"] = Field(
+        "read", description="read: a short answer read from the trajectory's analysis and answer in the "
+        "question's form (one short generation more); trajectory: the trajectory's own short answer (the "
+        "paper). Changes results: results/README.md")
 
 
 # the paper's verdict words and FEVER's labels

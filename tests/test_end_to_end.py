@@ -151,6 +151,7 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
     rows = {(r["strategy"], r["id"]): r for s in ("least_to_most", "self_reasoning", "think_act", "migres")
             for r in pq.read_table(tmp / "cmp" / s).to_pylist()}
     assert len(rows) == 16 and all(r["error"] is None for r in rows.values())
+    read_analysis = 0
     for (strategy, qid), row in rows.items():
         steps = [t.get("step") for t in json.loads(row["trace"])]
         if strategy == "self_reasoning":
@@ -165,6 +166,9 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
                 assert text.startswith('{"relevant":'), text  # compact JSON: no tokens spent on layout
             if qid == "claim-1" and row["resolved_by"] != "fallback":
                 assert row["answer"] in ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
+            if "read_analysis" in steps:  # answer_step: read, after the trajectory it reads
+                assert steps.index("read_analysis") > steps.index("trajectory")
+                read_analysis += 1
         if strategy == "think_act":
             assert "capability" in steps or "split" in steps
             assert row["resolved_by"] in ("closed_book", "retrieval", "sub_queries")
@@ -175,9 +179,15 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
             assert trace["step"] == "migres" and 1 <= len(trace["iterations"]) <= 2
             assert row["resolved_by"] in ("answered", "max_iterations", "no_new_query") and row["n_retrievals"] >= 1
             assert set(row["citations"]) <= set(row["retrieved_ids"])
+            if row["resolved_by"] == "answered":  # answer_step: read: the answer is read from the information
+                assert "final" in trace["iterations"][-1]
             for iteration in trace["iterations"]:  # passages kept -> the leaf wrote statements to verify
                 if any(iteration["passages"]):
                     assert iteration.get("extracted") or row["n_parse_failures"] > 0, iteration
+    short = sum(r["resolved_by"] != "fallback" and r["answer"] not in ("yes", "no", "SUPPORTS", "REFUTES",
+                                                                     "NOT ENOUGH INFO")
+                for (s, _), r in rows.items() if s == "self_reasoning")
+    assert read_analysis >= short  # every short-form trajectory answer was read from its analysis
     assert (tmp / "cmp" / "eval.png").stat().st_size > 10_000
     table = json.loads((tmp / "cmp" / "eval.json").read_text())
     assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act", "migres"}

@@ -44,7 +44,8 @@ def trajectory(relevant=True, cites=(2,), analysis="Paris is the capital [2][1,9
 
 def test_one_guided_trajectory_over_the_top_k_with_citations_as_passage_ids():
     log = []
-    done, item = drive(SelfReasoning(SelfReasoningConfig()), "capital of France?", script(trajectory()), log=log)
+    config = SelfReasoningConfig(answer_step="trajectory")  # the trajectory alone (answer_step: its own test)
+    done, item = drive(SelfReasoning(config), "capital of France?", script(trajectory()), log=log)
     assert [type(r).__name__ for _, r in log] == ["Retrieve", "Generate"]
     schema = json.loads(log[1][1].json_schema)
     (citation,) = schema["$defs"].values()
@@ -56,7 +57,8 @@ def test_one_guided_trajectory_over_the_top_k_with_citations_as_passage_ids():
 
 
 def test_irrelevant_evidence_answers_from_internal_knowledge_without_citations():
-    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory(relevant=False, answer="Lyon")))
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
+                    script(trajectory(relevant=False, answer="Lyon")))
     assert (done.answer, done.resolved_by, done.citations) == ("Lyon", "internal_knowledge", [])
 
 
@@ -102,8 +104,9 @@ def test_with_answer_step_read_the_short_answer_is_read_from_the_analysis_in_the
     assert read.step == "answer" and not read.json_schema and "The capital of France is Paris [1]." in read.messages[-1][1]
     assert (done.answer, done.resolved_by, done.citations) == ("Paris", "passages", ["p1", "p0"])
     assert item.trace[-1] == {"step": "read_analysis", "output": "Paris"}
-    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "capital of France?", script(wordy))
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "capital of France?", script(wordy))
     assert done.answer == "The capital of France is Paris."  # the paper's: the trajectory's own answer
+    assert SelfReasoningConfig().answer_step == "read"  # chosen on the calib slice
     # a choice form keeps the trajectory's guided choice: nothing to read
     s, item = SelfReasoning(config), Item("Is Paris in France?", kind="yes-no")
     s.start(item)
