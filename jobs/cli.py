@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from schemas.config import ConfigError
@@ -24,8 +25,9 @@ JOBS = {
     "models": ("jobs.models", "list or prepare the offline models"),
 }
 
-# Failures that are the user's input, not a bug: one line, exit 2, no traceback.
-USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, KeyError, ValueError)
+# Failures that are the user's input or environment (a path, a bucket, a model that is not there),
+# not a bug: one line, exit 2, the traceback only with --debug.
+USER_ERRORS = (ConfigError, SchemaError, OSError, KeyError, ValueError)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +45,7 @@ def config_overrides(args: argparse.Namespace, shortcuts: dict[str, str]) -> lis
 def _parser(name: str, module, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog=f"ragsift {name}", description=JOBS[name][1])
     module.add_arguments(parser)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     return parser
 
 
@@ -50,8 +53,12 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
     try:
         return module.run(args)
     except USER_ERRORS as err:
+        if getattr(args, "debug", False):
+            raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"ragsift {name}: error: {message}", file=sys.stderr)
+        # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
+        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(message)).split())
+        print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
         return 2
 
 

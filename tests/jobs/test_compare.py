@@ -57,3 +57,19 @@ def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_n
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "no index at" in err and "no-index" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_output_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    from jobs.cli import run_job
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the output directory should go")
+    argv = ["--questions", str(questions), "--output", str(blocked / "out"), "--strategy", "direct",
+            "--generator", "smollm2-135m-instruct"]
+    code = run_job("answer", argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ragsift answer: error:")
+    with pytest.raises(OSError):
+        run_job("answer", [*argv, "--debug"])
