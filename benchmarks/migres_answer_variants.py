@@ -14,8 +14,9 @@ on a calibration slice, never on a reported one.
 
 from __future__ import annotations
 
-import argparse
 import json
+
+import variants
 
 VARIANTS = {
     "paper": "the main module (JSON: answer, confidence, explanation, missing information); unanswerable -> "
@@ -30,44 +31,29 @@ VARIANTS = {
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--questions", required=True)
-    p.add_argument("--run", required=True, help="a ragsift run with a migres/ folder over the same questions")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--out")
-    p.add_argument("--variants", help="comma-separated names (default: all)")
-    args = p.parse_args()
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    args = variants.parser(__doc__, "--run", "a ragsift run with a migres/ folder over the same questions").parse_args()
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     import strategies.migres as mod
-    from actors.generator import Generator
     from engine.steps import Item
-    from jobs import metrics as M
-    from jobs.pools import llm_settings
-    from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
-    from schemas.records import Passage
+    from schemas.config import AnswerFormConfig
     from strategies.base import format_passages, prompt
     from strategies.forms import final_answer, final_request, form_of
     from strategies.migres import MIGRES, UNANSWERABLE, MigresConfig, information
 
     questions = {r["id"]: r for r in pq.read_table(args.questions).to_pylist()}
     rows = [r for r in ds.dataset(f"{args.run}/migres").to_table().to_pylist() if r["id"] in questions]
-    ids = sorted({i for r in rows for i in r["retrieved_ids"]})
-    corpus = pq.read_table(args.corpus, columns=["id", "title", "text"])
-    corpus = {r["id"]: r for r in corpus.filter(pc.is_in(corpus["id"], value_set=pa.array(ids))).to_pylist()}
+    corpus = variants.passages(args.corpus, [i for r in rows for i in r["retrieved_ids"]])
     forms = AnswerFormConfig()
-    generator = Generator(llm_settings(LLMConfig(model=args.generator)), SamplingConfig().model_dump())
+    generator = variants.generator(args.generator)
     migres = MIGRES(MigresConfig(), forms=forms)
     cases = []
     for r in rows:
         q = questions[r["id"]]
         trace = next(s for s in json.loads(r["trace"]) if s.get("step") == "migres")
         item = Item(q["question"], kind=q["kind"], dataset=q["dataset"])
-        passages = [Passage(i, corpus[i]["title"] or "", corpus[i]["text"], 0.0) for i in r["retrieved_ids"]]
+        passages = [corpus[i] for i in r["retrieved_ids"]]
         # every statement the leaf module extracted, whatever the entailment check said, and the LLM's
         # own accounts (knowledge prompting, no source)
         extracted = [{"info": v["info"], "source": ["?"]} for it in trace["iterations"] for v in it.get("extracted") or []]
@@ -133,12 +119,7 @@ def main() -> None:
             answers[name] = reads(passages_template, True)
     scores = {}
     for name in picked:
-        s = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
-        for (q, *_), a in zip(cases, answers[name]):
-            s["EM"] += M.exact_match(a, q["answers"])
-            s["F1"] += M.f1(a, q["answers"])
-            s["acc"] += M.accuracy(a, q["answers"])
-        scores[name] = {k: round(100 * v / len(cases), 1) for k, v in s.items()}
+        scores[name] = variants.score(answers[name], [q for q, *_ in cases])
         if name + "/answered" in answers:
             scores[name]["answered"] = sum(answers[name + "/answered"])
         print(name, scores[name], flush=True)

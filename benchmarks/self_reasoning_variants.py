@@ -10,54 +10,41 @@ calibration slice, never on a reported one.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 
+import variants
+
+PAPER = {"answer_step": "trajectory", "short_answer": "no more than 10 words"}
 VARIANTS = {
-    "paper": {},
-    "short_phrase": {"short_answer": "a name, date, number or short phrase, not a sentence"},
-    "answer_chars_40": {"answer_chars": 40},
-    "read": {"answer_step": "read"},
-    "short_phrase_40": {"short_answer": "a name, date, number or short phrase, not a sentence", "answer_chars": 40},
+    "paper": PAPER,
+    "short_phrase": {**PAPER, "short_answer": "a name, date, number or short phrase, not a sentence"},
+    "answer_chars_40": {**PAPER, "answer_chars": 40},
+    "read": {**PAPER, "answer_step": "read"},
 }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--questions", required=True)
-    p.add_argument("--rag-run", required=True, help="a ragsift run with a rag/ folder over the same questions")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--out")
-    p.add_argument("--variants", help="comma-separated names (default: all)")
-    args = p.parse_args()
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    args = variants.parser(__doc__, "--rag-run", "a ragsift run with a rag/ folder over the same questions").parse_args()
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
     from replay import run
 
-    from actors.generator import Generator
     from engine.steps import Item
-    from jobs import metrics as M
-    from jobs.pools import llm_settings
-    from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
-    from schemas.records import Passage, Retrieval
+    from schemas.config import AnswerFormConfig
+    from schemas.records import Retrieval
     from strategies.self_reasoning import SelfReasoning, SelfReasoningConfig
 
     questions = pq.read_table(args.questions).to_pylist()
     rag = {r["id"]: r["retrieved_ids"] for r in ds.dataset(f"{args.rag_run}/rag").to_table().to_pylist()}
-    ids = sorted({i for ids in rag.values() for i in ids})
-    corpus = pq.read_table(args.corpus, columns=["id", "title", "text"])
-    corpus = {r["id"]: r for r in corpus.filter(pc.is_in(corpus["id"], value_set=pa.array(ids))).to_pylist()}
+    corpus = variants.passages(args.corpus, [i for ids in rag.values() for i in ids])
     by_question = {q["question"]: q["id"] for q in questions}
 
     def retrieve(item, request):
         ids = rag[by_question[item.question]][:request.k]
-        return Retrieval([Passage(i, corpus[i]["title"] or "", corpus[i]["text"], 0.0) for i in ids])
+        return Retrieval([corpus[i] for i in ids])
 
-    generator = Generator(llm_settings(LLMConfig(model=args.generator)), SamplingConfig().model_dump())
+    generator = variants.generator(args.generator)
     scores = {}
     picked = args.variants.split(",") if args.variants else list(VARIANTS)
     for name in picked:
@@ -66,12 +53,7 @@ def main() -> None:
         strategy = SelfReasoning(config, AnswerFormConfig())
         items = [Item(q["question"], kind=q["kind"], dataset=q["dataset"]) for q in questions]
         done = run(strategy, items, generator, retrieve)
-        s = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
-        for q, d in zip(questions, done):
-            s["EM"] += M.exact_match(d.answer, q["answers"])
-            s["F1"] += M.f1(d.answer, q["answers"])
-            s["acc"] += M.accuracy(d.answer, q["answers"])
-        scores[name] = {k: round(100 * v / len(questions), 1) for k, v in s.items()}
+        scores[name] = variants.score([d.answer for d in done], questions)
         scores[name]["resolved_by"] = dict(collections.Counter(d.resolved_by for d in done))
         words = sorted(len(d.answer.split()) for d in done)
         scores[name]["median_answer_words"] = words[len(words) // 2]

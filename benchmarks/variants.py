@@ -1,0 +1,52 @@
+"""What the answer-variant scripts share (prompt_variants, migres_answer_variants,
+self_reasoning_variants): their arguments, the evidence of an earlier run, one in-process generator,
+and scoring as ``ragsift evaluate`` scores. For choosing on a calibration slice, never a reported one."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def parser(doc: str, run_flag: str, run_help: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", required=True)
+    p.add_argument(run_flag, required=True, help=run_help)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--out")
+    p.add_argument("--variants", help="comma-separated names (default: all)")
+    return p
+
+
+def passages(corpus: str, ids) -> dict:
+    """Passage records of ``ids`` from the corpus Parquet, by id."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from schemas.records import Passage
+
+    table = pq.read_table(corpus, columns=["id", "title", "text"])
+    table = table.filter(pc.is_in(table["id"], value_set=pa.array(sorted(set(ids)))))
+    return {r["id"]: Passage(r["id"], r["title"] or "", r["text"], 0.0) for r in table.to_pylist()}
+
+
+def generator(model: str):
+    """The generator actor's own class, in this process: the same templating, sampling and choices."""
+    from actors.generator import Generator
+    from jobs.pools import llm_settings
+    from schemas.config import LLMConfig, SamplingConfig
+
+    return Generator(llm_settings(LLMConfig(model=model)), SamplingConfig().model_dump())
+
+
+def score(answers: list[str], questions: list[dict]) -> dict[str, float]:
+    """EM, F1 and accuracy (gold contained) in percent, as ``ragsift evaluate``."""
+    from jobs import metrics as M
+
+    s = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
+    for answer, q in zip(answers, questions):
+        s["EM"] += M.exact_match(answer, q["answers"])
+        s["F1"] += M.f1(answer, q["answers"])
+        s["acc"] += M.accuracy(answer, q["answers"])
+    return {k: round(100 * v / len(questions), 1) for k, v in s.items()}
