@@ -86,13 +86,11 @@ def _effective_ids(batch_ids: list, first_row: int, prefix: str) -> list[str]:
     return [qid if qid is not None else _row_id(first_row + i, prefix) for i, qid in enumerate(batch_ids)]
 
 
-def _null_id_prefix(pf: pq.ParquetFile, batch_rows: int, total: int) -> str:
-    """A stand-in prefix no real id starts with, so that a stand-in never collides with a real id."""
-    prefix = NULL_ID_PREFIX
-    while any(pc.any(pc.starts_with(pa.array(ids, pa.string()), prefix)).as_py()
-              for ids in _id_batches(pf, batch_rows, total)):
-        prefix = "<" + prefix
-    return prefix
+def _stand_in_depths(ids: list) -> set[int]:
+    """The ``k`` for which an id of ``ids`` starts with ``k`` times ``<`` and ``row ``."""
+    array = pa.array(ids, pa.string())
+    candidates = array.filter(pc.fill_null(pc.starts_with(array, "<"), False)).to_pylist()  # rare: checked one by one
+    return {len(i) - len(i.lstrip("<")) for i in candidates if i.lstrip("<").startswith("row ")}
 
 
 @dataclass
@@ -126,12 +124,20 @@ def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
 def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> InputPlan:
     """Validate the schema and find duplicate ids (8 bytes per row, transient)."""
     pf, total = _open_questions(uri, limit)
-    prefix = _null_id_prefix(pf, batch_rows, total)
     hashes = np.empty(total, dtype=np.uint64)
+    nulls: list[int] = []
+    taken: set[int] = set()
     n = 0
     for ids in _id_batches(pf, batch_rows, total):
-        hashes[n:n + len(ids)] = hash_ids(_effective_ids(ids, n, prefix))
+        # the stand-ins' prefix is known only after the last id: null rows are hashed once it is
+        hashes[n:n + len(ids)] = hash_ids(["" if qid is None else qid for qid in ids])
+        nulls += [n + i for i, qid in enumerate(ids) if qid is None]
+        taken |= _stand_in_depths(ids)
         n += len(ids)
+    depth = min(k for k in range(1, len(taken) + 2) if k not in taken)  # the shortest prefix no real id starts with
+    prefix = "<" * (depth - 1) + NULL_ID_PREFIX
+    if nulls:
+        hashes[nulls] = hash_ids([_row_id(row, prefix) for row in nulls])
     values, counts = np.unique(hashes, return_counts=True)
     suspects = set(values[counts > 1].tolist())
     duplicates: set[int] = set()
