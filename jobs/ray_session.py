@@ -39,6 +39,7 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0):
             print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
     else:
+        _bind_to_loopback()
         ray.init(
             num_cpus=max(config.num_cpus or os.cpu_count(), math.ceil(cpus_requested)),
             object_store_memory=config.object_store_mb * 2**20,
@@ -48,3 +49,15 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0):
             runtime_env=runtime_env,
         )
     return ray
+
+
+def _bind_to_loopback():
+    """A Ray that ragsift starts is for this machine only: with node IP 127.0.0.1 its GCS, raylet,
+    workers, agents and metrics endpoints all bind to loopback (Ray binds every interface otherwise,
+    unauthenticated /metrics included). ray.init turns a 127.0.0.1 ``_node_ip_address`` back into the
+    routable address unless Ray's single-machine switch is off; the switch is read at import, so the
+    driver's copy is set too, and the environment carries it to the processes Ray starts."""
+    import ray._private.ray_constants as ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,14 +14,25 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
+from tests.listeners import non_loopback_listeners
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 PAPER_ORDER = ["relevant", "relevant_reason", "cite_list", "analysis", "answer"]
 
 
-def ragsift(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+def ragsift(*args, check=True, listeners=None):
+    """Runs the CLI; with a ``listeners`` set, also collects what the run listens on beyond loopback."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: pipes fill up
+        popen = subprocess.Popen([sys.executable, "-m", "jobs.cli", *map(str, args)], cwd=REPO, stdout=out,
+                                 stderr=err, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+        while popen.poll() is None:
+            if listeners is not None:
+                listeners |= non_loopback_listeners(popen.pid)
+            time.sleep(0.5)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"ragsift {args[0]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -43,9 +56,11 @@ def ten_questions(tmp_path_factory):
 def test_index_answer_evaluate_with_the_real_model(ten_questions):
     tmp, picked = ten_questions
     ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    listeners = set()
     ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
             "--strategy", "direct,rag,raisf", "--generator", "smollm2-135m-instruct",
-            "--set", "engine.generator.max_batch=6")
+            "--set", "engine.generator.max_batch=6", listeners=listeners)
+    assert listeners == set(), "the run's local Ray and vLLM must listen on loopback only"
     direct = pq.read_table(tmp / "out" / "direct").to_pylist()
     rag = pq.read_table(tmp / "out" / "rag").to_pylist()
     ids = sorted(picked["id"].to_pylist())

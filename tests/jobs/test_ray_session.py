@@ -1,0 +1,39 @@
+import os
+import subprocess
+import sys
+import time
+
+from tests.conftest import REPO
+from tests.listeners import non_loopback_listeners
+
+# Starts ragsift's local Ray with the dashboard on, places an actor (a worker process with its own gRPC
+# server), then stays up until its stdin closes, while Ray's agents and metrics endpoints come up.
+LOCAL_RAY = """
+import sys, ray
+from jobs.ray_session import init_ray
+from schemas.config import RayConfig
+init_ray(RayConfig(num_cpus=1, include_dashboard=True))
+@ray.remote
+class Probe:
+    def ping(self):
+        return "pong"
+probe = Probe.remote()
+assert ray.get(probe.ping.remote()) == "pong"
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_local_ray_started_by_ragsift_listens_only_on_loopback():
+    proc = subprocess.Popen([sys.executable, "-c", LOCAL_RAY], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        seen, deadline = set(), time.monotonic() + 20
+        while time.monotonic() < deadline:  # listeners open over the first seconds: watch, not one look
+            seen |= non_loopback_listeners(proc.pid)
+            time.sleep(1)
+        assert seen == set()
+    finally:
+        proc.stdin.close()  # the driver exits and shuts its Ray down
+        proc.wait(timeout=120)
