@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from engine.stages import Launched, Stage
 from engine.steps import Ask, Done, Item, Spawn, Strategy
@@ -66,12 +66,14 @@ class Engine:
         self.cache: OrderedDict[Request, Response] = OrderedDict()
         self.waiters: dict[Request, list[tuple[Node, int]]] = {}
         self.launched: dict[Any, Launched] = {}  # ref -> its batch
+        self.probes: dict[Any, tuple[Stage, int]] = {}  # ref of a readiness call -> the replica it waits for
         self.roots_in_flight = 0
         self.peak_in_flight = 0
         self.roots_done = 0
         self.requests_deduped = 0
         self.batch_failures = 0
         self.batch_splits = 0
+        self.replica_restarts = 0
         self.empty_answers = 0
         self.trees_capped = 0
         self.parse_failures = 0
@@ -95,7 +97,7 @@ class Engine:
                 else:
                     self._start_root(*nxt)
             self._dispatch(flush=not self.launched)
-            if not self.launched:
+            if not self.launched and not self.probes:
                 if exhausted and self.roots_in_flight == 0:
                     break
                 if not any(s.pending() for s in self.stages.values()):
@@ -141,11 +143,14 @@ class Engine:
         timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
         if self.on_progress:  # wake up to report even while one long batch runs
             timeout = min(timeout, self.progress_every_s)
-        refs = list(self.launched)
+        refs = [*self.launched, *self.probes]
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is done too
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
+            if ref in self.probes:
+                self._probe_answered(ref)
+                continue
             launched = self.launched.pop(ref)
             launched.pending -= 1
             if launched.pending == 0:
@@ -165,8 +170,38 @@ class Engine:
             if launched is not overdue:
                 stage.retry.appendleft((launched.batch, launched.attempts))
         stage.restart(replica)
+        self._await_restart(stage, replica)
         self._batch_failed(stage, replica, overdue.batch, overdue.attempts,
                            TimeoutError(f"batch of {len(overdue.batch)} ran over {stage.batching.timeout_s} s"))
+
+    def _await_restart(self, stage: Stage, replica: int) -> None:
+        """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
+        actor fails at once, so batches sent meanwhile would count as failing again: split, run alone,
+        and the stage would lose its batching for the rest of the run."""
+        if replica in stage.restarting:
+            return
+        self.replica_restarts += 1
+        self._probe(stage, replica)
+
+    def _probe(self, stage: Stage, replica: int) -> None:
+        ref = stage.replicas[replica].__ray_ready__.remote()
+        stage.restarting[replica] = ref
+        self.probes[ref] = (stage, replica)
+
+    def _probe_answered(self, ref) -> None:
+        stage, replica = self.probes.pop(ref)
+        try:
+            ray.get(ref)
+        except ActorUnavailableError:  # still restarting; each try takes Ray ~2 s to answer
+            self._probe(stage, replica)
+            return
+        except RayActorError as err:  # dead for good (out of restarts, or its constructor fails)
+            del stage.restarting[replica]
+            why = ("its actors cannot start" if err.actor_init_failed
+                   else "its actors died and are out of restarts (engine.replica_max_restarts)")
+            stage.retire(replica, err, why)  # raises when the stage has no replica left
+            return
+        del stage.restarting[replica]
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
@@ -192,6 +227,8 @@ class Engine:
         self.batch_failures += 1
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
+        elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
+            self._await_restart(stage, replica)
         stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
@@ -357,6 +394,7 @@ class Engine:
             "requests_deduped": self.requests_deduped,
             "batch_failures": self.batch_failures,
             "batch_splits": self.batch_splits,
+            "replica_restarts": self.replica_restarts,
             "empty_answers": self.empty_answers,
             "trees_capped": self.trees_capped,
             "parse_failures": self.parse_failures,

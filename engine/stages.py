@@ -91,6 +91,7 @@ class Stage:
         self.inflight = [0] * len(replicas)
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
+        self.restarting: dict[int, Any] = {}  # replica -> its pending readiness call (engine._await_restart)
         self.stats = StageStats()
 
     def free_replica(self, now: float | None = None) -> int | None:
@@ -100,7 +101,8 @@ class Stage:
         work (up to ``max_inflight_per_replica``), so partial batches keep growing while it works.
         """
         now = time.perf_counter() if now is None else now
-        healthy = [r for r in range(len(self.replicas)) if r not in self.retired and self.cooling_until[r] <= now]
+        healthy = [r for r in range(len(self.replicas))
+                   if r not in self.retired and r not in self.restarting and self.cooling_until[r] <= now]
         if not healthy:
             return None
         best = min(healthy, key=self.inflight.__getitem__)
@@ -140,8 +142,8 @@ class Stage:
     def pending(self) -> bool:
         return bool(self.queue or self.retry)
 
-    def retire(self, replica: int, err: BaseException) -> None:
-        """Stop using a replica whose actor cannot start; with none left the run cannot go on."""
+    def retire(self, replica: int, err: BaseException, why: str = "its actors cannot start") -> None:
+        """Stop using a replica whose actor cannot start or restart; with none left the run cannot go on."""
         actor_ids = [getattr(r, "_actor_id", None) for r in self.replicas]
         failed = getattr(err, "actor_id", None)
         failed = failed.hex() if isinstance(failed, bytes) else failed
@@ -151,7 +153,7 @@ class Stage:
                 return
         lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
         cause = lines[-1][:300] if lines else type(err).__name__
-        raise StageDown(f"stage {self.name}: its actors cannot start ({cause}); "
+        raise StageDown(f"stage {self.name}: {why} ({cause}); "
                         "fix the cause and rerun the same command to resume")
 
     def restart(self, replica: int) -> None:

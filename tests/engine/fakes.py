@@ -44,6 +44,14 @@ class SlowGenerator(FakeGenerator):
         return super().generate(batch)
 
 
+class SlowStartingGenerator(SlowGenerator):
+    """Takes seconds to start, as a vLLM replica does: a restart leaves it unavailable for a while."""
+
+    def __init__(self):
+        time.sleep(4)
+        super().__init__()
+
+
 class SlowShard(FakeShard):
     def search(self, queries, k):
         time.sleep(0.2)

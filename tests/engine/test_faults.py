@@ -16,6 +16,7 @@ from tests.engine.fakes import (
     FlakyGenerator,
     SlowGenerator,
     SlowShard,
+    SlowStartingGenerator,
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
@@ -60,6 +61,31 @@ def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim
     by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
     assert len(rows) == len(QUESTIONS) and answers(by_id) == answers(calm)
     assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
+
+
+def test_a_restarting_replica_gets_no_batch_until_it_is_back_so_no_batch_is_split(ray_session):
+    """A call to a restarting actor fails at once (ActorUnavailableError): batches sent to it while it
+    restarts would count as failing again, be split and run alone, and the stage would lose its batching."""
+    def kill(stages):
+        ray_session.kill(stages["generator"].replicas[0], no_restart=False)
+
+    calm, _, calm_engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator)
+    by_id, rows, engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kill=kill)
+    assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
+    assert engine.batch_failures >= 1 and engine.batch_splits == 0
+    assert engine.metrics()["replica_restarts"] >= 1
+    calls = engine.stages["generator"].stats.calls
+    assert calls <= calm_engine.stages["generator"].stats.calls + engine.batch_failures
+
+
+def test_a_replica_dead_for_good_is_retired_and_the_others_finish_the_run(ray_session):
+    def kill(stages):
+        ray_session.kill(stages["generator"].replicas[0], no_restart=True)
+
+    calm, _, _ = run(ray_session, QUESTIONS)
+    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
+    assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
+    assert engine.stages["generator"].retired == {0} and engine.batch_splits == 0
 
 
 def test_a_transient_failure_retries_the_batch_whole(ray_session):
