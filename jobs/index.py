@@ -27,7 +27,7 @@ from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.io import hash_ids, open_parquet
-from jobs.models import resolve
+from jobs.models import loadable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -86,6 +86,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
         raise ValueError(f"{config.corpus}: the corpus has no rows")
+    model = loadable(config.embedder.model) if encoders is None else None  # before anything is written
     out = Path(config.index.path)
     out.mkdir(parents=True, exist_ok=True)
     n_shards = min(config.index.shards, total_rows)
@@ -101,7 +102,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
         emb = config.embedder
         actor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
-        encoders = [actor.remote(resolve(emb.model), emb.batch_size, emb.device) for _ in range(emb.replicas)]
+        encoders = [actor.remote(model, emb.batch_size, emb.device) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()

@@ -116,6 +116,26 @@ def resolve(name_or_path: str) -> str:
     return os.path.expanduser(name_or_path) if os.path.exists(os.path.expanduser(name_or_path)) else name_or_path
 
 
+def loadable(name_or_path: str) -> str:
+    """``resolve``, and when the Hugging Face hub is offline, a clear error now for a model that is neither
+    a local path nor in the hub cache: its actors would otherwise fail at start, deep inside a library."""
+    path = resolve(name_or_path)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    if not offline or os.path.exists(path):
+        return path
+    from huggingface_hub import try_to_load_from_cache
+
+    # sentence-transformers looks a bare name up under its own organisation
+    repo = path if "/" in path else f"sentence-transformers/{path}"
+    try:
+        if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+            return path
+    except ValueError:  # not a valid repo id either
+        pass
+    raise FileNotFoundError(f"model {name_or_path!r} is not a local path, an offline model ({', '.join(REGISTRY)}) "
+                            "or in the Hugging Face cache, and HF_HUB_OFFLINE is set")
+
+
 def embedding_dims(path: str) -> int | None:
     """The vector size a local sentence-transformers model directory makes (None when unknown, e.g. a
     hub name), read from its files without loading it."""

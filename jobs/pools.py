@@ -26,7 +26,7 @@ from engine.stages import (
     RetrieverStage,
 )
 from jobs.index import read_manifest
-from jobs.models import embedding_dims, resolve
+from jobs.models import embedding_dims, loadable
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
@@ -60,7 +60,7 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         e = config.embedder
         manifest = read_manifest(config.index.path) if "retriever" in needs else None
         # the query encoder must be the model the index was built with; the ranker may share the pool
-        model = resolve(manifest["embedder"] if manifest else e.model)
+        model = loadable(manifest["embedder"] if manifest else e.model)
         if manifest and manifest.get("dims") and embedding_dims(model) not in (None, manifest["dims"]):
             raise ValueError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
                              f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
@@ -71,22 +71,22 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         rr = config.reranker
         if "ranker" in needs and rr.model:
             plan["ranker"] = Pool(CrossEncoderRanker, rr.num_cpus, rr.num_gpus,
-                                  ((resolve(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas)
+                                  ((loadable(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas)
     if "know" in needs:
         k = config.know
-        path = resolve(k.model)
+        path = loadable(k.model)
         plan["know"] = Pool(KnowClassifier, k.num_cpus, k.num_gpus,
-                            ((path, resolve(embedder_of(path)), k.batch_size, k.device),) * k.replicas)
+                            ((path, loadable(embedder_of(path)), k.batch_size, k.device),) * k.replicas)
     if "nli" in needs:
         n = config.nli
         plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
-                           ((resolve(n.model), n.batch_size, n.max_length, n.device),) * n.replicas)
+                           ((loadable(n.model), n.batch_size, n.max_length, n.device),) * n.replicas)
     return plan
 
 
 def llm_settings(c) -> dict:
     """A generator replica's settings (``actors.generator.Generator``'s first argument) from an LLM config."""
-    return {**c.model_dump(), "model": resolve(c.model)}
+    return {**c.model_dump(), "model": loadable(c.model)}
 
 
 def _bm25(config: AnswerConfig) -> bool:

@@ -1,6 +1,7 @@
 """``ragsift compare`` / ``label``: which strategies run by default, and bad gold fails before answering."""
 
 import argparse
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,3 +74,27 @@ def test_an_unwritable_output_is_one_line_and_debug_shows_the_traceback(tmp_path
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ragsift answer: error:")
     with pytest.raises(OSError):
         run_job("answer", [*argv, "--debug"])
+
+
+def test_a_model_that_cannot_be_loaded_offline_is_one_line_naming_it_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """Before, the query encoder's actor failed at start: a 112-line traceback that never named the model,
+    or a run that waited on an actor Ray kept restarting."""
+    import jobs.ray_session
+    from jobs.cli import run_job
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text(json.dumps({"embedder": "someone/not-a-model", "dims": 384,
+                                                     "shards": [{"dir": "s0"}]}))
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    for model, flags in (("someone/not-a-model", ["--index-dir", str(index), "--strategy", "rag"]),
+                         ("someone/no-such-llm", ["--strategy", "direct", "--generator", "someone/no-such-llm"])):
+        code = run_job("answer", ["--questions", str(questions), "--output", str(tmp_path / "out"), *flags])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"model {model!r}" in err and "HF_HUB_OFFLINE" in err
+        assert not (tmp_path / "out").exists()

@@ -11,7 +11,8 @@ from strategies.registry import AnswerConfig
 from tests.conftest import REPO
 
 
-def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path):
+def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the models here are names only: not looked up
     (tmp_path / "manifest.json").write_text(json.dumps({"embedder": "e", "shards": [{"dir": "s0"}, {"dir": "s1"}]}))
     (tmp_path / "m_know").mkdir()
     (tmp_path / "m_know" / WEIGHTS).write_text(json.dumps({"embedder": "e", "coef": [], "intercept": 0.0}))
