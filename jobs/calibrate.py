@@ -118,6 +118,24 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     return out
 
 
+def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
+    """The calibrated config file's content: the chosen values, the models they were measured with (a
+    threshold on P('yes') belongs to the model that judged: flags such as --generator still override),
+    and a ``calibration`` section that run metadata carries."""
+    values: dict = {"generator": {"model": config.generator.model}}
+    if config.judge is not None:
+        values["judge"] = {"model": config.judge.model}
+    for field, result in chosen.items():
+        section, key = field.split(".")
+        values.setdefault(section, {})[key] = result["value"]
+    values["calibration"] = {
+        "questions": redact(config.questions), "questions_sha256": fingerprint, "n": n,
+        "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
+        "ranker": ranker_name(config),
+        "chosen": {field: result["value"] for field, result in chosen.items()}}
+    return values
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     answer_job.add_arguments(p)
     p.add_argument("--keep", type=float, default=0.8,
@@ -140,15 +158,7 @@ def run(args: argparse.Namespace) -> int:
     with qfs.open_input_file(qpath) as f:
         fingerprint = hashlib.sha256(f.read()).hexdigest()
     fs, root = filesystem(config.output)
-    values: dict = {}
-    for field, result in chosen.items():
-        section, key = field.split(".")
-        values.setdefault(section, {})[key] = result["value"]
-    values["calibration"] = {
-        "questions": redact(config.questions), "questions_sha256": fingerprint, "n": len(rows),
-        "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
-        "ranker": ranker_name(config),
-        "chosen": {field: result["value"] for field, result in chosen.items()}}
+    values = config_values(config, chosen, fingerprint, len(rows))
     with fs.open_output_stream(f"{root}/calibration.json") as f:
         f.write(json.dumps(chosen, indent=2).encode())
     text = ("# ragsift calibrate: thresholds chosen on the calibration slice named below; pass with --config\n"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jobs.calibrate import choose, f1_threshold, keep_threshold, switch_threshold
+from jobs.calibrate import choose, config_values, f1_threshold, keep_threshold, switch_threshold
 from schemas.records import (
     Generate,
     Generation,
@@ -95,3 +95,23 @@ def test_choose_reads_probe_rows_against_gold():
                           calibration={"questions": "calib.parquet", "questions_sha256": "x", "n": 3,
                                        "generator": "g", "ranker": "r", "chosen": {"raisf.know_threshold": 0.95}})
     assert config.calibration.chosen["raisf.know_threshold"] == 0.95
+
+
+def test_the_calibrated_config_names_the_models_its_thresholds_were_measured_with(tmp_path):
+    """A P('yes') threshold belongs to the model that judged: without the judge in the file, the 1.5B
+    judge's 0.71 would be applied to the 0.5B generator's scores."""
+    import yaml
+
+    from schemas.config import load_config
+
+    chosen = {"raisf.relevance_threshold": {"value": 0.7}, "think_act.beta_threshold": {"value": 0.8}}
+    base = AnswerConfig.model_validate({"questions": "calib.parquet", "generator": {"model": "small"},
+                                        "judge": {"model": "large"}})
+    values = config_values(base, chosen, "f" * 64, 166)
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    loaded = load_config(AnswerConfig, str(tmp_path / "calibrated.yaml"), [], questions="q", output="o")
+    assert loaded.judge.model == "large" and loaded.generator.model == "small"
+    assert loaded.raisf.relevance_threshold == 0.7 and loaded.think_act.beta_threshold == 0.8
+    assert values["calibration"]["questions_sha256"] == "f" * 64 and values["calibration"]["n"] == 166
+    no_judge = config_values(base.model_copy(update={"judge": None}), chosen, "f" * 64, 166)
+    assert "judge" not in no_judge and no_judge["calibration"]["judge"] is None
