@@ -33,6 +33,7 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0):
     # and Ray refuses a driver runtime_env that sets the same keys: pass none there.
     runtime_env = None if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ else {"env_vars": env}
     if address:
+        _bind_to_loopback(False)  # undo an earlier local run's switch in this process
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=config.log_to_driver)
         have = ray.cluster_resources().get("CPU", 0)
         if have < cpus_requested:
@@ -51,13 +52,27 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0):
     return ray
 
 
-def _bind_to_loopback():
+_LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_switched: dict = {}  # what the switch was before this process turned it off
+
+
+def _bind_to_loopback(on: bool = True):
     """A Ray that ragsift starts is for this machine only: with node IP 127.0.0.1 its GCS, raylet,
     workers, agents and metrics endpoints all bind to loopback (Ray binds every interface otherwise,
     unauthenticated /metrics included). ray.init turns a 127.0.0.1 ``_node_ip_address`` back into the
     routable address unless Ray's single-machine switch is off; the switch is read at import, so the
-    driver's copy is set too, and the environment carries it to the processes Ray starts."""
+    driver's copy is set too, and the environment carries it to the processes Ray starts. Joining a
+    cluster later in the same process needs the routable address again: ``on=False`` restores it."""
     import ray._private.ray_constants as ray_constants
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if on and not _switched:
+        _switched.update(env=os.environ.get(_LOOPBACK_SWITCH), constant=ray_constants.ENABLE_RAY_CLUSTER)
+        os.environ[_LOOPBACK_SWITCH] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    elif not on and _switched:
+        if _switched["env"] is None:
+            os.environ.pop(_LOOPBACK_SWITCH, None)
+        else:
+            os.environ[_LOOPBACK_SWITCH] = _switched["env"]
+        ray_constants.ENABLE_RAY_CLUSTER = _switched["constant"]
+        _switched.clear()

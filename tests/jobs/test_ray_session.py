@@ -37,3 +37,18 @@ def test_a_local_ray_started_by_ragsift_listens_only_on_loopback():
     finally:
         proc.stdin.close()  # the driver exits and shuts its Ray down
         proc.wait(timeout=120)
+
+
+def test_joining_a_cluster_after_a_local_run_in_the_same_process_uses_the_routable_address_again():
+    import ray._private.ray_constants as ray_constants
+    from ray._private.services import get_node_ip_address
+
+    from jobs.ray_session import _bind_to_loopback
+
+    before = (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
+    _bind_to_loopback()
+    try:
+        assert get_node_ip_address() == "127.0.0.1"
+    finally:
+        _bind_to_loopback(False)
+    assert (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")) == before
