@@ -3,6 +3,8 @@ import subprocess
 import sys
 import time
 
+import ray
+
 from tests.conftest import REPO
 from tests.listeners import non_loopback_listeners
 
@@ -43,12 +45,18 @@ def test_joining_a_cluster_after_a_local_run_in_the_same_process_uses_the_routab
     import ray._private.ray_constants as ray_constants
     from ray._private.services import get_node_ip_address
 
-    from jobs.ray_session import _bind_to_loopback
+    from jobs import ray_session
 
+    switched_by_the_session = bool(ray_session._switched)  # the session's local Ray may have turned it off
+    if switched_by_the_session:
+        ray_session._bind_to_loopback(False)
     before = (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
-    _bind_to_loopback()
+    ray_session._bind_to_loopback()
     try:
-        assert get_node_ip_address() == "127.0.0.1"
+        if not ray.is_initialized():  # connected, Ray answers with its node's address instead
+            assert get_node_ip_address() == "127.0.0.1"
     finally:
-        _bind_to_loopback(False)
+        ray_session._bind_to_loopback(False)
     assert (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")) == before
+    if switched_by_the_session:
+        ray_session._bind_to_loopback()
