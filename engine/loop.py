@@ -184,24 +184,20 @@ class Engine:
         self._probe(stage, replica)
 
     def _probe(self, stage: Stage, replica: int) -> None:
-        ref = stage.replicas[replica].__ray_ready__.remote()
-        stage.restarting[replica] = ref
-        self.probes[ref] = (stage, replica)
+        stage.restarting.add(replica)
+        self.probes[stage.replicas[replica].__ray_ready__.remote()] = (stage, replica)
 
     def _probe_answered(self, ref) -> None:
         stage, replica = self.probes.pop(ref)
+        stage.restarting.discard(replica)
         try:
             ray.get(ref)
         except ActorUnavailableError:  # still restarting; each try takes Ray ~2 s to answer
             self._probe(stage, replica)
-            return
         except RayActorError as err:  # dead for good (out of restarts, or its constructor fails)
-            del stage.restarting[replica]
             why = ("its actors cannot start" if err.actor_init_failed
                    else "its actors died and are out of restarts (engine.replica_max_restarts)")
             stage.retire(replica, err, why)  # raises when the stage has no replica left
-            return
-        del stage.restarting[replica]
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage

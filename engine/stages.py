@@ -91,7 +91,7 @@ class Stage:
         self.inflight = [0] * len(replicas)
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
-        self.restarting: dict[int, Any] = {}  # replica -> its pending readiness call (engine._await_restart)
+        self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine._await_restart)
         self.stats = StageStats()
 
     def free_replica(self, now: float | None = None) -> int | None:

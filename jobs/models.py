@@ -119,12 +119,14 @@ def resolve(name_or_path: str) -> str:
 def loadable(name_or_path: str) -> str:
     """``resolve``, and when the Hugging Face hub is offline, a clear error now for a model that is neither
     a local path nor in the hub cache: its actors would otherwise fail at start, deep inside a library."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
     path = resolve(name_or_path)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    # read now, not huggingface_hub's copy from import time: the setting the actors will start with
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ENV_VARS_TRUE_VALUES
     if not offline or os.path.exists(path):
         return path
-    from huggingface_hub import try_to_load_from_cache
-
     # sentence-transformers looks a bare name up under its own organisation
     repo = path if "/" in path else f"sentence-transformers/{path}"
     try:
