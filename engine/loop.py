@@ -80,6 +80,7 @@ class Engine:
         self.resolved: dict[str, dict[str, int]] = {}
         self.tokens = 0  # computed by the stages (a deduplicated request counts once)
         self.started = time.perf_counter()
+        self.first_row_s: float | None = None  # when the first answer row went to the writer
 
     # --- driving -------------------------------------------------------------------------------
 
@@ -87,6 +88,10 @@ class Engine:
             todo: Callable[[str, Question], bool] | None = None) -> None:
         """Answer every (question, strategy) pair, or those ``todo`` accepts (resume)."""
         pending = ((q, s) for q in questions for s in strategy_names if todo is None or todo(s, q))
+        probing = set(self.probes.values())
+        for stage in self.stages.values():  # replicas that take work only once they said they are ready
+            for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
+                self._probe(stage, replica)
         exhausted = False
         last_progress = 0.0
         while True:
@@ -119,13 +124,14 @@ class Engine:
                 replica = stage.free_replica(now)
                 if replica is None:
                     break
-                batch, attempts = stage.take()
+                batch, attempts = stage.take_for(replica)
                 try:
                     refs = stage.launch(replica, batch)
                 except Exception as err:  # noqa: BLE001 - a dead actor must not end the run
                     self._batch_failed(stage, replica, batch, attempts, err)
                     continue
                 stage.inflight[replica] += 1
+                stage.sent(replica, batch)
                 launched = Launched(stage, replica, batch, refs, attempts, pending=len(refs))
                 for ref in refs:
                     self.launched[ref] = launched
@@ -151,6 +157,9 @@ class Engine:
             if ref in self.probes:
                 self._probe_answered(ref)
                 continue
+            if self.launched[ref].stage.streaming:
+                self._stream_chunk(ref)
+                continue
             launched = self.launched.pop(ref)
             launched.pending -= 1
             if launched.pending == 0:
@@ -164,15 +173,14 @@ class Engine:
         stage, replica = overdue.stage, overdue.replica
         on_replica = {id(b): b for b in self.launched.values() if b.stage is stage and b.replica == replica}
         for launched in on_replica.values():
-            for ref in launched.refs:
-                self.launched.pop(ref, None)
-            stage.inflight[replica] -= 1
+            self._drop(launched)
             if launched is not overdue:
-                stage.retry.appendleft((launched.batch, launched.attempts))
+                stage.retry.appendleft((launched.remaining(), launched.attempts))
         stage.restart(replica)
         self._await_restart(stage, replica)
-        self._batch_failed(stage, replica, overdue.batch, overdue.attempts,
-                           TimeoutError(f"batch of {len(overdue.batch)} ran over {stage.batching.timeout_s} s"))
+        waited = "waited for a result" if stage.streaming else "ran"
+        self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
+                           TimeoutError(f"batch of {len(overdue.batch)} {waited} over {stage.batching.timeout_s} s"))
 
     def _await_restart(self, stage: Stage, replica: int) -> None:
         """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
@@ -185,13 +193,13 @@ class Engine:
 
     def _probe(self, stage: Stage, replica: int) -> None:
         stage.restarting.add(replica)
-        self.probes[stage.replicas[replica].__ray_ready__.remote()] = (stage, replica)
+        self.probes[stage.probe(replica)] = (stage, replica)
 
     def _probe_answered(self, ref) -> None:
         stage, replica = self.probes.pop(ref)
         stage.restarting.discard(replica)
         try:
-            ray.get(ref)
+            stage.ready(replica, ray.get(ref))
         except ActorUnavailableError:  # still restarting; each try takes Ray ~2 s to answer
             self._probe(stage, replica)
         except RayActorError as err:  # dead for good (out of restarts, or its constructor fails)
@@ -201,19 +209,56 @@ class Engine:
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
-        stage.inflight[launched.replica] -= 1
-        stage.stats.calls += 1
-        stage.stats.requests += len(launched.batch)
-        stage.stats.batch_sizes.append(len(launched.batch))
-        finished = time.perf_counter()
-        stage.stats.busy_s += finished - launched.started
-        stage.stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
+        self._drop(launched)
+        self._account(launched)
         try:
             responses = stage.combine(launched.batch, ray.get(launched.refs))
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
             self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
             return
         self._deliver_batch(stage, launched.batch, responses)
+
+    def _stream_chunk(self, stream) -> None:
+        """The next chunk of a streaming batch is ready (or its stream ended, or failed)."""
+        launched = self.launched[stream]
+        stage = launched.stage
+        try:
+            chunk = ray.get(next(stream))
+        except StopIteration:
+            chunk = None
+        except Exception as err:  # noqa: BLE001 - what is not answered yet is retried, isolated, at worst error rows
+            self._drop(launched)
+            self._account(launched)
+            self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts, err)
+            return
+        if chunk is None:
+            self._drop(launched)
+            self._account(launched)
+            if launched.remaining():  # a replica must answer every request of a call; retry what it did not
+                self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts,
+                                   RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
+            return
+        launched.progressed = time.perf_counter()
+        requests = [launched.batch[i] for i, _ in chunk]
+        launched.answered.update(i for i, _ in chunk)
+        stage.returned(launched.replica, requests)
+        self._deliver_batch(stage, requests, [response for _, response in chunk])
+
+    def _drop(self, launched: Launched) -> None:
+        """``launched`` no longer runs on its replica (finished, failed or abandoned)."""
+        for ref in launched.refs:
+            self.launched.pop(ref, None)
+        launched.stage.inflight[launched.replica] -= 1
+        launched.stage.returned(launched.replica, launched.remaining())
+
+    def _account(self, launched: Launched) -> None:
+        stats = launched.stage.stats
+        stats.calls += 1
+        stats.requests += len(launched.batch)
+        stats.batch_sizes.append(len(launched.batch))
+        finished = time.perf_counter()
+        stats.busy_s += finished - launched.started
+        stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
                       err: BaseException) -> None:
@@ -238,6 +283,8 @@ class Engine:
         for request, response in zip(batch, responses):
             if isinstance(response, (Generation, Judgment)):
                 self.tokens += response.prompt_tokens + response.completion_tokens
+                stage.stats.prompt_tokens += response.prompt_tokens
+                stage.stats.cached_tokens += response.cached_tokens
             if not getattr(response, "error", None) and self.config.cache_size:
                 self.cache[request] = response
                 if len(self.cache) > self.config.cache_size:
@@ -355,6 +402,8 @@ class Engine:
         root = node.root
         self.roots_in_flight -= 1
         self.roots_done += 1
+        if self.first_row_s is None:
+            self.first_row_s = time.perf_counter() - self.started
         by = self.resolved.setdefault(root.strategy.name, {})
         by[done.resolved_by] = by.get(done.resolved_by, 0) + 1
         if not done.answer and not done.error:  # the model said nothing usable: kept, and counted
@@ -385,6 +434,7 @@ class Engine:
             "roots_done": self.roots_done,
             "peak_roots_in_flight": self.peak_in_flight,
             "wall_s": round(wall, 3),
+            "first_row_s": None if self.first_row_s is None else round(self.first_row_s, 3),
             "tokens_computed": self.tokens,
             "tokens_per_s": round(self.tokens / wall, 2) if wall else 0.0,
             "requests_deduped": self.requests_deduped,

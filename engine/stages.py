@@ -38,6 +38,9 @@ class StageStats:
     busy_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
     errors: int = 0
+    peak_tokens_in_flight: int = 0  # streaming stages: the most estimated tokens one replica had in flight
+    prompt_tokens: int = 0  # LLM stages: prompt tokens computed, and those vLLM found in its prefix cache
+    cached_tokens: int = 0
     # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
     spans: list[tuple[int, float, float]] = field(default_factory=list)
 
@@ -52,6 +55,8 @@ class StageStats:
             "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": pct(0.5),
                            "p90": pct(0.9), "max": sizes[-1] if sizes else 0},
             "utilisation": utilisation(self.spans, wall_s, replicas),
+            **({"peak_tokens_in_flight": self.peak_tokens_in_flight} if self.peak_tokens_in_flight else {}),
+            **({"prefix_cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4)} if self.prompt_tokens else {}),
         }
 
 
@@ -132,6 +137,10 @@ class Stage:
             return min(resting) if resting and not any(self.inflight) else None
         return now if self.retry else self.queue[0][1] + self.batching.max_wait_s
 
+    def take_for(self, replica: int) -> tuple[list[Request], int]:
+        """The next batch for ``replica`` and how often it already failed on its own."""
+        return self.take()
+
     def take(self) -> tuple[list[Request], int]:
         """The next batch and how often it already failed on its own."""
         if self.retry:
@@ -155,6 +164,22 @@ class Stage:
         cause = lines[-1][:300] if lines else type(err).__name__
         raise StageDown(f"stage {self.name}: {why} ({cause}); "
                         "fix the cause and rerun the same command to resume")
+
+    # a stage whose replicas stream results back (one Ray streaming call per batch) sets this
+    streaming = False
+
+    def probe(self, replica: int):
+        """A call a replica answers once it is ready (its constructor has run)."""
+        return self.replicas[replica].__ray_ready__.remote()
+
+    def ready(self, replica: int, answer: Any) -> None:
+        """A replica answered ``probe`` with ``answer``."""
+
+    def sent(self, replica: int, batch: list[Request]) -> None:
+        """``batch`` went to ``replica``."""
+
+    def returned(self, replica: int, requests: list[Request]) -> None:
+        """``requests`` sent to ``replica`` were answered or failed."""
 
     def restart(self, replica: int) -> None:
         """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
@@ -184,6 +209,78 @@ class GeneratorStage(Stage):
     def failed(self, batch, error):
         # each request type gets its own failure: a failed judgment is an error, never a judgment
         return [Judgment("", error=error) if isinstance(r, Judge) else Generation("", error=error) for r in batch]
+
+
+class StreamingGeneratorStage(GeneratorStage):
+    """Replicas are vLLM async engines (actors/streaming_generator.py): continuous batching.
+
+    A batch is one Ray streaming call whose results come back in chunks as each sequence finishes,
+    so a replica never waits for the longest sequence of a batch and the driver hands new requests
+    over while others run. Backpressure is by tokens in flight per replica (prompt estimate plus
+    completion budget), up to ``max_tokens_in_flight`` or, by default, twice the replica's KV cache
+    (asked once when it is ready): the engine's own queue never runs dry while the driver refills it,
+    and no more work leaves the driver than the replica can soon start.
+    """
+
+    streaming = True
+
+    def __init__(self, replicas: list, batching, name: str | None = None, default_max_tokens: int = 48):
+        super().__init__(replicas, batching, name)
+        self.default_max_tokens = default_max_tokens
+        self.budget: list[int | None] = [batching.max_tokens_in_flight] * len(replicas)
+        self.tokens_in_flight = [0] * len(replicas)
+        self.restarting.update(range(len(replicas)))  # nothing goes to a replica before it says its capacity
+
+    def cost(self, request: Generate | Judge) -> int:
+        """Tokens a request may hold in the KV cache: its prompt (about 4 characters a token) and completion."""
+        chars = sum(len(text) for _, text in request.messages)
+        completion = (len(request.choices) if isinstance(request, Judge)
+                      else request.max_tokens or self.default_max_tokens)
+        return chars // 4 + completion
+
+    def probe(self, replica):
+        return self.replicas[replica].kv_capacity.remote()
+
+    def ready(self, replica, answer):
+        if self.batching.max_tokens_in_flight is None:
+            self.budget[replica] = max(1, 2 * int(answer))
+
+    def sent(self, replica, batch):
+        self.tokens_in_flight[replica] += sum(map(self.cost, batch))
+        self.stats.peak_tokens_in_flight = max(self.stats.peak_tokens_in_flight, self.tokens_in_flight[replica])
+
+    def returned(self, replica, requests):
+        self.tokens_in_flight[replica] -= sum(map(self.cost, requests))
+
+    def free_replica(self, now=None):
+        """The healthy replica with the fewest tokens in flight, if it has room (a retried batch runs
+        on a replica with nothing else in flight, as on the batch path)."""
+        now = time.perf_counter() if now is None else now
+        healthy = [r for r in range(len(self.replicas)) if r not in self.retired and r not in self.restarting
+                   and self.cooling_until[r] <= now]
+        if not healthy:
+            return None
+        best = min(healthy, key=self.tokens_in_flight.__getitem__)
+        if self.retry:
+            return best if self.inflight[best] == 0 else None
+        return best if self.tokens_in_flight[best] < (self.budget[best] or 0) else None
+
+    def take_for(self, replica: int) -> tuple[list[Request], int]:
+        """The next batch that fits ``replica``'s room (at least one request)."""
+        if self.retry:
+            return self.retry.popleft()
+        room = (self.budget[replica] or 0) - self.tokens_in_flight[replica]
+        batch: list[Request] = []
+        while self.queue and len(batch) < self.batching.max_batch:
+            cost = self.cost(self.queue[0][0])
+            if batch and cost > room:
+                break
+            batch.append(self.queue.popleft()[0])
+            room -= cost
+        return batch, 0
+
+    def launch(self, replica, batch):
+        return [self.replicas[replica].stream.options(num_returns="streaming").remote(batch)]
 
 
 class RankerStage(Stage):
@@ -290,7 +387,7 @@ class RetrieverStage(Stage):
 
 @dataclass
 class Launched:
-    """A batch sent to a replica, waiting for all of its refs."""
+    """A batch sent to a replica, waiting for all of its refs (or, streaming, for its chunks)."""
 
     stage: Stage
     replica: int
@@ -299,7 +396,12 @@ class Launched:
     attempts: int = 0  # earlier failures: a single request's tries, or 1 for a suspect batch (retry_plan)
     started: float = field(default_factory=time.perf_counter)
     pending: int = 0
+    answered: set[int] = field(default_factory=set)  # streaming: positions in ``batch`` already answered
+    progressed: float = 0.0  # when its last result came (streaming); a batch times out this long after
+
+    def remaining(self) -> list[Request]:
+        return [r for i, r in enumerate(self.batch) if i not in self.answered]
 
     def overdue(self, now: float) -> bool:
         timeout = self.stage.batching.timeout_s
-        return timeout is not None and now - self.started > timeout
+        return timeout is not None and now - max(self.started, self.progressed) > timeout

@@ -18,12 +18,14 @@ from actors.know import KnowClassifier, embedder_of
 from actors.nli import NLICrossEncoder
 from actors.reranker import CrossEncoderRanker
 from actors.retriever import ShardRetriever
+from actors.streaming_generator import StreamingGenerator
 from engine.stages import (
     GeneratorStage,
     KnowStage,
     NLIStage,
     RankerStage,
     RetrieverStage,
+    StreamingGeneratorStage,
 )
 from jobs.index import read_manifest
 from jobs.models import embedding_dims, loadable
@@ -50,7 +52,8 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
     plan = {}
 
     def llm(c) -> Pool:
-        return Pool(Generator, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas)
+        actor = StreamingGenerator if c.serving == "async" else Generator
+        return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas)
 
     if needs & {"generator", "judge"}:
         plan["generator"] = llm(config.generator)
@@ -123,10 +126,9 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
         actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, **restarts)
         actors[name] = [actor.remote(*args) for args in pool.replicas]
     stages = {}
-    if "generator" in actors:
-        stages["generator"] = GeneratorStage(actors["generator"], config.engine.generator, "generator")
-    if "judge" in actors:
-        stages["judge"] = GeneratorStage(actors["judge"], config.engine.judge, "judge")
+    for name in ("generator", "judge"):
+        if name in actors:
+            stages[name] = llm_stage(actors[name], plan[name], getattr(config.engine, name), name, config.sampling.max_tokens)
     if "shards" in actors:
         stages["retriever"] = RetrieverStage(actors["encoder"], actors["shards"], config.engine.retriever,
                                              _bm25(config), config.retrieval)
@@ -137,6 +139,13 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     if "nli" in actors:
         stages["nli"] = NLIStage(actors["nli"], config.engine.nli)
     return stages
+
+
+def llm_stage(replicas: list, pool: Pool, batching, name: str, max_tokens: int) -> GeneratorStage:
+    """The stage for a pool of generator replicas of either kind."""
+    if pool.actor is StreamingGenerator:
+        return StreamingGeneratorStage(replicas, batching, name, default_max_tokens=max_tokens)
+    return GeneratorStage(replicas, batching, name)
 
 
 def entailment_name(config: AnswerConfig) -> str | None:

@@ -50,9 +50,17 @@ class LLMConfig(Section):
                            "default (one core left for other work), or a list like '0-7'")
     engine_in_process: bool = Field(
         True, json_schema_extra=SPEED,
-        description="run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
+        description="batch replicas: run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "
                           "so it dies with the actor; False = vLLM's separate engine process (overlaps "
-                          "scheduling with execution on GPUs, but outlives a SIGKILLed actor when no raylet reaps it)")
+                          "scheduling with execution on GPUs, but outlives a SIGKILLed actor when no raylet reaps it). "
+                          "Async replicas always run it in a process of its own (vLLM has no in-process AsyncLLM)")
+    serving: Literal["async", "batch"] = Field(
+        "async", json_schema_extra=SPEED,
+        description="async = vLLM's AsyncLLM: requests go in as strategies ask them and each result comes back when "
+                    "its sequence ends (continuous batching; vLLM runs its engine core in a process of its own); "
+                    "batch = one LLM.generate per micro-batch, which returns when its longest sequence ends. "
+                    "Same prompts and sampling either way (vLLM's CPU kernels are not batch-invariant, so a near-tie "
+                    "between tokens can differ, as between two batch sizes)")
     seed: int = 0
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
@@ -156,8 +164,11 @@ class StageBatching(Section):
 
 
 class LLMBatching(StageBatching):
-    max_batch: int = Field(256, ge=1)
-    timeout_s: float | None = Field(1800, gt=0)
+    max_batch: int = Field(256, ge=1, description="requests per call to a replica (async replicas: per streaming call)")
+    timeout_s: float | None = Field(1800, gt=0, description="a batch running longer fails (async replicas: this long "
+                                    "without a result) and its replica is restarted; None = no limit")
+    max_tokens_in_flight: int | None = Field(None, ge=1, description="async replicas: estimated prompt + completion "
+                                             "tokens in flight per replica; None = twice the replica's KV cache")
 
 
 class RetrieverBatching(StageBatching):

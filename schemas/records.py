@@ -97,6 +97,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens vLLM found in its prefix cache
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Judgment:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens vLLM found in its prefix cache
 
     def prob(self, choice: str) -> float:
         """P(choice): the log-prob estimate when there is one, else 1/0 from the label."""

@@ -75,6 +75,9 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     metrics = json.loads((tmp / "out" / "metrics.json").read_text())
     assert all(c["ok"] and c["rows"] == 10 for c in metrics["exactly_once"].values())
     assert metrics["roots_done"] == 30 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
+    generator = metrics["stages"]["generator"]  # async replicas (the default) served the run, results streamed back
+    assert generator["peak_tokens_in_flight"] > 0 and 0 < metrics["first_row_s"] < metrics["wall_s"]
+    assert 0 <= generator["prefix_cache_hit_rate"] < 1  # vLLM caches whole 128-token blocks: these prompts share less
 
     raisf = pq.read_table(tmp / "out" / "raisf").to_pylist()
     assert sorted(r["id"] for r in raisf) == ids

@@ -28,3 +28,41 @@ def test_completion_budget_is_cut_to_the_context_left_and_errors_only_without_ro
     assert completion_budget(2047, 64, 2048) == 1
     assert "leaves 0 of max_model_len 2048" in completion_budget(2100, 64, 2048)
     assert "needs 3" in completion_budget(2046, 3, 2048, minimum=3)  # a judgment needs its whole choice
+
+
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.timeout(600)
+def test_an_async_replica_streams_each_result_when_its_sequence_ends_with_the_batch_kinds_answers(ray_session):
+    """The real model (SmolLM2) behind both replica kinds: the same requests give the same results, and
+    the async kind sends a short result back while a long sequence of the same call still runs."""
+    from actors.generator import Generator
+    from actors.streaming_generator import StreamingGenerator
+    from jobs.pools import llm_settings
+    from schemas.config import LLMConfig, SamplingConfig
+    from schemas.records import Generate, Judge
+
+    settings = (llm_settings(LLMConfig(model="smollm2-135m-instruct", cpu_kvcache_gib=1)), SamplingConfig().model_dump())
+    requests = [Generate((("user", "Count to 6."),), max_tokens=64),  # SmolLM2 goes on past 6
+                Judge((("user", "Is the sky blue?"),), ("yes", "no")),
+                Generate((("user", "Name a colour."),), max_tokens=3)]
+    streaming = ray_session.remote(StreamingGenerator).options(num_cpus=0).remote(*settings)
+    assert ray_session.get(streaming.kv_capacity.remote()) > 10_000
+    chunks = [ray_session.get(ref) for ref in streaming.stream.options(num_returns="streaming").remote(requests)]
+    ray_session.kill(streaming)
+    order = [i for chunk in chunks for i, _ in chunk]
+    assert sorted(order) == [0, 1, 2] and order[-1] == 0 and len(chunks) >= 2  # the long one came back last, alone
+    streamed = dict(pair for chunk in chunks for pair in chunk)
+    assert streamed[0].completion_tokens >= 32 and streamed[2].completion_tokens <= 3
+
+    batch = ray_session.remote(Generator).options(num_cpus=0).remote(*settings)
+    batched = ray_session.get(batch.generate.remote(requests))
+    long = Generate((("user", "Name a colour. " * 60),), max_tokens=2)  # over one 128-token KV block
+    first, again = (ray_session.get(batch.generate.remote([long]))[0] for _ in range(2))
+    ray_session.kill(batch)
+    assert first.cached_tokens == 0 and again.cached_tokens >= 128  # the prefix cache's hits are counted
+    # same prompts and sampling; log-probs may differ in the last digits with the batch's composition
+    assert [streamed[i].text for i in (0, 2)] == [batched[i].text for i in (0, 2)]
+    assert streamed[1].label == batched[1].label
+    assert streamed[1].probs == pytest.approx(batched[1].probs, abs=0.02)
+

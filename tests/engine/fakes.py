@@ -78,3 +78,41 @@ class BrokenGenerator:
 
     def generate(self, batch):
         return []
+
+
+class UnevenGenerator(FakeGenerator):
+    """A request saying SLOW takes 2 s, others 0.05 s: one long sequence in a batch of short ones."""
+
+    def generate(self, batch):
+        time.sleep(2.0 if any("SLOW" in r.messages[-1][1] for r in batch) else 0.05)
+        return super().generate(batch)
+
+
+class StreamingFake:
+    """The streaming kind of a fake (actors/streaming_generator.py's contract): every request runs on
+    its own (``fake``'s behaviour, one request at a time, in threads) and is streamed back as soon as it
+    is done; a request that raises ends the call, as an engine failure does."""
+
+    fake = FakeGenerator
+    capacity = 100_000
+
+    def __init__(self, *args):
+        self.inner = self.fake(*args)
+
+    def kv_capacity(self):
+        return self.capacity
+
+    async def stream(self, batch):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+
+        async def one(i, request):
+            return i, (await loop.run_in_executor(None, self.inner.generate, [request]))[0]
+
+        for done in asyncio.as_completed([one(i, r) for i, r in enumerate(batch)]):
+            yield [await done]
+
+
+def streaming(fake: type) -> type:
+    return type(f"Streaming{fake.__name__}", (StreamingFake,), {"fake": fake})

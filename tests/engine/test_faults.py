@@ -4,8 +4,8 @@ cannot start. Every question must come out exactly once, with the answers of an 
 import pytest
 
 from engine.loop import Engine
-from engine.stages import GeneratorStage, RetrieverStage, StageDown
-from schemas.config import EngineConfig, StageBatching
+from engine.stages import GeneratorStage, RetrieverStage, StageDown, StreamingGeneratorStage
+from schemas.config import EngineConfig, LLMBatching, StageBatching
 from schemas.records import Question
 from strategies.base import StrategySettings
 from strategies.registry import STRATEGIES
@@ -17,6 +17,7 @@ from tests.engine.fakes import (
     SlowGenerator,
     SlowShard,
     SlowStartingGenerator,
+    streaming,
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
@@ -24,11 +25,22 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
 QUESTIONS = [Question(f"q{i}", f"question {i}") for i in range(40)]
 
 
+@pytest.fixture(params=["batch", "async"])
+def kind(request):
+    """Both kinds of generator replica: one call per micro-batch, or streamed results (serving: async)."""
+    return request.param
+
+
 def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageBatching(max_batch=8),
-        kill=None, **engine):
+        kill=None, kind="batch", **engine):
     """Run the engine; ``kill(stages)`` is called once, after the fifth question is done."""
-    actor = ray.remote(generator).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
-    stages = {"generator": GeneratorStage([actor.remote() for _ in range(2)], batching)}
+    if kind == "async":
+        actor = ray.remote(streaming(generator)).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
+        stages = {"generator": StreamingGeneratorStage([actor.remote() for _ in range(2)],
+                                                       LLMBatching(**batching.model_dump()))}
+    else:
+        actor = ray.remote(generator).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
+        stages = {"generator": GeneratorStage([actor.remote() for _ in range(2)], batching)}
     shard = ray.remote(SlowShard).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
     stages["retriever"] = RetrieverStage([ray.remote(FakeEncoder).options(num_cpus=0).remote()],
                                          [shard.remote(n) for n in ("a", "b")], StageBatching(max_batch=8))
@@ -52,25 +64,25 @@ def answers(by_id):
 
 
 @pytest.mark.parametrize("victim", ["generator replica", "retriever shard"])
-def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim):
+def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim, kind):
     def kill(stages):
         actor = stages["generator"].replicas[0] if victim == "generator replica" else stages["retriever"].shards[1]
         ray_session.kill(actor, no_restart=False)
 
-    calm, _, _ = run(ray_session, QUESTIONS)
-    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
+    calm, _, _ = run(ray_session, QUESTIONS, kind=kind)
+    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill, kind=kind)
     assert len(rows) == len(QUESTIONS) and answers(by_id) == answers(calm)
     assert all(r["error"] is None for r in rows) and engine.batch_failures >= 1
 
 
-def test_a_restarting_replica_gets_no_batch_until_it_is_back_so_no_batch_is_split(ray_session):
+def test_a_restarting_replica_gets_no_batch_until_it_is_back_so_no_batch_is_split(ray_session, kind):
     """A call to a restarting actor fails at once (ActorUnavailableError): batches sent to it while it
     restarts would count as failing again, be split and run alone, and the stage would lose its batching."""
     def kill(stages):
         ray_session.kill(stages["generator"].replicas[0], no_restart=False)
 
-    calm, _, calm_engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator)
-    by_id, rows, engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kill=kill)
+    calm, _, calm_engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kind=kind)
+    by_id, rows, engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kill=kill, kind=kind)
     assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
     assert engine.batch_failures >= 1 and engine.batch_splits == 0
     assert engine.metrics()["replica_restarts"] >= 1
@@ -78,43 +90,44 @@ def test_a_restarting_replica_gets_no_batch_until_it_is_back_so_no_batch_is_spli
     assert calls <= calm_engine.stages["generator"].stats.calls + engine.batch_failures
 
 
-def test_a_replica_dead_for_good_is_retired_and_the_others_finish_the_run(ray_session):
+def test_a_replica_dead_for_good_is_retired_and_the_others_finish_the_run(ray_session, kind):
     def kill(stages):
         ray_session.kill(stages["generator"].replicas[0], no_restart=True)
 
-    calm, _, _ = run(ray_session, QUESTIONS)
-    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill)
+    calm, _, _ = run(ray_session, QUESTIONS, kind=kind)
+    by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill, kind=kind)
     assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
     assert engine.stages["generator"].retired == {0} and engine.batch_splits == 0
 
 
-def test_a_transient_failure_retries_the_batch_whole(ray_session):
-    calm, _, _ = run(ray_session, QUESTIONS)
-    by_id, rows, engine = run(ray_session, QUESTIONS, generator=FlakyGenerator)
+def test_a_transient_failure_retries_the_batch_whole(ray_session, kind):
+    calm, _, _ = run(ray_session, QUESTIONS, kind=kind)
+    by_id, rows, engine = run(ray_session, QUESTIONS, generator=FlakyGenerator, kind=kind)
     assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
     assert engine.batch_failures == 2 and engine.batch_splits == 0  # each replica's first batch failed once
     assert engine.metrics()["batch_splits"] == 0
 
 
-def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session):
+def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session, kind):
     questions = [*QUESTIONS[:12], Question("killer", "KILLME please"), *QUESTIONS[12:20]]
-    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, max_attempts=2)
+    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, max_attempts=2,
+                                 kind=kind)
     assert len(rows) == len(questions)
     assert "generator failed 2 times" in by_id["killer"]["error"]
     assert engine.batch_splits >= 2  # a batch of several only splits after failing twice
     assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "killer")
 
 
-def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(ray_session):
+def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(ray_session, kind):
     questions = [*QUESTIONS[:6], Question("hang", "HANG forever"), *QUESTIONS[6:10]]
     by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=FakeGenerator,
                          batching=StageBatching(max_batch=4, timeout_s=5.0), max_attempts=2,
-                         failure_cooldown_s=1.0)  # time for the killed replica to restart
+                         failure_cooldown_s=1.0, kind=kind)  # time for the killed replica to restart
     assert len(rows) == len(questions)
-    assert "ran over 5.0 s" in by_id["hang"]["error"]
+    assert ("waited for a result over 5.0 s" if kind == "async" else "ran over 5.0 s") in by_id["hang"]["error"]
     assert {i: r["error"] for i, r in by_id.items() if r["error"]}.keys() == {"hang"}
 
 
-def test_actors_that_cannot_start_stop_the_run_with_a_clear_error(ray_session):
+def test_actors_that_cannot_start_stop_the_run_with_a_clear_error(ray_session, kind):
     with pytest.raises(StageDown, match="model weights not found"):
-        run(ray_session, QUESTIONS[:4], strategy="direct", generator=BrokenGenerator)
+        run(ray_session, QUESTIONS[:4], strategy="direct", generator=BrokenGenerator, kind=kind)

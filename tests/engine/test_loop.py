@@ -202,3 +202,51 @@ def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_se
     engine.run([Question(f"q{i}", f"question {i}") for i in range(40)], ["direct"])
     u = engine.metrics()["stages"]["generator"]["utilisation"]
     assert len(u["busy"]) == 50 and u["bin_s"] > 0 and 0 < max(u["busy"]) <= 1
+
+
+@pytest.mark.parametrize("kind", ["batch", "async"])
+def test_an_async_replica_answers_each_request_when_it_ends_not_when_its_batch_does(ray_session, kind):
+    import time
+
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+    from tests.engine.fakes import UnevenGenerator, streaming
+
+    questions = [Question(f"q{i}", f"question {i}") for i in range(7)] + [Question("slow", "SLOW question")]
+    batching = LLMBatching(max_batch=8, max_wait_s=0.5)  # the eight requests go as one batch
+    if kind == "async":
+        stage = StreamingGeneratorStage([ray_session.remote(streaming(UnevenGenerator)).options(num_cpus=0).remote()],
+                                        batching)
+    else:
+        stage = GeneratorStage([ray_session.remote(UnevenGenerator).options(num_cpus=0).remote()], batching)
+    arrived = {}
+    engine = Engine({"generator": stage}, {"direct": STRATEGIES["direct"](StrategySettings())}, EngineConfig(window=8),
+                    lambda row: arrived.setdefault(row["id"], time.perf_counter()))
+    engine.run(questions, ["direct"])
+    assert stage.stats.calls == 1 and len(arrived) == 8
+    fast_before_slow = max(arrived["slow"] - t for i, t in arrived.items() if i != "slow")
+    if kind == "async":  # the seven short answers did not wait for the long one
+        assert min(arrived["slow"] - t for i, t in arrived.items() if i != "slow") > 1.5
+    else:  # the batch returns when its longest request ends
+        assert fast_before_slow < 0.5
+
+
+def test_async_replicas_keep_the_tokens_in_flight_within_twice_their_kv_cache(ray_session):
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+    from tests.engine.fakes import SlowGenerator, streaming
+
+    small = type("SmallCache", (streaming(SlowGenerator),), {"capacity": 100})  # room for about three requests
+    replicas = [ray_session.remote(small).options(num_cpus=0).remote(0.2) for _ in range(2)]
+    stage = StreamingGeneratorStage(replicas, LLMBatching(max_batch=64, max_wait_s=0.0))
+    costs, sent = [], stage.sent
+    stage.sent = lambda replica, batch: (costs.extend(map(stage.cost, batch)), sent(replica, batch))
+    rows = []
+    engine = Engine({"generator": stage}, {"direct": STRATEGIES["direct"](StrategySettings())}, EngineConfig(window=32),
+                    rows.append)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(24)], ["direct"])
+    assert len(rows) == 24 and all(r["error"] is None for r in rows)
+    assert stage.budget == [200, 200] and stage.tokens_in_flight == [0, 0]
+    # a replica with room takes at least one more request
+    assert 200 <= stage.stats.peak_tokens_in_flight < 200 + max(costs)
+    assert stage.stats.calls > 8  # no replica took the whole queue at once
