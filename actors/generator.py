@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from schemas.records import Generate, Generation, Judge, Judgment
 
@@ -23,7 +24,7 @@ def engine_arguments(llm: dict) -> dict:
     """The engine arguments of a replica, the same for ``vllm.LLM`` and ``AsyncEngineArgs``."""
     return dict(
         model=llm["model"],
-        dtype=llm["dtype"],
+        dtype=resolve_dtype(llm["dtype"]),
         max_model_len=llm["max_model_len"],
         enforce_eager=llm["enforce_eager"],
         tensor_parallel_size=llm["tensor_parallel_size"],
@@ -36,6 +37,26 @@ def engine_arguments(llm: dict) -> dict:
         **{"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
            **llm["engine_kwargs"]},
     )
+
+
+def resolve_dtype(dtype: str, cpu_flags: str | None = None) -> str:
+    """``auto``: the model's own dtype (bfloat16 for ours) on a GPU or a CPU that computes bf16 natively
+    (AVX512-BF16, AMX), float32 on other CPUs. There vLLM's bf16 matmuls are emulated and cost about the
+    same per step whatever the batch (measured on a 2-core AVX2 EPYC, Qwen2.5-0.5B: 8 short judgments
+    13.5 s in bf16, 2.1 s in fp32; 32 RAG prompts 275 vs 1,046 tokens/s)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    if torch.cuda.is_available():
+        return "auto"
+    if cpu_flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu_flags = f.read()
+        except OSError:  # not Linux: vLLM's CPU builds elsewhere (Apple silicon) compute bf16 natively
+            return "bfloat16"
+    return "bfloat16" if re.search(r"\b(avx512_bf16|amx_bf16)\b", cpu_flags) else "float32"
 
 
 class Prompts:

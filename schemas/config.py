@@ -36,7 +36,9 @@ class LLMConfig(Section):
     """One pool of vLLM replicas (the generator; later judges)."""
 
     model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name")
-    dtype: str = "bfloat16"
+    dtype: str = Field("auto", description="weights and activations: 'auto' = bfloat16 where the hardware computes it "
+                       "natively (a GPU, or a CPU with AVX512-BF16 / AMX), else float32 (vLLM's CPU kernels emulate "
+                       "bf16 on AVX2-only CPUs: 4-6x slower); or any vLLM dtype. Changes answers in the last digits")
     max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
                                "its prompt leaves, and a prompt that leaves nothing is an error row")
     enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")

@@ -66,3 +66,11 @@ def test_an_async_replica_streams_each_result_when_its_sequence_ends_with_the_ba
     assert streamed[1].label == batched[1].label
     assert streamed[1].probs == pytest.approx(batched[1].probs, abs=0.02)
 
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively():
+    from actors.generator import resolve_dtype
+
+    assert resolve_dtype("auto", "flags : fpu avx2 avx512f avx512_bf16 amx_tile") == "bfloat16"
+    assert resolve_dtype("auto", "flags : fpu avx2 amx_bf16 amx_tile") == "bfloat16"
+    assert resolve_dtype("auto", "flags : fpu sse4_2 avx2 fma") == "float32"
+    assert resolve_dtype("float16", "flags : avx2") == "float16"  # an explicit dtype is kept
