@@ -20,7 +20,7 @@ from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.lease import Lease
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan
-from jobs.progress import progress_printer
+from jobs.progress import Progress
 from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
@@ -74,10 +74,13 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         init_ray(config.ray, cpus_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
-    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress_printer(log))
+    total = sum(n for shard, n in sizes.items() for s in config.strategies if out.todo(s, shard))
+    progress = Progress(log, total)
+    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress, progress_every_s=progress.every_s)
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard))
     finally:
+        progress.close()
         left = out.close()
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 

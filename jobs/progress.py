@@ -1,18 +1,71 @@
-"""A run's progress line, every ``progress_every_s`` seconds while the engine works."""
+"""A run's progress, as a person reads it: pairs done of the total, an ETA from the recent rate,
+tokens/s over the last minute, and each stage's queue. A live display on a terminal; one plain line
+per interval otherwise (logs, Ray jobs)."""
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from engine.loop import Engine
 
+RECENT_S = 60.0  # rates (and so the ETA) are measured over this much of the recent past
 
-def progress_printer(log):
-    def show(engine: Engine) -> None:
-        stages = " ".join(
-            f"{name}[queued={len(s.queue)} running={sum(s.inflight)} calls={s.stats.calls} "
-            f"batch={s.stats.requests / max(1, s.stats.calls):.1f}]"
-            for name, s in engine.stages.items()
-        )
-        m = engine.metrics()
-        log(f"done={engine.roots_done} in_flight={engine.roots_in_flight} {stages} "
-            f"tok/s={m['tokens_per_s']}")
-    return show
+
+class Progress:
+    """``on_progress`` for the engine. ``total``: (question, strategy) pairs this run answers."""
+
+    def __init__(self, log, total: int | None = None, live: bool | None = None, every_s: float = 10.0):
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        self.log, self.total = log, total
+        self.live = console.is_terminal if live is None else live
+        self.every_s = 1.0 if self.live else every_s  # how often the engine reports
+        self.samples: deque[tuple[float, int, int]] = deque()  # (time, pairs done, tokens computed)
+        self.display = None
+        if self.live:
+            from rich.live import Live
+
+            self.display = Live(console=console, auto_refresh=False, transient=False)
+            self.display.start()
+        self.last_line = float("-inf")  # the first report is printed
+
+    def __call__(self, engine: Engine) -> None:
+        now = time.perf_counter()
+        self.samples.append((now, engine.roots_done, engine.tokens))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RECENT_S:
+            self.samples.popleft()
+        line = self.line(engine, now)
+        if self.display is not None:
+            self.display.update(line, refresh=True)
+        elif now - self.last_line >= self.every_s or engine.roots_in_flight == 0:
+            self.last_line = now
+            self.log(line)
+
+    def line(self, engine: Engine, now: float) -> str:
+        t0, done0, tokens0 = self.samples[0]
+        span = now - t0
+        done = engine.roots_done
+        pairs_s = (done - done0) / span if span > 0 else 0.0
+        tok_s = (engine.tokens - tokens0) / span if span > 0 else 0.0
+        if self.total:
+            eta = _duration((self.total - done) / pairs_s) if pairs_s > 0 else "?"
+            head = f"{done}/{self.total} pairs ({100 * done / self.total:.0f}%) ETA {eta}"
+        else:
+            head = f"{done} pairs"
+        stages = " ".join(f"{name}[queued={len(s.queue)} running={sum(s.inflight)}]"
+                          for name, s in engine.stages.items())
+        return (f"{head} | {pairs_s * 60:.0f} pairs/min, {tok_s:.0f} tok/s over the last {min(span, RECENT_S):.0f} s"
+                f" | in flight {engine.roots_in_flight} | {stages}")
+
+    def close(self) -> None:
+        if self.display is not None:
+            self.display.stop()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"

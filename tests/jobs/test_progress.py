@@ -1,0 +1,36 @@
+"""The progress a person reads while a run works (jobs/progress.py)."""
+
+from types import SimpleNamespace
+
+from jobs.progress import Progress
+
+
+def engine(done, tokens, in_flight=8):
+    stage = SimpleNamespace(queue=[1, 2, 3], inflight=[1, 0])
+    return SimpleNamespace(roots_done=done, tokens=tokens, roots_in_flight=in_flight, stages={"generator": stage})
+
+
+def test_the_progress_line_says_pairs_done_of_the_total_and_an_eta_from_the_recent_rate(monkeypatch):
+    clock = iter([0.0, 30.0, 60.0, 90.0])
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: next(clock))
+    lines = []
+    progress = Progress(lines.append, total=1000, live=False, every_s=0.0)
+    progress(engine(0, 0))
+    progress(engine(100, 30_000))
+    progress(engine(200, 60_000))
+    # 200 pairs in 60 s: 800 left at 200 pairs/min is 4 minutes
+    assert lines[-1].startswith("200/1000 pairs (20%) ETA 4m00s | 200 pairs/min, 1000 tok/s over the last 60 s")
+    assert "generator[queued=3 running=1]" in lines[-1]
+    progress(engine(200, 60_000))  # stalled for 30 s: the rate of the last minute halves, the ETA doubles
+    assert lines[-1].startswith("200/1000 pairs (20%) ETA 8m00s | 100 pairs/min")
+
+
+def test_without_a_terminal_progress_is_one_plain_line_per_interval(monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 11.0])
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: next(clock))
+    lines = []
+    progress = Progress(lines.append, total=10, live=False, every_s=10.0)
+    assert progress.display is None and progress.every_s == 10.0
+    for done in (1, 2, 3, 4):
+        progress(engine(done, 0))
+    assert [line.split()[0] for line in lines] == ["1/10", "4/10"]
