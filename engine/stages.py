@@ -83,6 +83,7 @@ class StageDown(RuntimeError):
 
 class Stage:
     name: str
+    streaming = False  # True where replicas stream results back (one Ray streaming call per batch)
 
     def __init__(self, replicas: list, batching: StageBatching, name: str | None = None):
         self.name = name or self.name
@@ -105,9 +106,7 @@ class Stage:
         An idle replica takes any batch; a busy one only full batches, queued behind its current
         work (up to ``max_inflight_per_replica``), so partial batches keep growing while it works.
         """
-        now = time.perf_counter() if now is None else now
-        healthy = [r for r in range(len(self.replicas))
-                   if r not in self.retired and r not in self.restarting and self.cooling_until[r] <= now]
+        healthy = self.healthy(now)
         if not healthy:
             return None
         best = min(healthy, key=self.inflight.__getitem__)
@@ -117,6 +116,12 @@ class Stage:
             return None
         full = len(self.queue) >= self.batching.max_batch
         return best if full and self.inflight[best] < self.batching.max_inflight_per_replica else None
+
+    def healthy(self, now: float | None = None) -> list[int]:
+        """Replicas that may take work now: not retired, not restarting, not resting after a failure."""
+        now = time.perf_counter() if now is None else now
+        return [r for r in range(len(self.replicas))
+                if r not in self.retired and r not in self.restarting and self.cooling_until[r] <= now]
 
     def due(self, now: float, flush: bool) -> bool:
         """A batch should go now: a retry, a full batch, its oldest request waited long enough, or a flush."""
@@ -164,9 +169,6 @@ class Stage:
         cause = lines[-1][:300] if lines else type(err).__name__
         raise StageDown(f"stage {self.name}: {why} ({cause}); "
                         "fix the cause and rerun the same command to resume")
-
-    # a stage whose replicas stream results back (one Ray streaming call per batch) sets this
-    streaming = False
 
     def probe(self, replica: int):
         """A call a replica answers once it is ready (its constructor has run)."""
@@ -255,9 +257,7 @@ class StreamingGeneratorStage(GeneratorStage):
     def free_replica(self, now=None):
         """The healthy replica with the fewest tokens in flight, if it has room (a retried batch runs
         on a replica with nothing else in flight, as on the batch path)."""
-        now = time.perf_counter() if now is None else now
-        healthy = [r for r in range(len(self.replicas)) if r not in self.retired and r not in self.restarting
-                   and self.cooling_until[r] <= now]
+        healthy = self.healthy(now)
         if not healthy:
             return None
         best = min(healthy, key=self.tokens_in_flight.__getitem__)
