@@ -23,6 +23,8 @@ from engine.steps import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
 from schemas.records import Generation, Judgment, Question, Request, Response
 
+WATCH_S = 5.0  # how often Ray is asked how many times each replica's actor restarted
+
 
 @dataclass
 class Root:
@@ -53,8 +55,9 @@ class Engine:
     def __init__(self, stages: dict[str, Stage], strategies: dict[str, Strategy],
                  config: EngineConfig, on_row: Callable[[dict], None],
                  on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0,
-                 aliases: dict[str, str] | None = None):
+                 aliases: dict[str, str] | None = None, log: Callable[[str], None] | None = None):
         self.stages = stages
+        self.log = log or (lambda line: None)  # what a person should know at once (a replica died, and why)
         # a request for a stage that has no pool of its own runs on the aliased pool (judge -> generator)
         self.routes = {**{a: stages[t] for a, t in (aliases or {"judge": "generator"}).items() if t in stages},
                        **stages}
@@ -93,7 +96,7 @@ class Engine:
             for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
                 self._probe(stage, replica)
         exhausted = False
-        last_progress = 0.0
+        last_progress = last_watch = 0.0
         while True:
             while not exhausted and self.roots_in_flight < self.config.window:
                 nxt = next(pending, None)
@@ -111,6 +114,11 @@ class Engine:
                 continue
             self._wait_and_route()
             now = time.perf_counter()
+            if now - last_watch >= WATCH_S:
+                last_watch = now
+                for stage in self.stages.values():
+                    for replica in range(len(stage.replicas)):
+                        self._count_deaths(stage, replica)
             if self.on_progress and now - last_progress >= self.progress_every_s:
                 self.on_progress(self)
                 last_progress = now
@@ -177,19 +185,35 @@ class Engine:
             if launched is not overdue:
                 stage.retry.appendleft((launched.remaining(), launched.attempts))
         stage.restart(replica)
-        self._await_restart(stage, replica)
+        self._await_restart(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it")
         waited = "waited for a result" if stage.streaming else "ran"
         self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
                            TimeoutError(f"batch of {len(overdue.batch)} {waited} over {stage.batching.timeout_s} s"))
 
-    def _await_restart(self, stage: Stage, replica: int) -> None:
+    def _await_restart(self, stage: Stage, replica: int, why: str) -> None:
         """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
         actor fails at once, so batches sent meanwhile would count as failing again: split, run alone,
         and the stage would lose its batching for the rest of the run."""
         if replica in stage.restarting:
             return
         self.replica_restarts += 1
+        stage.deaths[replica] += 1
+        self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
+                 f"(death {stage.deaths[replica]} of this replica in this run)")
         self._probe(stage, replica)
+
+    def _count_deaths(self, stage: Stage, replica: int) -> None:
+        """Deaths no call saw: Ray holds the calls to an actor that dies while it starts and runs them
+        once it is back, so a replica killed at every start (out of memory) would leave the run
+        waiting in silence."""
+        restarts = stage.ray_restarts(replica)
+        if restarts is None or restarts <= stage.deaths[replica]:
+            return
+        self.replica_restarts += restarts - stage.deaths[replica]
+        stage.deaths[replica] = restarts
+        self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
+                 "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
+                 "killed the replica for memory")
 
     def _probe(self, stage: Stage, replica: int) -> None:
         stage.restarting.add(replica)
@@ -269,7 +293,7 @@ class Engine:
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
-            self._await_restart(stage, replica)
+            self._await_restart(stage, replica, death_cause(err))
         stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
@@ -464,6 +488,16 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
         return [(batch, 1)]
     half = len(batch) // 2
     return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
+
+
+def death_cause(err: BaseException) -> str:
+    """Why a replica's actor died, in a few words (Ray's message runs to many lines)."""
+    text = str(err)
+    if "low on memory" in text or "memory pressure" in text:
+        return ("Ray killed it because the machine ran low on memory: use fewer or smaller replicas, a smaller "
+                "KV cache (generator.cpu_kvcache_gib / gpu_memory_utilization) or a bigger machine")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("\t")]
+    return lines[-1][:300] if lines else type(err).__name__
 
 
 def _describe(err: BaseException) -> str:

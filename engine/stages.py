@@ -98,6 +98,7 @@ class Stage:
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
         self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine._await_restart)
+        self.deaths = [0] * len(replicas)  # times each replica's actor died during this run
         self.stats = StageStats()
 
     def free_replica(self, now: float | None = None) -> int | None:
@@ -183,6 +184,18 @@ class Stage:
     def returned(self, replica: int, requests: list[Request]) -> None:
         """``requests`` sent to ``replica`` were answered or failed."""
 
+    def ray_restarts(self, replica: int) -> int | None:
+        """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
+        actor_id = getattr(self.replicas[replica], "_actor_id", None)
+        if actor_id is None:
+            return None
+        from ray._private import state  # Ray's GCS actor table; ray.util.state needs the dashboard
+
+        try:
+            return int(state.actors(actor_id.hex()).get("NumRestarts", 0))
+        except Exception:  # noqa: BLE001 - only a diagnosis: without it the run goes on unchanged
+            return None
+
     def restart(self, replica: int) -> None:
         """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
         import ray
@@ -231,6 +244,8 @@ class StreamingGeneratorStage(GeneratorStage):
         self.default_max_tokens = default_max_tokens
         self.budget: list[int | None] = [batching.max_tokens_in_flight] * len(replicas)
         self.tokens_in_flight = [0] * len(replicas)
+        self.last_sent = [0] * len(replicas)  # dispatch number of each replica's latest batch
+        self.dispatches = 0
         self.restarting.update(range(len(replicas)))  # nothing goes to a replica before it says its capacity
 
     def cost(self, request: Generate | Judge) -> int:
@@ -248,6 +263,8 @@ class StreamingGeneratorStage(GeneratorStage):
             self.budget[replica] = max(1, 2 * int(answer))
 
     def sent(self, replica, batch):
+        self.dispatches += 1
+        self.last_sent[replica] = self.dispatches
         self.tokens_in_flight[replica] += sum(map(self.cost, batch))
         self.stats.peak_tokens_in_flight = max(self.stats.peak_tokens_in_flight, self.tokens_in_flight[replica])
 
@@ -256,13 +273,16 @@ class StreamingGeneratorStage(GeneratorStage):
 
     def free_replica(self, now=None):
         """The healthy replica with the fewest tokens in flight, if it has room (a retried batch runs
-        on a replica with nothing else in flight, as on the batch path)."""
+        on a replica with nothing else in flight, as on the batch path). Among equally loaded ones, the
+        one that got work longest ago: when the driver cannot keep every replica busy, the work still
+        spreads over all of them instead of piling on the first ones."""
         healthy = self.healthy(now)
         if not healthy:
             return None
-        best = min(healthy, key=self.tokens_in_flight.__getitem__)
-        if self.retry:
+        if self.retry:  # as on the batch path: the first idle replica (fewest tokens, lowest index)
+            best = min(healthy, key=self.tokens_in_flight.__getitem__)
             return best if self.inflight[best] == 0 else None
+        best = min(healthy, key=lambda r: (self.tokens_in_flight[r], self.last_sent[r]))
         return best if self.tokens_in_flight[best] < (self.budget[best] or 0) else None
 
     def take_for(self, replica: int) -> tuple[list[Request], int]:

@@ -76,7 +76,8 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
     metadata = run_metadata(config, identity)
     total = sum(n for shard, n in sizes.items() for s in config.strategies if out.todo(s, shard))
     progress = Progress(log, total)
-    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress, progress_every_s=progress.every_s)
+    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress, progress_every_s=progress.every_s,
+                    log=log)
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard))
     finally:

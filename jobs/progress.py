@@ -54,7 +54,8 @@ class Progress:
             head = f"{done}/{self.total} pairs ({100 * done / self.total:.0f}%) ETA {eta}"
         else:
             head = f"{done} pairs"
-        stages = " ".join(f"{name}[queued={len(s.queue)} running={sum(s.inflight)}]"
+        stages = " ".join(f"{name}[queued={len(s.queue)} running={sum(s.inflight)}"
+                          + "".join(f" {what}={n}" for what, n in _starting(s).items() if n) + "]"
                           for name, s in engine.stages.items())
         return (f"{head} | {pairs_s * 60:.0f} pairs/min, {tok_s:.0f} tok/s over the last {min(span, RECENT_S):.0f} s"
                 f" | in flight {engine.roots_in_flight} | {stages}")
@@ -62,6 +63,12 @@ class Progress:
     def close(self) -> None:
         if self.display is not None:
             self.display.stop()
+
+
+def _starting(stage) -> dict[str, int]:
+    """Replicas not taking work yet: starting (never died) and restarting (died in this run)."""
+    restarting = sum(1 for r in stage.restarting if stage.deaths[r])
+    return {"starting": len(stage.restarting) - restarting, "restarting": restarting}
 
 
 def _duration(seconds: float) -> str:

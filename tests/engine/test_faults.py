@@ -1,6 +1,9 @@
 """Chaos on local Ray: replicas killed mid-run, requests that crash or hang replicas, actors that
 cannot start. Every question must come out exactly once, with the answers of an undisturbed run."""
 
+import os
+import time
+
 import pytest
 
 from engine.loop import Engine
@@ -32,7 +35,7 @@ def kind(request):
 
 
 def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageBatching(max_batch=8),
-        kill=None, kind="batch", **engine):
+        kill=None, kind="batch", log=None, **engine):
     """Run the engine; ``kill(stages)`` is called once, after the fifth question is done."""
     if kind == "async":
         actor = ray.remote(streaming(generator)).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -53,7 +56,7 @@ def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageB
 
     config = EngineConfig(**{"window": 16, "failure_cooldown_s": 0.0, **engine})
     eng = Engine(stages, {strategy: STRATEGIES[strategy](StrategySettings(k=2))}, config, rows.append,
-                 on_progress=chaos, progress_every_s=0.0)
+                 on_progress=chaos, progress_every_s=0.0, log=log)
     eng.run(questions, [strategy])
     assert not kill or killed, "the run ended before the chaos"
     return {r["id"]: r for r in rows}, rows, eng
@@ -98,6 +101,28 @@ def test_a_replica_dead_for_good_is_retired_and_the_others_finish_the_run(ray_se
     by_id, rows, engine = run(ray_session, QUESTIONS, kill=kill, kind=kind)
     assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
     assert engine.stages["generator"].retired == {0} and engine.batch_splits == 0
+
+
+def test_a_replica_killed_while_it_starts_is_reported_and_the_run_finishes_once_it_starts(ray_session, kind, tmp_path):
+    """Ray's memory monitor kills a replica that loads too much while it starts; the run must say so,
+    not wait in silence with a full queue."""
+    starts = tmp_path / "starts"
+
+    def dies_twice(self):
+        with open(starts, "a") as f:
+            f.write("x")
+        if len(starts.read_text()) <= 2:  # the first two starts die, as under Ray's memory monitor
+            time.sleep(1)
+            os._exit(1)
+        SlowGenerator.__init__(self)
+
+    generator = type("DiesWhileStarting", (SlowGenerator,), {"__init__": dies_twice})
+    lines = []
+    calm, _, _ = run(ray_session, QUESTIONS[:10], kind=kind)
+    by_id, rows, engine = run(ray_session, QUESTIONS[:10], generator=generator, kind=kind, log=lines.append)
+    assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
+    assert engine.metrics()["replica_restarts"] >= 2
+    assert any(line.startswith("generator replica ") and " died " in line for line in lines), lines
 
 
 def test_a_transient_failure_retries_the_batch_whole(ray_session, kind):

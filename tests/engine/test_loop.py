@@ -250,3 +250,24 @@ def test_async_replicas_keep_the_tokens_in_flight_within_twice_their_kv_cache(ra
     # a replica with room takes at least one more request
     assert 200 <= stage.stats.peak_tokens_in_flight < 200 + max(costs)
     assert stage.stats.calls > 8  # no replica took the whole queue at once
+
+
+def test_equally_loaded_async_replicas_take_turns_so_work_spreads_over_all_of_them():
+    """When the driver cannot keep every replica busy, a replica that finishes quickly must not get
+    every next batch while the last replicas of the pool get none (the simulated 64-replica cluster
+    left one replica without a single request before this)."""
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+
+    stage = StreamingGeneratorStage([object()] * 4, LLMBatching(max_batch=2), "generator")
+    for replica in range(4):
+        stage.restarting.discard(replica)
+        stage.ready(replica, 1000)
+    request = Generate((("user", "x" * 40),), max_tokens=4)
+    chosen = []
+    for _ in range(8):  # each batch is answered at once: every replica is idle at every choice
+        replica = stage.free_replica()
+        stage.sent(replica, [request])
+        stage.returned(replica, [request])
+        chosen.append(replica)
+    assert chosen == [0, 1, 2, 3, 0, 1, 2, 3]

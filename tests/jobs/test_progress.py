@@ -5,8 +5,8 @@ from types import SimpleNamespace
 from jobs.progress import Progress
 
 
-def engine(done, tokens, in_flight=8):
-    stage = SimpleNamespace(queue=[1, 2, 3], inflight=[1, 0])
+def engine(done, tokens, in_flight=8, restarting=(), deaths=(0, 0)):
+    stage = SimpleNamespace(queue=[1, 2, 3], inflight=[1, 0], restarting=set(restarting), deaths=list(deaths))
     return SimpleNamespace(roots_done=done, tokens=tokens, roots_in_flight=in_flight, stages={"generator": stage})
 
 
@@ -34,3 +34,14 @@ def test_without_a_terminal_progress_is_one_plain_line_per_interval(monkeypatch)
     for done in (1, 2, 3, 4):
         progress(engine(done, 0))
     assert [line.split()[0] for line in lines] == ["1/10", "4/10"]
+
+
+def test_replicas_that_take_no_work_yet_are_shown_as_starting_or_restarting(monkeypatch):
+    """A replica that Ray keeps restarting (killed for memory at every start) must be visible at a glance."""
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: 0.0)
+    lines = []
+    progress = Progress(lines.append, total=10, live=False, every_s=0.0)
+    progress(engine(0, 0, restarting={0, 1}))
+    assert "generator[queued=3 running=1 starting=2]" in lines[-1]
+    progress(engine(0, 0, restarting={1}, deaths=(0, 3)))
+    assert "generator[queued=3 running=1 restarting=1]" in lines[-1]
