@@ -244,8 +244,7 @@ class StreamingGeneratorStage(GeneratorStage):
         self.default_max_tokens = default_max_tokens
         self.budget: list[int | None] = [batching.max_tokens_in_flight] * len(replicas)
         self.tokens_in_flight = [0] * len(replicas)
-        self.last_sent = [0] * len(replicas)  # dispatch number of each replica's latest batch
-        self.dispatches = 0
+        self.last_sent = [0.0] * len(replicas)  # when each replica got its latest batch
         self.restarting.update(range(len(replicas)))  # nothing goes to a replica before it says its capacity
 
     def cost(self, request: Generate | Judge) -> int:
@@ -263,8 +262,7 @@ class StreamingGeneratorStage(GeneratorStage):
             self.budget[replica] = max(1, 2 * int(answer))
 
     def sent(self, replica, batch):
-        self.dispatches += 1
-        self.last_sent[replica] = self.dispatches
+        self.last_sent[replica] = time.perf_counter()
         self.tokens_in_flight[replica] += sum(map(self.cost, batch))
         self.stats.peak_tokens_in_flight = max(self.stats.peak_tokens_in_flight, self.tokens_in_flight[replica])
 
