@@ -14,4 +14,4 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25
