@@ -24,7 +24,11 @@ class StreamingGenerator:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_arguments(llm), disable_log_stats=True))
+        from actors.engine_stats import EngineStats
+
+        self.stats = EngineStats()  # vLLM's own step statistics (KV usage, preemptions, TTFT), no log lines
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_arguments(llm), disable_log_stats=True),
+                                                stat_loggers=[lambda config, index: self.stats])
         self.prompts = Prompts(self.engine.get_tokenizer(), llm["max_model_len"], sampling)
         self.chunk_s = chunk_s
         self.ids = itertools.count()
@@ -33,6 +37,10 @@ class StreamingGenerator:
         """Tokens the KV cache holds: the driver keeps about this much work in flight per replica."""
         cache = self.engine.vllm_config.cache_config
         return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+    def engine_stats(self) -> dict:
+        """vLLM's statistics of this replica since it started (metrics.json, per LLM stage)."""
+        return self.stats.summary()
 
     async def stream(self, requests: list[Generate | Judge]):
         """Yield lists of ``(index in requests, result)`` as results finish. Results that finish

@@ -468,7 +468,9 @@ class Engine:
             "empty_answers": self.empty_answers,
             "trees_capped": self.trees_capped,
             "parse_failures": self.parse_failures,
-            "stages": {name: s.stats.summary(wall, len(s.replicas)) for name, s in self.stages.items()},
+            "stages": {name: {**s.stats.summary(wall, len(s.replicas)),
+                              **({"vllm": s.engine_stats()} if hasattr(s, "engine_stats") else {})}
+                       for name, s in self.stages.items()},
             "resolved_by": self.resolved,
         }
 

@@ -300,6 +300,18 @@ class StreamingGeneratorStage(GeneratorStage):
     def launch(self, replica, batch):
         return [self.replicas[replica].stream.options(num_returns="streaming").remote(batch)]
 
+    def engine_stats(self) -> list[dict]:
+        """Each replica's vLLM statistics (KV cache usage, preemptions, time to first token)."""
+        import ray
+
+        out = []
+        for replica in self.replicas:
+            try:
+                out.append(ray.get(replica.engine_stats.remote(), timeout=30))
+            except Exception as err:  # noqa: BLE001 - a replica gone at the end costs its figures, not the run
+                out.append({"error": f"{type(err).__name__}: {str(err)[:200]}"})
+        return out
+
 
 class RankerStage(Stage):
     """Replicas rank texts against a query: CrossEncoder actors, or encoder actors (bi-encoder cosine)."""

@@ -78,6 +78,8 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     generator = metrics["stages"]["generator"]  # async replicas (the default) served the run, results streamed back
     assert generator["peak_tokens_in_flight"] > 0 and 0 < metrics["first_row_s"] < metrics["wall_s"]
     assert 0 <= generator["prefix_cache_hit_rate"] < 1  # vLLM caches whole 128-token blocks: these prompts share less
+    [vllm] = generator["vllm"]  # vLLM's own figures from the one replica: every request had a first token
+    assert vllm["steps"] > 0 and vllm["ttft_s"]["n"] >= 30 and 0 < vllm["kv_cache_usage"]["peak"] <= 1
 
     raisf = pq.read_table(tmp / "out" / "raisf").to_pylist()
     assert sorted(r["id"] for r in raisf) == ids
