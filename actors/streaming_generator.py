@@ -48,13 +48,7 @@ class StreamingGenerator:
         done: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.create_task(self._one(i, req, done)) for i, req in enumerate(requests)]
         try:
-            remaining = len(requests)
-            while remaining:
-                chunk = [await done.get()]
-                await asyncio.sleep(self.chunk_s)
-                while not done.empty():
-                    chunk.append(done.get_nowait())
-                remaining -= len(chunk)
+            async for chunk in finished_chunks(done, len(requests), self.chunk_s):
                 failed = [r for _, r in chunk if isinstance(r, BaseException)]
                 if failed:
                     raise failed[0]
@@ -96,6 +90,18 @@ class StreamingGenerator:
             _engine_died()
         except Exception as err:  # noqa: BLE001 - the call fails; the driver retries it, isolating the cause
             await done.put((index, err))
+
+
+async def finished_chunks(done: asyncio.Queue, n: int, chunk_s: float):
+    """Yield the ``n`` results put on ``done`` as lists; results that finish within ``chunk_s`` of
+    each other travel together, so a busy replica sends few large chunks."""
+    while n:
+        chunk = [await done.get()]
+        await asyncio.sleep(chunk_s)
+        while not done.empty():
+            chunk.append(done.get_nowait())
+        n -= len(chunk)
+        yield chunk
 
 
 def _engine_died() -> None:

@@ -52,8 +52,8 @@ class StubEncoder:
 class StubShard:
     """Each shard holds its own passages (ids carry the shard number), like real shards."""
 
-    def __init__(self, shard: int):
-        self.shard = shard
+    def __init__(self, shard: int, filler: str = "text " * 60):
+        self.shard, self.filler = shard, filler
 
     def search(self, queries, k):
         from schemas.records import Passage
@@ -61,13 +61,25 @@ class StubShard:
         out = []
         for q in queries:
             ids = [f"s{self.shard}-p{(zlib.crc32(q.encode()) + 7919 * i) % 1_000_000}" for i in range(k)]
-            out.append([Passage(pid, f"Title {pid}", f"passage {pid} " + "text " * 60, 1.0 / (i + 1))
+            out.append([Passage(pid, f"Title {pid}", f"passage {pid} " + self.filler, 1.0 / (i + 1))
                         for i, pid in enumerate(ids)])
         return out
 
 
-def one(n: int) -> dict:
+def write_questions(path: str, n: int) -> None:
+    """``n`` synthetic questions as Parquet, written 100,000 rows at a time."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = pq.ParquetWriter(path, pa.schema([("id", pa.string()), ("question", pa.string())]))
+    for start in range(0, n, 100_000):
+        ids = [f"q{i}" for i in range(start, min(n, start + 100_000))]
+        writer.write_table(pa.table({"id": ids, "question": [f"synthetic question number {i}?" for i in
+                                                              range(start, start + len(ids))]}))
+    writer.close()
+
+
+def one(n: int) -> dict:
     import pyarrow.parquet as pq
     import ray
 
@@ -77,12 +89,7 @@ def one(n: int) -> dict:
 
     tmp = tempfile.mkdtemp()
     qpath = f"{tmp}/q.parquet"
-    writer = pq.ParquetWriter(qpath, pa.schema([("id", pa.string()), ("question", pa.string())]))
-    for start in range(0, n, 100_000):
-        ids = [f"q{i}" for i in range(start, min(n, start + 100_000))]
-        writer.write_table(pa.table({"id": ids, "question": [f"synthetic question number {i}?" for i in
-                                                              range(start, start + len(ids))]}))
-    writer.close()
+    write_questions(qpath, n)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
     config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],

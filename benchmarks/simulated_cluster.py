@@ -47,7 +47,6 @@ import resource
 import sys
 import tempfile
 import time
-import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
 
@@ -141,6 +140,8 @@ class SimulatedReplica:
         return asdict(self.stats)
 
     async def stream(self, requests: list):
+        from actors.streaming_generator import finished_chunks
+
         if self.loop_task is None:
             self.wake = asyncio.Event()
             self.loop_task = asyncio.get_running_loop().create_task(self._run())
@@ -154,13 +155,7 @@ class SimulatedReplica:
             self.waiting.append(Seq(i, done, prompt, COMPLETION[kind], result, prefill_left=prompt))
         self.stats.requests += len(requests)
         self.wake.set()
-        remaining = len(requests)
-        while remaining:
-            chunk = [await done.get()]
-            await asyncio.sleep(self.chunk_s)
-            while not done.empty():
-                chunk.append(done.get_nowait())
-            remaining -= len(chunk)
+        async for chunk in finished_chunks(done, len(requests), self.chunk_s):
             yield chunk
 
     def _answer(self, request):
@@ -237,28 +232,9 @@ class SimulatedReplica:
             self.step_no += 1
 
 
-class StubShard:
-    """Instant retrieval with Wikipedia-sized passages (about 100 words)."""
-
-    def __init__(self, shard: int):
-        self.shard = shard
-
-    def search(self, queries, k):
-        from schemas.records import Passage
-
-        out = []
-        for q in queries:
-            ids = [f"s{self.shard}-p{(zlib.crc32(q.encode()) + 7919 * i) % 1_000_000}" for i in range(k)]
-            out.append([Passage(pid, f"Title {pid}", f"passage {pid} " + "words of text " * 33, 1.0 / (i + 1))
-                        for i, pid in enumerate(ids)])
-        return out
-
-
 def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import ray
-    from engine_overhead import StubEncoder
+    from engine_overhead import StubEncoder, StubShard, write_questions
 
     from engine.stages import RetrieverStage, StreamingGeneratorStage
     from jobs.answer import answer
@@ -266,12 +242,7 @@ def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
 
     tmp = tempfile.mkdtemp()
     qpath = f"{tmp}/q.parquet"
-    writer = pq.ParquetWriter(qpath, pa.schema([("id", pa.string()), ("question", pa.string())]))
-    for start in range(0, questions, 100_000):
-        ids = [f"q{i}" for i in range(start, min(questions, start + 100_000))]
-        writer.write_table(pa.table({"id": ids, "question": [f"synthetic question number {i}?" for i in
-                                                              range(start, start + len(ids))]}))
-    writer.close()
+    write_questions(qpath, questions)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=1024 * 2**20)
     config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],
@@ -281,7 +252,8 @@ def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
            for _ in range(replicas)]
     ray.get([g.__ray_ready__.remote() for g in gen])
     enc = [ray.remote(StubEncoder).options(num_cpus=0).remote() for _ in range(2)]
-    shards = [ray.remote(StubShard).options(num_cpus=0).remote(i) for i in range(2)]
+    # Wikipedia-sized passages (about 100 words)
+    shards = [ray.remote(StubShard).options(num_cpus=0).remote(i, "words of text " * 33) for i in range(2)]
     stages = {"generator": StreamingGeneratorStage(gen, config.engine.generator, "generator"),
               "retriever": RetrieverStage(enc, shards, config.engine.retriever)}
     cpu, wall = time.process_time(), time.perf_counter()
