@@ -3,17 +3,24 @@
 The passages come from an existing ``rag`` run over the same questions (its ``retrieved_ids``), so
 every variant reads exactly the same evidence; answers go through ragsift's answer forms (yes/no
 questions are a guided choice) and are scored like ``ragsift evaluate``. For choosing prompts on a
-calibration slice, never on a reported one.
+calibration slice, never on a reported one. ``few_shot_N`` variants put N solved questions before a
+short-answer question as earlier chat turns (direct only): one per dataset of ``SHOT_DATASETS``, the
+first in sha256-of-id order of DEV questions no slice uses (not the sample, calib, eval, know,
+tune360 or yesno400), answers of at most 4 words.
 
     python benchmarks/prompt_variants.py --questions runs/slices/calib.parquet --rag-run runs/tune/base \\
         --corpus ../shared/data/corpus.parquet [--generator qwen2.5-coder-0.5b-instruct]
+    python benchmarks/prompt_variants.py --questions runs/slices/calib.parquet --variants current,few_shot_3  # direct only
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import variants
+
+SHOT_DATASETS = ("nq", "hotpotqa", "2wiki", "triviaqa", "squad", "popqa")
 
 VARIANTS = {
     # name: (system prompt or None, direct user template, rag user template)
@@ -39,10 +46,27 @@ VARIANTS = {
                                 "do not contain the answer, answer from your own knowledge.\nQuestion: {question}\n"
                                 "Answer:"),
 }
+FEW_SHOT = {f"few_shot_{n}": n for n in (3, 6)}  # direct's current prompt after n solved examples
+
+
+def few_shot_examples(dev: str, n: int) -> list[tuple[str, str]]:
+    """n (question, answer) pairs by the rule in the module docstring."""
+    import pyarrow.parquet as pq
+
+    taken = variants.taken_ids("calib", "eval", "know", "tune360", "yesno400")
+    rows = sorted((r for r in pq.read_table(dev, columns=["id", "dataset", "question", "answers"]).to_pylist()
+                   if r["id"] not in taken and r["answers"] and len(r["answers"][0].split()) <= 4),
+                  key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    first = [next(r for r in rows if r["dataset"] == d) for d in SHOT_DATASETS[:n]]
+    return [(r["question"], r["answers"][0]) for r in first]
 
 
 def main() -> None:
-    args = variants.parser(__doc__, "--rag-run", "a ragsift run with a rag/ folder over the same questions").parse_args()
+    p = variants.parser(__doc__, "--rag-run", "a ragsift run with a rag/ folder over the same questions "
+                        "(without it only direct's variants are scored)", evidence_required=False)
+    p.add_argument("--dev", default=str(variants.ROOT.parent / "shared/data/questions_dev.parquet"),
+                   help="the DEV questions few-shot examples come from")
+    args = p.parse_args()
     import pyarrow.parquet as pq
 
     from engine.steps import Item
@@ -52,30 +76,40 @@ def main() -> None:
     from strategies.forms import choices, final_answer, final_request, form_of
 
     questions = pq.read_table(args.questions).to_pylist()
-    rag_rows = pq.read_table(f"{args.rag_run}/rag", columns=["id", "retrieved_ids"]).to_pylist()
-    retrieved = {r["id"]: r["retrieved_ids"] for r in rag_rows}
-    corpus = variants.passages(args.corpus, [i for ids in retrieved.values() for i in ids])
+    retrieved, corpus = {}, {}
+    if args.rag_run:
+        rag_rows = pq.read_table(f"{args.rag_run}/rag", columns=["id", "retrieved_ids"]).to_pylist()
+        retrieved = {r["id"]: r["retrieved_ids"] for r in rag_rows}
+        corpus = variants.passages(args.corpus, [i for ids in retrieved.values() for i in ids])
     forms = AnswerFormConfig()
     generator = variants.generator(args.generator)
     results = {}
     picked = args.variants.split(",") if args.variants else list(VARIANTS)
+    shots = {name: few_shot_examples(args.dev, FEW_SHOT[name]) for name in picked if name in FEW_SHOT}
     for name in picked:
-        system, direct_user, rag_user = VARIANTS[name]
-        for strategy, template in (("direct", direct_user), ("rag", rag_user)):
+        system, direct_user, rag_user = VARIANTS["current" if name in FEW_SHOT else name]
+        reads = args.rag_run and name not in FEW_SHOT
+        for strategy, template in (("direct", direct_user),) + ((("rag", rag_user),) if reads else ()):
+            examples = tuple(turn for q, a in shots.get(name, ()) for turn in (("user", template.format(question=q)),
+                                                                              ("assistant", a)))
             requests = []
             for q in questions:
-                passages = [corpus[i] for i in retrieved[q["id"]]]
+                passages = [corpus[i] for i in retrieved.get(q["id"], ())]
                 user = template.format(question=q["question"], passages=format_passages(passages))
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
                 # choice forms always take their own system prompt (final_request); a short answer the variant's
-                requests.append(final_request(user, form, forms) if choices(form, forms)
-                                else Generate(answer_messages(user, system)))
+                if choices(form, forms):
+                    requests.append(final_request(user, form, forms))
+                else:
+                    messages = answer_messages(user, system)
+                    requests.append(Generate(messages[:-1] + examples + messages[-1:]))
             answers = [final_answer(response) for response in generator.generate(requests)]
             results[f"{name}/{strategy}"] = variants.score(answers, questions)
             print(name, strategy, results[f"{name}/{strategy}"], flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"questions": args.questions, "n": len(questions), "variants": {n: VARIANTS[n] for n in picked},
+            json.dump({"questions": args.questions, "n": len(questions),
+                       "variants": {n: VARIANTS.get(n) or {"current": VARIANTS["current"], "examples": shots[n]} for n in picked},
                        "scores": results}, f, indent=2)
 
 

@@ -5,17 +5,29 @@ and scoring as ``ragsift evaluate`` scores. For choosing on a calibration slice,
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def parser(doc: str, run_flag: str, run_help: str) -> argparse.ArgumentParser:
+def parser(doc: str, run_flag: str, run_help: str, evidence_required: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--questions", required=True)
-    p.add_argument(run_flag, required=True, help=run_help)
-    p.add_argument("--corpus", required=True)
+    p.add_argument(run_flag, required=evidence_required, help=run_help)
+    p.add_argument("--corpus", required=evidence_required)
     p.add_argument("--generator", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--out")
     p.add_argument("--variants", help="comma-separated names (default: all)")
     return p
+
+
+def taken_ids(*slices: str) -> set[str]:
+    """Ids of the named DEV slices (``results/slices/<name>.txt``) and of the 200-question sample:
+    the questions a new tuning slice or few-shot example must not come from."""
+    import pyarrow.parquet as pq
+
+    ids = {line for name in slices for line in (ROOT / "results/slices" / f"{name}.txt").read_text().split()}
+    return ids | set(pq.read_table(ROOT / "data/demo/sample_questions.parquet", columns=["id"])["id"].to_pylist())
 
 
 def passages(corpus: str, ids) -> dict:

@@ -24,6 +24,8 @@ import json
 import os
 from pathlib import Path
 
+import variants
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -31,10 +33,7 @@ def cut_slice(args: argparse.Namespace) -> None:
     import pyarrow.parquet as pq
 
     dev = pq.read_table(args.dev)
-    taken = set()
-    for name in ("calib", "eval", "know", "tune360"):
-        taken |= set((ROOT / "results/slices" / f"{name}.txt").read_text().split())
-    taken |= set(pq.read_table(ROOT / "data/demo/sample_questions.parquet", columns=["id"])["id"].to_pylist())
+    taken = variants.taken_ids("calib", "eval", "know", "tune360")
     rows = [r for r in dev.select(["id", "dataset", "answers"]).to_pylist()
             if r["id"] not in taken and r["answers"] and str(r["answers"][0]).lower() in ("yes", "no")]
     rows.sort(key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
