@@ -26,8 +26,6 @@ from pathlib import Path
 
 import variants
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def cut_slice(args: argparse.Namespace) -> None:
     import pyarrow.parquet as pq
@@ -42,7 +40,7 @@ def cut_slice(args: argparse.Namespace) -> None:
     index = {qid: i for i, qid in enumerate(dev["id"].to_pylist())}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     pq.write_table(dev.take([index[i] for i in ids]), Path(args.out) / "yesno400.parquet")
-    (ROOT / "results/slices/yesno400.txt").write_text("".join(f"{i}\n" for i in ids))
+    (variants.ROOT / "results/slices/yesno400.txt").write_text("".join(f"{i}\n" for i in ids))
     print(f"yesno400: {len(ids)} questions")
 
 
