@@ -85,7 +85,10 @@ def main() -> None:
     generator = variants.generator(args.generator)
     results = {}
     picked = args.variants.split(",") if args.variants else list(VARIANTS)
-    shots = {name: few_shot_examples(args.dev, FEW_SHOT[name]) for name in picked if name in FEW_SHOT}
+    # one read of DEV: the first n examples of the longest list are the n-example list (one per dataset, in order)
+    counts = {name: FEW_SHOT[name] for name in picked if name in FEW_SHOT}
+    most = few_shot_examples(args.dev, max(counts.values())) if counts else []
+    shots = {name: most[:n] for name, n in counts.items()}
     for name in picked:
         system, direct_user, rag_user = VARIANTS["current" if name in FEW_SHOT else name]
         reads = args.rag_run and name not in FEW_SHOT
