@@ -116,12 +116,13 @@ class Engine:
             now = time.perf_counter()
             if now - last_watch >= WATCH_S:
                 last_watch = now
-                for stage in self.stages.values():
-                    for replica in range(len(stage.replicas)):
-                        self._count_deaths(stage, replica)
+                self._count_all_deaths()
             if self.on_progress and now - last_progress >= self.progress_every_s:
                 self.on_progress(self)
                 last_progress = now
+        # a replica that died and came back since the last look (a short run may never get to one) is
+        # counted too, so replica_restarts covers the whole run
+        self._count_all_deaths()
         if self.on_progress:
             self.on_progress(self)
 
@@ -201,6 +202,11 @@ class Engine:
         self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
                  f"(death {stage.deaths[replica]} of this replica in this run)")
         self._probe(stage, replica)
+
+    def _count_all_deaths(self) -> None:
+        for stage in self.stages.values():
+            for replica in range(len(stage.replicas)):
+                self._count_deaths(stage, replica)
 
     def _count_deaths(self, stage: Stage, replica: int) -> None:
         """Deaths no call saw: Ray holds the calls to an actor that dies while it starts and runs them
