@@ -8,10 +8,12 @@ from schemas.records import Rank, Ranking
 
 
 class Encoder:
-    def __init__(self, model: str, batch_size: int = 64, device: str | None = None):
+    def __init__(self, model: str, batch_size: int = 64, device: str | None = None, threads: int | None = None):
         import torch
         from sentence_transformers import SentenceTransformer
 
+        if threads:
+            torch.set_num_threads(threads)
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = SentenceTransformer(model, device=device)

@@ -9,7 +9,13 @@ between; every candidate value is then scored offline against the gold answers:
     raisf.know_threshold        answer closed-book when P('yes') >= t, else read the top k: the t
                                 whose mix answers best (score = (F1 + accuracy) / 2; ties -> the
                                 higher t, i.e. retrieve more)
-    think_act.beta_threshold    retrieve when beta < beta': likewise (ties -> the higher beta')
+    think_act.context           read the top 3 sentences or the top 3 passages: the one whose
+                                answers score better (ties -> sentences, the paper's reading)
+    think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
+                                higher beta')
+    think_act.ambiguity_threshold
+                                split into sub-queries when P(AMBIGUOUS) >= t, else read: likewise
+                                (ties -> the higher t, i.e. split less)
     raisf.relevance_threshold   a passage is relevant when P('yes') >= t: the t with the best F1
                                 against the gold passages among the top k
     migres.relevance_threshold  the largest delta at which ``--keep`` (0.8) of the questions keep a
@@ -36,6 +42,7 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.io import filesystem, question_columns, read_table, redact
 from jobs.pools import ranker_name
+from strategies.think_act import CONTEXTS
 
 PROBE = "calibration_probe"
 
@@ -100,10 +107,20 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     know, curve = switch_threshold([p["know_p_yes"] for p, _ in probes], [value("raisf_closed", p, g) for p, g in probes],
                                    [value("read", p, g) for p, g in probes])
     out["raisf.know_threshold"] = {"value": know, "n": len(probes), "curve": curve}
-    # Think-then-Act answers closed-book when beta >= beta', else retrieves
-    beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes],
-                                   [value("ta_retrieval", p, g) for p, g in probes])
+    # Think-then-Act: what it reads first, then both of its switches against that read
+    by_context = {c: sum(quality(p["ta_retrieval"][c], g["answers"]) for p, g in probes) / len(probes)
+                  for c in CONTEXTS}
+    context = max(CONTEXTS, key=lambda c: (round(by_context[c], 9), -CONTEXTS.index(c)))
+    out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_context}
+    read = [quality(p["ta_retrieval"][context], g["answers"]) for p, g in probes]
+    # it answers closed-book when beta >= beta', else retrieves
+    beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes], read)
     out["think_act.beta_threshold"] = {"value": beta, "n": len(probes), "curve": curve}
+    # it splits when P(AMBIGUOUS) >= t; a split into nothing new goes on as the read
+    split = [r if p["ta_sub_queries"] is None else quality(p["ta_sub_queries"], g["answers"])
+             for (p, g), r in zip(probes, read)]
+    cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, read)
+    out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
     pairs = [(s, pid in set(g.get("gold_passage_ids") or [])) for p, g in probes if g.get("gold_passage_ids")
              for pid, s in zip(p["top_k"], p["relevance_p_yes"])]
     if pairs:

@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -102,7 +103,9 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
         emb = config.embedder
         actor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
-        encoders = [actor.remote(model, emb.batch_size, emb.device) for _ in range(emb.replicas)]
+        threads = encoder_threads(emb, os.cpu_count() or 1)
+        log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
+        encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()
@@ -194,6 +197,11 @@ def _committed(shard_dir: Path, build_key: str) -> dict | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return info if info.get("build_key") == build_key else None
+
+
+def encoder_threads(embedder, cores: int) -> int:
+    """Torch threads per encoder replica: as configured, or the machine's cores shared among them."""
+    return embedder.threads or max(1, cores // embedder.replicas)
 
 
 def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:

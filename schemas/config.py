@@ -85,6 +85,10 @@ class EmbedderConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    threads: int | None = Field(
+        None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
+        "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
+        "an answer run, would encode on one core). Set it when replicas spread over several machines")
 
 
 class IndexConfig(Section):
@@ -128,6 +132,10 @@ class CrossEncoderPool(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    threads: int | None = Field(
+        None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
+        "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
+        "an answer run, would encode on one core). Set it when replicas spread over several machines")
 
 
 class RerankerConfig(CrossEncoderPool):
@@ -153,6 +161,10 @@ class KnowConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    threads: int | None = Field(
+        None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
+        "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
+        "an answer run, would encode on one core). Set it when replicas spread over several machines")
 
 
 class StageBatching(Section):
@@ -271,7 +283,7 @@ class CalibrationRecord(Section):
     generator: str
     judge: str | None = None
     ranker: str
-    chosen: dict[str, float] = Field(default_factory=dict, description="dotted field -> the value chosen")
+    chosen: dict[str, float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
 
 
 class RayConfig(Section):

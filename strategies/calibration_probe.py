@@ -7,8 +7,14 @@ answers and for the score the threshold cuts, so every candidate value can be sc
                                   vs a read of the top-k passages (the passages branch's stand-in)
     raisf.relevance_threshold     P('yes') of RA-ISF's relevance prompt for each top-k passage
                                   (against the question's gold passages)
+    think_act.context             its answer from the top 3 sentences of the top-k passages vs from
+                                  the top 3 passages
     think_act.beta_threshold      beta = P('yes') of Think-then-Act's confidence prompt; its closed-book
-                                  answer vs its answer from the top sentences of the top-k passages
+                                  answer vs its answer from the top-k passages
+    think_act.ambiguity_threshold P(AMBIGUOUS) of its assessment; its answer by sub-queries (split,
+                                  each answered as Think-then-Act answers a sub-query, aggregated) vs
+                                  its answer from the top-k passages (the query read as it is: the
+                                  rewrite of an INCOMPLETE query is not probed)
     migres.relevance_threshold    the ranker's scores of the top-N passages MIGRES retrieves (delta
                                   is set so that a share of questions keeps a passage, its Section 4)
 
@@ -34,7 +40,7 @@ from strategies.raisf import (
     relevance_requests,
     relevance_scores,
 )
-from strategies.think_act import ThinkActConfig, context_pool
+from strategies.think_act import CONTEXTS, ThinkActConfig, ThinkThenAct, assess_request, context_pool
 
 
 class CalibrationProbe(Routine):
@@ -45,6 +51,7 @@ class CalibrationProbe(Routine):
                  forms: AnswerFormConfig | None = None):
         self.raisf, self.think_act, self.migres = raisf, think_act, migres
         self.forms = forms or AnswerFormConfig()
+        self.ta = ThinkThenAct(think_act, self.forms)  # answers the probe's sub-queries, as it would its own
         self.stages = frozenset({"generator", "judge", "retriever", "ranker"} | judge_stages(raisf))
 
     @classmethod
@@ -60,14 +67,17 @@ class CalibrationProbe(Routine):
         return {run.migres.retriever}
 
     def solve(self, item: Item) -> Solve:
+        if item.depth:  # a sub-query of Think-then-Act's split branch
+            return (yield from self.ta.solve(item))
         q = item.question
 
         def answer(user: str, step: str):
             return final_request(user, form_of(item, self.forms), self.forms, step=step)
 
-        know, confidence, raisf_closed, ta_closed, top_k, migres_top = yield [
+        know, confidence, assessed, raisf_closed, ta_closed, top_k, migres_top = yield [
             know_request(q, self.raisf),
             Judge((("user", prompt("think_act/confidence").format(question=q)),), step="capability"),
+            assess_request(q),
             answer(prompt("raisf/answer").format(question=q), "raisf_closed"),
             answer(prompt("direct/user").format(question=q), "ta_closed"),
             Retrieve(q, self.raisf.k),
@@ -75,26 +85,31 @@ class CalibrationProbe(Routine):
         ]
         item.passages = top_k.passages
         probe = {"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by), "ta_beta": confidence.prob("yes"),
+                 "ta_p_ambiguous": assessed.prob("AMBIGUOUS"),
                  "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
                  "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
         item.trace.append(probe)
-        pool = context_pool(top_k.passages, self.think_act)
+        pools = {c: context_pool(top_k.passages, self.think_act.model_copy(update={"context": c})) for c in CONTEXTS}
         relevance = relevance_requests(q, top_k.passages, self.raisf)
         requests = [*relevance, answer(prompt("rag/user").format(passages=format_passages(top_k.passages), question=q),
                                        "read")]
-        if pool:
-            requests.append(Rank(q, tuple(pool), self.think_act.top_sentences))
+        contexts = [c for c in CONTEXTS if pools[c]]
+        requests += [Rank(q, tuple(pools[c]), self.think_act.top_sentences) for c in contexts]
         if migres_top.passages:
             requests.append(passage_requests(q, migres_top.passages))
         responses = yield requests
         k = len(relevance)
         judged, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
-        sentence_rank = next(ranks) if pool else None
+        ranked = {c: next(ranks) for c in contexts}
         migres_rank = next(ranks) if migres_top.passages else None
         probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=final_answer(read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
-        chosen = [pool[i] for i in sentence_rank.indices] if sentence_rank else []
-        context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
-        probe["ta_retrieval"] = final_answer((yield answer(prompt("think_act/answer_context").format(
-            context=context, question=q), "ta_retrieval")))
+        reads = []
+        for c in CONTEXTS:
+            chosen = [pools[c][i] for i in ranked[c].indices] if c in ranked else []
+            context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
+            reads.append(answer(prompt("think_act/answer_context").format(context=context, question=q), "ta_retrieval"))
+        probe["ta_retrieval"] = dict(zip(CONTEXTS, map(final_answer, (yield reads))))
+        split = yield from self.ta.by_sub_queries(item)  # None: nothing to split into, the query goes on as it is
+        probe["ta_sub_queries"] = split.answer if split else None
         return Done(probe["raisf_closed"], "probe")

@@ -3,7 +3,8 @@
     assess(q)  CLEAR AND COMPLETE -> q_final = q
                INCOMPLETE         -> q_final = rewrite(q)
                AMBIGUOUS          -> q_group = split(q): each sub-query is a child item (no further
-                                     assessment), then the answers are aggregated
+                                     assessment), then the answers are aggregated; with an
+                                     ambiguity_threshold, only when P(AMBIGUOUS) reaches it
     capability(q_final)  confidence: beta = P("yes") of "can you answer on your own?";
                                      retrieve when beta < beta' (beta' = 0 never, 1 always)
                          decision:   the model says RETRIEVAL / NO RETRIEVAL
@@ -33,6 +34,7 @@ from strategies.forms import final_answer, final_request, form_of, response_text
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
+CONTEXTS = ("sentences", "passages")
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
 
 
@@ -52,6 +54,11 @@ class ThinkActConfig(Section):
         "(the paper ranks 'the top sentences from the relevant Wikipedia pages' and Google's organic results, "
         "then keeps 'the top 3 most similar': either reading fits it)")
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
+    ambiguity_threshold: float | None = Field(
+        None, ge=0, le=1, description="split the query into sub-queries when P('AMBIGUOUS') of the assessment "
+        ">= this, else take the likelier of the other two assessments; None = the assessment's own label (the "
+        "paper). A deviation for calibration (`ragsift calibrate`), as beta' is: a small judge's label alone "
+        "may split most queries")
 
 
 class ThinkThenAct(Routine):
@@ -71,22 +78,18 @@ class ThinkThenAct(Routine):
     def solve(self, item: Item) -> Solve:
         query = item.question
         if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries
-            judgment = yield Judge(user(prompt("think_act/assess").format(question=item.question)), ASSESSMENTS, step="assess")
-            label = judgment.label if judgment.label in ASSESSMENTS else "CLEAR AND COMPLETE"
-            item.trace.append({"step": "assess", "label": judgment.label, "probs": judgment.probs})
+            judgment = yield assess_request(item.question)
+            label = assessment(judgment, self.config.ambiguity_threshold)
+            item.trace.append({"step": "assess", "label": judgment.label, "probs": judgment.probs, "taken": label})
             if label == "INCOMPLETE":  # q_final = q_comp
                 rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
                                                          system=None), max_tokens=64, step="rewrite")
                 query = clean_answer(rewrite.text) or item.question
                 item.trace.append({"step": "rewrite", "query": query})
             if label == "AMBIGUOUS":  # q_group = {q^1, ..., q^k}
-                subs = yield from self.split(item)
-                if subs:
-                    children = yield Spawn(subs)
-                    pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}"
-                                      for i, (q, c) in enumerate(zip(subs, children), 1))
-                    return (yield from self.answer(item, "aggregate", "sub_queries",
-                                                   prompt("think_act/aggregate").format(pairs=pairs, question=item.question)))
+                done = yield from self.by_sub_queries(item)
+                if done:
+                    return done
         if not (yield from self.retrieves(item, query)):  # beta >= beta': LM(q_final)
             return (yield from self.answer(item, "answer", "closed_book", prompt("direct/user").format(question=query)))
         item.passages = (yield Retrieve(query, self.config.k)).passages  # LM([D, q_final])
@@ -100,6 +103,17 @@ class ThinkThenAct(Routine):
         context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
         return (yield from self.answer(item, "answer", "retrieval",
                                        prompt("think_act/answer_context").format(context=context, question=query)))
+
+    def by_sub_queries(self, item: Item):
+        """Split the query, answer each sub-query as a child item, aggregate; None when the split
+        gives nothing but the query itself (it then goes on as it is)."""
+        subs = yield from self.split(item)
+        if not subs:
+            return None
+        children = yield Spawn(subs)
+        pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}" for i, (q, c) in enumerate(zip(subs, children), 1))
+        return (yield from self.answer(item, "aggregate", "sub_queries",
+                                       prompt("think_act/aggregate").format(pairs=pairs, question=item.question)))
 
     def split(self, item: Item):
         request = Generate(answer_messages(prompt("think_act/split").format(question=item.question), system=None),
@@ -133,6 +147,21 @@ class ThinkThenAct(Routine):
         response = yield final_request(user_prompt, form_of(item, self.forms), self.forms, step=step)
         item.trace.append({"step": step, "output": response_text(response)})
         return Done(final_answer(response), resolved_by)
+
+
+def assess_request(question: str) -> Judge:
+    return Judge(user(prompt("think_act/assess").format(question=question)), ASSESSMENTS, step="assess")
+
+
+def assessment(judgment, ambiguity_threshold: float | None) -> str:
+    """The assessment the strategy acts on: the judge's label, or with a threshold, AMBIGUOUS exactly
+    when P(AMBIGUOUS) reaches it (else the likelier of the other two)."""
+    label = judgment.label if judgment.label in ASSESSMENTS else "CLEAR AND COMPLETE"
+    if ambiguity_threshold is None:
+        return label
+    if judgment.prob("AMBIGUOUS") >= ambiguity_threshold:
+        return "AMBIGUOUS"
+    return max(ASSESSMENTS[:2], key=judgment.prob)  # without log-probs prob() is the label's 1 / 0
 
 
 def context_pool(passages, config: ThinkActConfig) -> list[str]:

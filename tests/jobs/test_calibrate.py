@@ -51,6 +51,8 @@ def respond(request, item):
     if isinstance(request, Rank):
         top = min(request.top, len(request.texts))
         return Ranking(list(range(top)), [0.9 - i / 10 for i in range(top)])
+    if isinstance(request, Judge) and request.step == "assess":
+        return Judgment("AMBIGUOUS", {"CLEAR AND COMPLETE": 0.2, "INCOMPLETE": 0.3, "AMBIGUOUS": 0.5})
     if isinstance(request, Judge) and request.stage == "judge":
         user = request.messages[-1][1]
         p = 0.8 if user.startswith("Can you use") else 0.3 if user.startswith("Can you answer") else (
@@ -58,16 +60,24 @@ def respond(request, item):
         return Judgment("yes", {"yes": p, "no": 1 - p})
     assert isinstance(request, Generate)
     user = request.messages[-1][1]
-    return Generation("closed" if "[1]" not in user and "- Sentence" not in user else
-                      "read" if "[1]" in user else "sentences")
+    if request.step == "split":
+        return Generation(json.dumps({"sub_questions": ["Who first?", "Who then?"]}))
+    if request.step == "aggregate":
+        return Generation("aggregated" if "Answer 2: sentences" in user else "wrong")
+    return Generation("closed" if "[1]" not in user and "- " not in user else
+                      "read" if "[1]" in user else "passages" if "- T0:" in user else "sentences")
 
 
 def test_the_probe_records_every_score_and_both_branches_answers():
     probe = CalibrationProbe(RaisfConfig(k=3), ThinkActConfig(), MigresConfig(passages_per_query=3))
     done, item = drive(probe, "Who?", respond)
-    (p,) = item.trace
+    p = item.trace[0]
     assert (p["know_p_yes"], p["ta_beta"]) == (0.8, 0.3)
-    assert (p["raisf_closed"], p["ta_closed"], p["read"], p["ta_retrieval"]) == ("closed", "closed", "read", "sentences")
+    assert (p["raisf_closed"], p["ta_closed"], p["read"]) == ("closed", "closed", "read")
+    assert p["ta_retrieval"] == {"sentences": "sentences", "passages": "passages"}
+    # the split branch: sub-queries answered as Think-then-Act answers them, then aggregated
+    assert p["ta_p_ambiguous"] == 0.5 and p["ta_sub_queries"] == "aggregated"
+    assert [t["step"] for t in item.trace] == ["probe", "split", "aggregate"]
     assert p["relevance_p_yes"] == [0.2, 0.9, 0.2] and p["top_k"] == ["p0", "p1", "p2"]
     assert p["migres_scores"] == [0.9, 0.8, 0.7] and done.resolved_by == "probe"
     from strategies.registry import ANSWERING
@@ -75,20 +85,23 @@ def test_the_probe_records_every_score_and_both_branches_answers():
 
 
 def test_choose_reads_probe_rows_against_gold():
-    def row(qid, know, beta, closed, read, rel, scores):
+    def row(qid, know, beta, closed, read, rel, scores, ambiguous, split, passages=None):
         trace = [{"step": "probe", "know_p_yes": know, "ta_beta": beta, "raisf_closed": closed, "ta_closed": closed,
-                  "read": read, "ta_retrieval": read, "top_k": ["a", "b"], "relevance_p_yes": rel,
-                  "migres_scores": scores}]
+                  "read": read, "ta_retrieval": {"sentences": read, "passages": passages or read}, "top_k": ["a", "b"],
+                  "relevance_p_yes": rel, "migres_scores": scores, "ta_p_ambiguous": ambiguous, "ta_sub_queries": split}]
         return {"id": qid, "error": None, "trace": json.dumps(trace)}
 
-    rows = [row("1", 0.95, 0.95, "Paris", "Lyon", [0.9, 0.1], [0.8]),
-            row("2", 0.6, 0.6, "Rome", "Berlin", [0.2, 0.7], [0.4]),
-            row("3", 0.4, 0.4, "x", "Oslo", [0.3, 0.6], [0.6])]
+    rows = [row("1", 0.95, 0.95, "Paris", "Lyon", [0.9, 0.1], [0.8], 0.5, "Lyon"),
+            row("2", 0.6, 0.6, "Rome", "Berlin", [0.2, 0.7], [0.4], 0.7, None, passages="Bonn"),
+            row("3", 0.4, 0.4, "x", "Ost", [0.3, 0.6], [0.6], 0.6, "Oslo", passages="Oslo")]
     gold = {"1": {"answers": ["Paris"], "gold_passage_ids": ["a"]}, "2": {"answers": ["Berlin"], "gold_passage_ids": ["b"]},
             "3": {"answers": ["Oslo"], "gold_passage_ids": ["b"]}}
     chosen = choose(rows, gold, keep=0.6)  # 2 of 3 questions keep a passage
     assert chosen["raisf.know_threshold"]["value"] == 0.775  # closed-book only for question 1
+    assert chosen["think_act.context"]["value"] == "sentences"  # ties (1 of 3 each) -> the paper's reading
     assert chosen["think_act.beta_threshold"]["value"] == 0.775  # retrieve below
+    # splitting helps only question 3 (0.6); 2 has no split (it reads), so its 0.7 must not pull the cut up
+    assert chosen["think_act.ambiguity_threshold"]["value"] == 0.55
     assert chosen["raisf.relevance_threshold"]["value"] == 0.45  # a, b, b relevant; nothing else
     assert chosen["migres.relevance_threshold"]["value"] == 0.6
     config = AnswerConfig(raisf={"know_threshold": 0.95},

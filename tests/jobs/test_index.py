@@ -188,3 +188,23 @@ def test_unusable_corpus_is_a_clear_error(tmp_path, table, message):
     pq.write_table(table, corpus)
     with pytest.raises(ValueError, match=message):
         build_index(_config(corpus, tmp_path / "i", 1))
+
+
+def test_the_index_job_encodes_on_every_core_of_its_machine_unless_told_otherwise():
+    """OMP_NUM_THREADS=1 (right beside vLLM) left the index job encoding on one core of two: 120 s
+    instead of 68 s for the demo corpus (BENCHMARKS.md)."""
+    import torch
+
+    from jobs.index import encoder_threads
+    from schemas.config import EmbedderConfig
+
+    assert encoder_threads(EmbedderConfig(), cores=8) == 8
+    assert encoder_threads(EmbedderConfig(replicas=3), cores=8) == 2
+    assert encoder_threads(EmbedderConfig(replicas=4), cores=2) == 1
+    assert encoder_threads(EmbedderConfig(threads=3, replicas=2), cores=8) == 3
+    before = torch.get_num_threads()
+    try:
+        Encoder(resolve("all-minilm-l6-v2"), threads=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -24,12 +24,14 @@ PASSAGES = [Passage("p0", "Paris", "Paris is the capital of France. It is large.
 
 
 class Script:
-    def __init__(self, assess="CLEAR AND COMPLETE", beta=0.2, decision="RETRIEVAL", subs=(), rewrite="Q full?"):
+    def __init__(self, assess="CLEAR AND COMPLETE", beta=0.2, decision="RETRIEVAL", subs=(), rewrite="Q full?",
+                 assess_probs=None):
         self.assess, self.beta, self.decision, self.subs, self.rewrite = assess, beta, decision, subs, rewrite
+        self.assess_probs = assess_probs
 
     def __call__(self, request, item):
         if request.step == "assess":
-            return Judgment(self.assess, None, 30, 3)
+            return Judgment(self.assess, self.assess_probs, 30, 3)
         if request.step == "capability":
             if "RETRIEVAL" in request.choices:
                 return Judgment(self.decision, None, 30, 2)
@@ -102,6 +104,27 @@ def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggrega
     assert done.resolved_by == "sub_queries" and done.citations == []
     aggregate = log[-1][1].messages[-1][1]
     assert "Sub-query 1: A?\nAnswer 1: ans[Question: A?]" in aggregate and "Sub-query 2: B?" in aggregate
+
+
+AMBIGUOUS_AT_0_4 = {"CLEAR AND COMPLETE": 0.25, "INCOMPLETE": 0.35, "AMBIGUOUS": 0.4}
+
+
+@pytest.mark.parametrize("cut, taken, first_steps", [
+    (None, "AMBIGUOUS", ["assess", "split", "aggregate"]),  # the paper: the judge's label
+    (0.3, "AMBIGUOUS", ["assess", "split", "aggregate"]),
+    (0.5, "INCOMPLETE", ["assess", "rewrite", "capability"]),  # below the cut: the likelier of the other two
+])
+def test_an_ambiguity_threshold_splits_only_queries_the_judge_finds_ambiguous_enough(cut, taken, first_steps):
+    script = Script(assess="AMBIGUOUS", subs=["A?", "B?"], assess_probs=AMBIGUOUS_AT_0_4)
+    done, item = drive(ThinkThenAct(ThinkActConfig(ambiguity_threshold=cut)), "Q?", script)
+    assert item.trace[0]["taken"] == taken and steps(item)[:3] == first_steps
+    assert done.resolved_by == ("sub_queries" if taken == "AMBIGUOUS" else "retrieval")
+
+
+def test_an_ambiguity_threshold_can_split_a_query_the_judge_labelled_otherwise():
+    script = Script(assess="INCOMPLETE", subs=["A?", "B?"], assess_probs=AMBIGUOUS_AT_0_4)
+    done, item = drive(ThinkThenAct(ThinkActConfig(ambiguity_threshold=0.4)), "Q?", script)
+    assert item.trace[0]["taken"] == "AMBIGUOUS" and done.resolved_by == "sub_queries"
 
 
 def test_no_assessment_switch_and_errors():
