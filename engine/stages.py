@@ -318,6 +318,19 @@ class RankerStage(Stage):
 
     name = "ranker"
 
+    def take(self) -> tuple[list[Request], int]:
+        """As many requests as fit ``max_texts`` (at least one): a call's time is its texts, not its requests."""
+        if self.retry:
+            return self.retry.popleft()
+        limit, texts, batch = getattr(self.batching, "max_texts", None), 0, []
+        while self.queue and len(batch) < self.batching.max_batch:
+            size = len(self.queue[0][0].texts)
+            if batch and limit and texts + size > limit:
+                break
+            batch.append(self.queue.popleft()[0])
+            texts += size
+        return batch, 0
+
     def launch(self, replica, batch: list[Rank]):
         return [self.replicas[replica].rank.remote(batch)]
 

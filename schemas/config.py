@@ -190,12 +190,19 @@ class RetrieverBatching(StageBatching):
     timeout_s: float | None = Field(600, gt=0)
 
 
+class RankerBatching(RetrieverBatching):
+    max_texts: int | None = Field(
+        1024, ge=1, description="texts (passages, sentences) scored per call, summed over its requests; a request "
+        "longer than this goes alone; None = no limit. 128 MIGRES ranks of 50 passages each (6,400 encodes) ran past "
+        "the 600 s timeout on a shared CPU core, so the replica was killed and the batch retried whole")
+
+
 class EngineConfig(Section):
     window: int = Field(512, json_schema_extra=SPEED, ge=1, description="root questions in flight at once (backpressure)")
     generator: LLMBatching = Field(json_schema_extra=SPEED, default_factory=LLMBatching)
     judge: LLMBatching = Field(json_schema_extra=SPEED, default_factory=LLMBatching)
     retriever: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
-    ranker: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
+    ranker: RankerBatching = Field(json_schema_extra=SPEED, default_factory=RankerBatching)
     nli: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
     know: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, json_schema_extra=SPEED, ge=0, description="completed requests remembered for dedup")

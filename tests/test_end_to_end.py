@@ -275,3 +275,31 @@ def test_demo_command_runs_on_the_embedded_data(tmp_path):
     assert manifest["count"] == 3000 and len(manifest["shards"]) == 2
     table = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert {(r["strategy"], r["n"]) for r in table if r["dataset"] == "ALL"} == {("direct", 4), ("rag", 4)}
+
+
+def test_calibrate_chooses_think_act_thresholds_that_the_strategy_then_acts_on(ten_questions):
+    """`ragsift calibrate` on the real model: one probe pass (sub-queries answered as Think-then-Act
+    answers them) gives think_act's context, beta' and ambiguity cut; an answer run with the written
+    config splits exactly the questions whose P(AMBIGUOUS) reaches the cut."""
+    import yaml
+
+    from strategies.think_act import CONTEXTS
+
+    tmp, picked = ten_questions
+    if not (tmp / "idx" / "manifest.json").exists():
+        ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    ragsift("calibrate", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cal",
+            "--generator", "smollm2-135m-instruct")
+    probes = [json.loads(r["trace"])[0] for r in pq.read_table(tmp / "cal" / "calibration_probe").to_pylist()]
+    assert len(probes) == 10 and all(set(p["ta_retrieval"]) == set(CONTEXTS) for p in probes)
+    assert all(0 < p["ta_p_ambiguous"] < 1 for p in probes)  # log-probs of the assessment, not a label
+    assert any(isinstance(p["ta_sub_queries"], str) for p in probes)  # some split, were answered, aggregated
+    values = yaml.safe_load((tmp / "cal" / "calibrated.yaml").read_text())
+    cut = values["think_act"]["ambiguity_threshold"]
+    assert values["think_act"]["context"] in CONTEXTS and 0 <= cut <= 1
+    ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
+            "--strategy", "think_act", "--config", tmp / "cal" / "calibrated.yaml")
+    for row in pq.read_table(tmp / "ta" / "think_act").to_pylist():
+        assess = json.loads(row["trace"])[0]
+        assert assess["step"] == "assess" and row["error"] is None
+        assert (assess["taken"] == "AMBIGUOUS") == (assess["probs"]["AMBIGUOUS"] >= cut)

@@ -271,3 +271,18 @@ def test_equally_loaded_async_replicas_take_turns_so_work_spreads_over_all_of_th
         stage.returned(replica, [request])
         chosen.append(replica)
     assert chosen == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
+    """A call's time is its texts: 128 MIGRES ranks of 50 passages ran past the ranker's 600 s timeout
+    on a shared CPU core, so the replica was killed and the same batch retried."""
+    from engine.stages import RankerStage
+    from schemas.config import RankerBatching
+    from schemas.records import Rank
+
+    stage = RankerStage([object()], RankerBatching(max_texts=120))
+    for i in range(4):
+        stage.queue.append((Rank(f"q{i}", ("t",) * 50, 3), 0.0))
+    stage.queue.append((Rank("long", ("t",) * 200, 3), 0.0))
+    assert [[r.query for r in stage.take()[0]] for _ in range(3)] == [["q0", "q1"], ["q2", "q3"], ["long"]]
+    assert EngineConfig().ranker.max_texts == 1024
