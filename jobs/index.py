@@ -102,7 +102,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         from actors.encoder import Encoder
 
         emb = config.embedder
-        actor = ray.remote(Encoder).options(num_cpus=emb.num_cpus, num_gpus=emb.num_gpus)
+        actor = ray.remote(Encoder).options(**encoder_options(emb))
         threads = encoder_threads(emb, os.cpu_count() or 1)
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
         encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
@@ -197,6 +197,12 @@ def _committed(shard_dir: Path, build_key: str) -> dict | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return info if info.get("build_key") == build_key else None
+
+
+def encoder_options(embedder) -> dict:
+    """Ray options of an index encoder actor. One that dies (out of memory, a lost node) is restarted
+    and Ray re-runs the encode calls it had: encoding is stateless, so a retry gives the same vectors."""
+    return {"num_cpus": embedder.num_cpus, "num_gpus": embedder.num_gpus, "max_restarts": 3, "max_task_retries": 3}
 
 
 def encoder_threads(embedder, cores: int) -> int:

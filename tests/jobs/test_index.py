@@ -162,6 +162,38 @@ def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_s
     assert resumed["count"] == clean["count"] == 300
 
 
+class DyingOnceEncoder(HashEncoder):
+    """Its process exits on its 2nd encode call, once per ``marker`` file (as an OOM kill would)."""
+
+    def __init__(self, marker: str):
+        super().__init__()
+        self.marker = marker
+
+    def encode(self, texts):
+        import os
+
+        if self.calls == 1 and not os.path.exists(self.marker):  # HashEncoder counts the calls
+            open(self.marker, "w").close()
+            os._exit(1)
+        return super().encode(texts)
+
+
+def test_an_encoder_that_dies_mid_build_is_restarted_and_its_batch_encoded_again(ray_session, squad_slice, tmp_path):
+    import ray
+
+    from jobs.index import encoder_options
+    from schemas.config import EmbedderConfig
+
+    corpus, _ = squad_slice
+    options = {**encoder_options(EmbedderConfig()), "num_cpus": 0}
+    dying = [ray.remote(DyingOnceEncoder).options(**options).remote(str(tmp_path / "died"))]
+    manifest = _build(corpus, tmp_path / "idx", 3, encoders=dying)
+    assert (tmp_path / "died").exists()  # it did die, inside shard 0's rows
+    clean = _build(corpus, tmp_path / "clean", 3, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert [s["index_sha256"] for s in manifest["shards"]] == [s["index_sha256"] for s in clean["shards"]]
+    assert manifest["count"] == clean["count"] == 300
+
+
 def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
     import ray
 
