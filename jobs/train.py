@@ -156,6 +156,7 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     scores = model.predict([(p["question"], p["passage"]) for p in test], batch_size=64, show_progress_bar=False)
     predict_s = time.perf_counter() - started
     metrics = {"held_out_auc": round(auc([p["label"] for p in test], list(map(float, scores))), 4) if test else None,
+               "held_out_auc_base_cosine": base_cosine_auc(args.base, test) if test else None,
                "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
                "train_loss_last": losses[-1] if losses else None, "train_loss": result.training_loss,
                "train_pairs_per_s": round(len(train) * args.epochs / train_s, 1),
@@ -173,9 +174,23 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
-    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']}, loss {metrics['train_loss_first']} -> "
+    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
+        f"{metrics['held_out_auc_base_cosine']}), loss {metrics['train_loss_first']} -> "
         f"{metrics['train_loss_last']}, {metrics['train_pairs_per_s']} pairs/s training")
     return card
+
+
+def base_cosine_auc(base: str, pairs: list[dict]) -> float:
+    """The bar a trained M_rel must clear: the untrained base model's cosine of question and passage
+    (as the ranker's fallback scores them) on the same held-out pairs."""
+    from sentence_transformers import SentenceTransformer
+
+    from jobs.models import resolve
+
+    model = SentenceTransformer(resolve(base), device="cpu")
+    q = model.encode([p["question"] for p in pairs], normalize_embeddings=True, show_progress_bar=False)
+    d = model.encode([p["passage"] for p in pairs], normalize_embeddings=True, show_progress_bar=False)
+    return round(auc([p["label"] for p in pairs], (q * d).sum(axis=1).tolist()), 4)
 
 
 def train_know(args: argparse.Namespace, log) -> dict:
