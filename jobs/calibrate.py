@@ -14,8 +14,9 @@ between; every candidate value is then scored offline against the gold answers:
     think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
                                 higher beta')
     think_act.ambiguity_threshold
-                                split into sub-queries when P(AMBIGUOUS) >= t, else read: likewise
-                                (ties -> the higher t, i.e. split less)
+                                split into sub-queries when P(AMBIGUOUS) >= t, else go on (at that
+                                beta'): likewise (ties -> the higher t, i.e. split less). The probe
+                                answers sub-queries under the config it runs with (context, beta')
     raisf.relevance_threshold   a passage is relevant when P('yes') >= t: the t with the best F1
                                 against the gold passages among the top k
     migres.relevance_threshold  the largest delta at which ``--keep`` (0.8) of the questions keep a
@@ -99,6 +100,9 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
         probes.append((steps[0], g))
     if not probes:
         raise ValueError("no probe row could be scored: the calibration questions need gold `answers`")
+    if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
+        raise ValueError("these probe rows were written by an older ragsift (no Think-then-Act split branch): "
+                         "rerun calibrate with --force or into a new --output")
 
     def value(field, p, g):
         return quality(p[field], g["answers"])
@@ -116,10 +120,12 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     # it answers closed-book when beta >= beta', else retrieves
     beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes], read)
     out["think_act.beta_threshold"] = {"value": beta, "n": len(probes), "curve": curve}
-    # it splits when P(AMBIGUOUS) >= t; a split into nothing new goes on as the read
+    # it splits when P(AMBIGUOUS) >= t, else goes on as it would at the beta' just chosen; a split
+    # into nothing new goes on the same way
+    goes_on = [value("ta_closed", p, g) if p["ta_beta"] >= beta else r for (p, g), r in zip(probes, read)]
     split = [r if p["ta_sub_queries"] is None else quality(p["ta_sub_queries"], g["answers"])
-             for (p, g), r in zip(probes, read)]
-    cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, read)
+             for (p, g), r in zip(probes, goes_on)]
+    cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, goes_on)
     out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
     pairs = [(s, pid in set(g.get("gold_passage_ids") or [])) for p, g in probes if g.get("gold_passage_ids")
              for pid, s in zip(p["top_k"], p["relevance_p_yes"])]

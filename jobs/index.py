@@ -103,7 +103,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
         emb = config.embedder
         actor = ray.remote(Encoder).options(**encoder_options(emb))
-        threads = encoder_threads(emb, os.cpu_count() or 1)
+        threads = encoder_threads(emb, len(os.sched_getaffinity(0)))  # the cores this job may use
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
         encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())

@@ -132,10 +132,6 @@ class CrossEncoderPool(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
-    threads: int | None = Field(
-        None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
-        "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
-        "an answer run, would encode on one core). Set it when replicas spread over several machines")
 
 
 class RerankerConfig(CrossEncoderPool):
@@ -161,10 +157,6 @@ class KnowConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
-    threads: int | None = Field(
-        None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
-        "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
-        "an answer run, would encode on one core). Set it when replicas spread over several machines")
 
 
 class StageBatching(Section):

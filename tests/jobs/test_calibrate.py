@@ -128,3 +128,10 @@ def test_the_calibrated_config_names_the_models_its_thresholds_were_measured_wit
     assert values["calibration"]["questions_sha256"] == "f" * 64 and values["calibration"]["n"] == 166
     no_judge = config_values(base.model_copy(update={"judge": None}), chosen, "f" * 64, 166)
     assert "judge" not in no_judge and no_judge["calibration"]["judge"] is None
+
+
+def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
+    trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
+              "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
+    with pytest.raises(ValueError, match="older ragsift.*--force"):
+        choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["a"]}}, keep=0.8)
