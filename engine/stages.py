@@ -115,8 +115,11 @@ class Stage:
             return best
         if self.retry:  # a retried batch may hold a request that breaks replicas: it runs alone
             return None
-        full = len(self.queue) >= self.batching.max_batch
-        return best if full and self.inflight[best] < self.batching.max_inflight_per_replica else None
+        return best if self.full() and self.inflight[best] < self.batching.max_inflight_per_replica else None
+
+    def full(self) -> bool:
+        """The queue holds a whole batch."""
+        return len(self.queue) >= self.batching.max_batch
 
     def healthy(self, now: float | None = None) -> list[int]:
         """Replicas that may take work now: not retired, not restarting, not resting after a failure."""
@@ -130,8 +133,7 @@ class Stage:
             return True
         if not self.queue:
             return False
-        return (flush or len(self.queue) >= self.batching.max_batch
-                or now - self.queue[0][1] >= self.batching.max_wait_s)
+        return flush or self.full() or now - self.queue[0][1] >= self.batching.max_wait_s
 
     def next_deadline(self) -> float | None:
         """When a waiting batch can go: a partial batch becomes due or a resting replica is back."""
@@ -317,6 +319,10 @@ class RankerStage(Stage):
     """Replicas rank texts against a query: CrossEncoder actors, or encoder actors (bi-encoder cosine)."""
 
     name = "ranker"
+
+    def full(self) -> bool:
+        limit = getattr(self.batching, "max_texts", None)
+        return super().full() or bool(limit and sum(len(r.texts) for r, _ in self.queue) >= limit)
 
     def take(self) -> tuple[list[Request], int]:
         """As many requests as fit ``max_texts`` (at least one): a call's time is its texts, not its requests."""

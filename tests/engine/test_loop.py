@@ -284,5 +284,9 @@ def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
     for i in range(4):
         stage.queue.append((Rank(f"q{i}", ("t",) * 50, 3), 0.0))
     stage.queue.append((Rank("long", ("t",) * 200, 3), 0.0))
+    assert stage.full()  # 400 texts in 5 requests: a busy replica may queue the next call behind its work
+    stage.inflight[0] = 1
+    assert stage.free_replica() == 0
     assert [[r.query for r in stage.take()[0]] for _ in range(3)] == [["q0", "q1"], ["q2", "q3"], ["long"]]
+    assert not stage.full()
     assert EngineConfig().ranker.max_texts == 1024
