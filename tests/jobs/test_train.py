@@ -59,7 +59,7 @@ def test_relevance_training_lowers_the_loss_and_separates_held_out_pairs(trained
     assert card["excluded_questions"] == 20 and card["questions_used"] == 180 and card["positives"] > 100
     assert m["train_loss_last"] < m["train_loss_first"]
     assert m["held_out_pairs"] > 50 and m["held_out_auc"] > 0.6
-    assert 0 < m["held_out_auc_base_cosine"] < 1  # the untrained bar the card reports beside it
+    assert m["held_out_auc_base_cosine"] > 0.5  # the untrained bar the card reports beside it
     assert m["train_pairs_per_s"] > 0 and (tmp / "m_rel" / "README.md").exists()
 
 
