@@ -84,13 +84,14 @@ def test_a_restarting_replica_gets_no_batch_until_it_is_back_so_no_batch_is_spli
     def kill(stages):
         ray_session.kill(stages["generator"].replicas[0], no_restart=False)
 
-    calm, _, calm_engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kind=kind)
+    calm, _, _ = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kind=kind)
     by_id, rows, engine = run(ray_session, QUESTIONS, generator=SlowStartingGenerator, kill=kill, kind=kind)
     assert answers(by_id) == answers(calm) and all(r["error"] is None for r in rows)
     assert engine.batch_failures >= 1 and engine.batch_splits == 0
     assert engine.metrics()["replica_restarts"] >= 1
-    calls = engine.stages["generator"].stats.calls
-    assert calls <= calm_engine.stages["generator"].stats.calls + engine.batch_failures
+    # (a bound on calls against the calm run was dropped: how many calls the same work takes depends on
+    # timing: it failed 1 run in 3 on a loaded box (10 calls against 7 + 2) and in a fresh-clone CI run.
+    # A batch sent to the restarting replica fails a second time and is split: batch_splits says it.)
 
 
 def test_a_replica_dead_for_good_is_retired_and_the_others_finish_the_run(ray_session, kind):
