@@ -40,7 +40,14 @@ from strategies.raisf import (
     relevance_requests,
     relevance_scores,
 )
-from strategies.think_act import CONTEXTS, ThinkActConfig, ThinkThenAct, assess_request, context_pool
+from strategies.think_act import (
+    CONTEXTS,
+    ThinkActConfig,
+    ThinkThenAct,
+    answer_prompt,
+    assess_request,
+    context_pool,
+)
 
 
 class CalibrationProbe(Routine):
@@ -107,8 +114,7 @@ class CalibrationProbe(Routine):
         reads = []
         for c in CONTEXTS:
             chosen = [pools[c][i] for i in ranked[c].indices] if c in ranked else []
-            context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
-            reads.append(answer(prompt("think_act/answer_context").format(context=context, question=q), "ta_retrieval"))
+            reads.append(answer(answer_prompt(chosen, q), "ta_retrieval"))
         probe["ta_retrieval"] = dict(zip(CONTEXTS, map(final_answer, (yield reads))))
         split = yield from self.ta.by_sub_queries(item)  # None: nothing to split into, the query goes on as it is
         probe["ta_sub_queries"] = split.answer if split else None

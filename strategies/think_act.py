@@ -100,9 +100,7 @@ class ThinkThenAct(Routine):
             ranking = yield Rank(query, tuple(pool), self.config.top_sentences, step="rank")
             chosen = [pool[i] for i in ranking.indices]
             item.trace.append({"step": "rank", "sentences": chosen, "scores": [round(x, 4) for x in ranking.scores]})
-        context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
-        return (yield from self.answer(item, "answer", "retrieval",
-                                       prompt("think_act/answer_context").format(context=context, question=query)))
+        return (yield from self.answer(item, "answer", "retrieval", answer_prompt(chosen, query)))
 
     def by_sub_queries(self, item: Item):
         """Split the query, answer each sub-query as a child item, aggregate; None when the split
@@ -162,6 +160,12 @@ def assessment(judgment, ambiguity_threshold: float | None) -> str:
     if judgment.prob("AMBIGUOUS") >= ambiguity_threshold:
         return "AMBIGUOUS"
     return max(ASSESSMENTS[:2], key=judgment.prob)  # without log-probs prob() is the label's 1 / 0
+
+
+def answer_prompt(chosen: list[str], question: str) -> str:
+    """LM([D, q_final]): the chosen sentences or passages as D."""
+    context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
+    return prompt("think_act/answer_context").format(context=context, question=question)
 
 
 def context_pool(passages, config: ThinkActConfig) -> list[str]:
