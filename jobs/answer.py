@@ -25,8 +25,10 @@ from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
-def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | None = None) -> dict:
-    """Answer ``config.questions`` into ``config.output``; resumes a previous run of the same config.
+def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | None = None,
+           retry_errors: bool = False) -> dict:
+    """Answer ``config.questions`` into ``config.output``; resumes a previous run of the same config,
+    and with ``retry_errors`` answers its error rows again (in place, each id still once).
 
     ``stages`` replaces the actor pools (tests use stub actors); by default they are built from config.
     """
@@ -40,15 +42,19 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     # behind. A finished output is left alone before that: "nothing to do" needs neither.
     pools = pool_plan(config, needs) if stages is None and not claimed(config.output) else None
     with Lease(config.output, log=log):  # one driver per output: a second one is refused, naming the first
-        return _answer(config, plan, strategies, needs, pools, stages, log, force)
+        return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors)
 
 
-def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool) -> dict:
+def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool,
+            retry_errors: bool) -> dict:
     from jobs.ray_session import init_ray
 
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
+    retried = out.reopen_errors() if retry_errors else 0
+    if retried:
+        log(f"--retry-errors: answering {retried} error rows of {len(out.retrying)} committed parts again")
     skip = out.skip_shards()
     shard_rows = config.commit.shard_rows
     sizes = plan.shard_sizes(shard_rows)
@@ -74,19 +80,19 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         init_ray(config.ray, cpus_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
-    total = sum(n for shard, n in sizes.items() for s in config.strategies if out.todo(s, shard))
+    total = out.pairs_todo(sizes)
     progress = Progress(log, total)
     engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress, progress_every_s=progress.every_s,
                     log=log)
     try:
-        engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard))
+        engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
     finally:
         progress.close()
         left = out.close()
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, **engine.metrics(), "duplicate_ids_dropped": len(plan.duplicate_rows),
-               "shards_resumed": len(skip), "parts_committed": out.commits, "exactly_once": check,
+               "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
     fs, root = filesystem(config.output)
     with fs.open_output_stream(f"{root}/metrics.json") as f:
@@ -121,6 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="answer only the first N questions")
     p.add_argument("--force", action="store_true",
                    help="discard existing output written with a different config instead of refusing")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="answer the error rows of an existing output again, in place (the other rows are kept)")
     add_config_arguments(p)
 
 
@@ -140,7 +148,8 @@ def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ..
 
 
 def run(args: argparse.Namespace) -> int:
-    answer(config_from_args(args), log=lambda *a: print(*a, file=sys.stderr), force=args.force)
+    answer(config_from_args(args), log=lambda *a: print(*a, file=sys.stderr), force=args.force,
+           retry_errors=args.retry_errors)
     return 0
 
 

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = answer_job.config_from_args(args, default_strategies=ANSWERING)
     question_columns(config.questions)  # the gold columns are checked before hours of answering
-    answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
+    answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force,
+                      retry_errors=args.retry_errors)
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k)
     print_table(table)
     print(resolution_markdown(resolved))

@@ -9,7 +9,9 @@ or an error row), so a part that exists is complete; its sha256 and row count ar
 parts are kept when their checksum matches (a damaged part is named in the log and answered again;
 a part written before checksums existed is checked by its footer only), leftovers of the interrupted
 run are removed, and only the unfinished shards are answered. A different answer config is refused
-unless forced.
+unless forced. ``--retry-errors`` opens the committed parts that hold error rows again with their
+answered rows in them, so only the error rows are answered again; the old part stays in place until
+the new one, whole, replaces it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -76,6 +79,7 @@ class ShardedOutput:
         self.open: dict[tuple[str, int], _Open] = {}
         self.expected: dict[int, int] = {}  # shard -> questions it holds (known once it is read)
         self.committed: set[tuple[str, int]] = set()
+        self.retrying: dict[tuple[str, int], frozenset[str]] = {}  # reopened part -> the ids to answer again
         self.commits = 0
         self._prepare(force)
 
@@ -142,8 +146,34 @@ class ShardedOutput:
         shards = [{s for st, s in self.committed if st == strategy} for strategy in self.strategies]
         return frozenset(set.intersection(*shards)) if shards else frozenset()
 
-    def todo(self, strategy: str, shard: int) -> bool:
+    def todo(self, strategy: str, shard: int, qid: str | None = None) -> bool:
+        """Whether (strategy, question) still needs an answer: its part is not committed or, in a reopened
+        part, its row was an error. ``qid`` None asks about the shard as a whole."""
+        if (strategy, shard) in self.retrying:
+            return qid is None or qid in self.retrying[(strategy, shard)]
         return (strategy, shard) not in self.committed
+
+    def pairs_todo(self, shard_sizes: dict[int, int]) -> int:
+        return sum(len(self.retrying[(s, shard)]) if (s, shard) in self.retrying else n
+                   for shard, n in shard_sizes.items() for s in self.strategies if self.todo(s, shard))
+
+    def reopen_errors(self) -> int:
+        """Open every committed part that holds error rows again, its answered rows already written, so
+        that answering its error rows again commits it whole (the old part is replaced only then).
+        Returns how many error rows are to be answered again."""
+        for strategy, shard in sorted(self.committed):
+            with self.fs.open_input_file(self._path(strategy, shard)) as f:
+                table = pq.read_table(f)
+            failed = pc.is_valid(table["error"])
+            if not pc.any(failed).as_py():
+                continue
+            kept = table.filter(pc.invert(failed))
+            part = self._open(strategy, shard)
+            part.writer.write_table(kept.cast(self.schema))
+            part.written = kept.num_rows
+            self.committed.discard((strategy, shard))
+            self.retrying[(strategy, shard)] = frozenset(table.filter(failed)["id"].to_pylist())
+        return sum(map(len, self.retrying.values()))
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -191,6 +221,7 @@ class ShardedOutput:
             f.write(json.dumps({"sha256": _sha256(self.fs, part.path + ".tmp"), "rows": part.written}).encode())
         self.fs.move(part.path + ".tmp", part.path)
         del self.open[(strategy, shard)]
+        self.retrying.pop((strategy, shard), None)
         self.committed.add((strategy, shard))
         self.commits += 1
 

@@ -1,0 +1,69 @@
+"""``ragsift answer --retry-errors``: the error rows of a finished run are answered again in place; every
+other row and every part without errors stays as it was, and each id is still there once."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.stages import GeneratorStage
+from jobs.answer import answer
+from schemas.config import StageBatching
+from schemas.records import Generation
+from strategies.registry import AnswerConfig
+from tests.engine.fakes import FakeGenerator
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+
+class Healed:
+    """The replica once its fault is fixed: answers every request (the question with POISON cleaned
+    out), and says what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def generate(self, batch):
+        texts = [r.messages[-1][1].splitlines()[0].replace("POISON", "p") for r in batch]
+        self.asked += texts
+        return [Generation("healed:" + t, 3, 2) for t in texts]
+
+    def requests(self):
+        return self.asked
+
+
+def run(ray, questions, output, generator, retry_errors=False):
+    actor = ray.remote(generator).options(num_cpus=0).remote()
+    config = AnswerConfig(questions=str(questions), output=str(output), strategies=["direct"],
+                          commit={"shard_rows": 10}, engine={"window": 8, "max_attempts": 2})
+    metrics = answer(config, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())},
+                     retry_errors=retry_errors)
+    return metrics, actor
+
+
+def test_retry_errors_answers_only_the_error_rows_again_and_keeps_every_other_row(ray_session, tmp_path):
+    ray = ray_session
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    texts = [f"question {i}" + (" POISON" if i in (3, 24) else "") for i in range(25)]
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(25)], "question": texts}), questions)
+    run(ray, questions, out, FakeGenerator)
+    before = {r["id"]: r for r in pq.read_table(out / "direct").to_pylist()}
+    assert {i for i, r in before.items() if r["error"]} == {"q3", "q24"}
+    untouched = (out / "direct" / "part-00001.parquet").read_bytes()  # shard 1 (q10..q19) has no error
+
+    metrics, healed = run(ray, questions, out, Healed, retry_errors=True)
+    after = {r["id"]: r for r in pq.read_table(out / "direct").to_pylist()}
+    assert sorted(ray.get(healed.requests.remote())) == ["Question: question 24 p", "Question: question 3 p"]  # nothing else
+    assert metrics["errors_retried"] == 2 and metrics["roots_done"] == 2
+    assert all(c["ok"] and c["rows"] == 25 for c in metrics["exactly_once"].values())
+    assert after["q3"]["error"] is None and after["q3"]["answer"] == "healed:Question: question 3 p"
+    assert after["q24"]["error"] is None
+    assert {i: r for i, r in after.items() if i not in ("q3", "q24")} == \
+        {i: r for i, r in before.items() if i not in ("q3", "q24")}
+    assert (out / "direct" / "part-00001.parquet").read_bytes() == untouched
+    assert not list(out.rglob("*.tmp"))
+
+    log = []
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct"],
+                          commit={"shard_rows": 10}, engine={"window": 8, "max_attempts": 2})
+    answer(config, log=log.append, retry_errors=True)  # no error left: nothing starts
+    assert "nothing to do" in log[-1]
