@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.io import hash_ids, open_parquet
+from jobs.io import hash_ids, open_parquet, redact
 from jobs.models import loadable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -72,6 +72,20 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
+def corpus_parquet(uri: str, index_dir: Path, log) -> str:
+    """``uri`` itself for Parquet; a JSON Lines / CSV corpus (FlashRAG's ``contents`` too) is first
+    streamed into ``<index>/_corpus.parquet``, which the build then reads like any corpus."""
+    from jobs.formats import is_foreign, to_parquet
+
+    if not is_foreign(uri):
+        return uri
+    index_dir.mkdir(parents=True, exist_ok=True)
+    target = str(index_dir / "_corpus.parquet")
+    rows = to_parquet(uri, target, ["id", "text", "title"], required=["id", "text"])
+    log(f"corpus {redact(uri)}: {rows:,} rows converted to {target}")
+    return target
+
+
 def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, encoders: list | None = None) -> dict:
     """Build (or finish building) the shards and write the manifest.
 
@@ -82,7 +96,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
     from jobs.ray_session import init_ray
 
-    corpus = open_parquet(config.corpus)
+    corpus = open_parquet(corpus_parquet(config.corpus, Path(config.index.path), log))
     has = check_schema(corpus.schema_arrow, CORPUS_REQUIRED, CORPUS_OPTIONAL, config.corpus)
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
@@ -288,7 +302,8 @@ class _ShardBuilder:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", help="corpus Parquet (id, text[, title]); any pyarrow/fsspec URI")
+    p.add_argument("--corpus", help="corpus (id, text[, title]): Parquet, JSON Lines or CSV (FlashRAG's id, "
+                   "contents too), anywhere pyarrow reaches")
     p.add_argument("--index-dir", help="output directory (index.path)")
     p.add_argument("--shards", type=int, help="number of shards (index.shards)")
     p.add_argument("--index-type", choices=["flat", "ivf_flat", "ivf_pq", "hnsw"], help="index.index_type")

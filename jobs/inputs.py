@@ -1,4 +1,5 @@
-"""Question sources other than a ragsift-shaped Parquet file: a ``datasets`` directory written by
+"""Question sources other than a ragsift-shaped Parquet file: JSON Lines or CSV (FlashRAG's dataset
+files too: jobs/formats.py), a ``datasets`` directory written by
 ``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), ``hf:NAME`` for
 ``datasets.load_dataset(NAME, split=input.split or "train")`` (a hub name when online, or a local
 folder of Parquet / JSON / CSV files), or any file whose columns need renaming (``input.columns``,
@@ -14,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.formats import is_foreign
+from jobs.formats import read as read_foreign
 from jobs.io import filesystem, read_table, redact
 
 
@@ -48,7 +51,7 @@ def is_datasets_dir(uri: str) -> bool:
 
 def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
-    if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:"):
+    if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:") and not is_foreign(uri):
         return uri
     if uri.startswith("hf:"):
         import datasets
@@ -69,6 +72,8 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
                 raise ValueError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
             loaded = loaded[split]
         table = to_arrow(loaded, columns)
+    elif is_foreign(uri):
+        table = to_arrow(read_foreign(uri), columns)
     else:
         table = to_arrow(read_table(uri), columns)
     fs, root = filesystem(output)
