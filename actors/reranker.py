@@ -1,4 +1,5 @@
-"""Reranker replica: one sentence-transformers ``CrossEncoder``; (query, texts) requests in, rankings out.
+"""Reranker replica: one sentence-transformers ``CrossEncoder`` (or a trained bi-encoder M_rel);
+(query, texts) requests in, rankings out.
 
 Used by the ``ranker`` stage when ``reranker.model`` is set; without one the stage ranks with the
 embedder (bi-encoder cosine, ``Encoder.rank``) and the run metadata says so.
@@ -6,9 +7,15 @@ embedder (bi-encoder cosine, ``Encoder.rank``) and the run metadata says so.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
+from actors.encoder import Encoder
 from schemas.records import Rank, Ranking
+
+LOGIT = "relevance_logit.json"  # written by `ragsift train relevance` beside a bi-encoder's weights
 
 
 class CrossEncoderRanker:
@@ -37,3 +44,24 @@ class CrossEncoderRanker:
             best = np.argsort(-mine, kind="stable")[: r.top]
             out.append(Ranking([int(i) for i in best], [float(mine[i]) for i in best]))
         return out
+
+
+class BiEncoderRanker(Encoder):
+    """A bi-encoder M_rel (``ragsift train relevance``, its default architecture): the cosine of query and
+    text through the logistic fit written beside the weights (``relevance_logit.json``), so its scores
+    are logits of relevant, as a cross-encoder's are."""
+
+    def __init__(self, model: str, batch_size: int = 32, max_length: int = 512, device: str | None = None):
+        super().__init__(model, batch_size, device)
+        self.model.max_seq_length = min(max_length, self.model.max_seq_length or max_length)
+        fit = json.loads((Path(model) / LOGIT).read_text())
+        self.scale, self.bias = fit["scale"], fit["bias"]
+
+    def rank(self, requests: list[Rank]) -> list[Ranking]:
+        return [Ranking(r.indices, [self.scale * s + self.bias for s in r.scores]) for r in super().rank(requests)]
+
+
+def ranker_class(model: str) -> type:
+    """A directory written by ``ragsift train relevance --architecture bi-encoder`` is served as a
+    bi-encoder; anything else (a CrossEncoder directory or hub name) as a cross-encoder."""
+    return BiEncoderRanker if (Path(model) / LOGIT).is_file() else CrossEncoderRanker

@@ -7,9 +7,9 @@ fifth of the questions held out by the same salted hash. Reports the held-out AU
 MiniLM's cosine, then of the trained model, overall and per dataset:
 
     cross  a CrossEncoder from MiniLM (BinaryCrossEntropyLoss, positives weighted up to the negatives),
-           as `ragsift train relevance` trains it
+           as `ragsift train relevance --architecture cross-encoder` trains it (jobs/train.py)
     bi     MiniLM itself fine-tuned as a bi-encoder (MultipleNegativesRankingLoss on (question, gold,
-           hard negative) triplets); its cosine is the score
+           hard negative) triplets), as `ragsift train relevance` trains it; its cosine is the score
 
     python benchmarks/relevance_training.py --model cross --questions 600 --learning-rate 5e-5
     python benchmarks/relevance_training.py --model bi --questions 600 --learning-rate 5e-5
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -41,12 +40,6 @@ def per_dataset_auc(test: list[dict], scores, dataset_of: dict) -> dict:
     return out
 
 
-def cosines(model, test: list[dict]):
-    q = model.encode([p["question"] for p in test], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
-    d = model.encode([p["passage"] for p in test], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
-    return (q * d).sum(axis=1)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["cross", "bi"], required=True)
@@ -56,16 +49,18 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-size", type=int, help="default: 16 for cross, 32 for bi")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                   help="bfloat16 mixed precision (on this box fp32 was the faster: 1.95 against 3.4 s a step)")
     p.add_argument("--out")
     args = p.parse_args()
 
     import pyarrow.parquet as pq
     import torch
-    from datasets import Dataset
     from sentence_transformers import SentenceTransformer
 
     from jobs.models import resolve
-    from jobs.train import held_out, mine_pairs
+    from jobs.train import fit_bi_encoder, fit_cross_encoder, held_out, mine_pairs, relevance_scores
 
     torch.set_num_threads(args.threads)
     rows = [r for r in pq.read_table(args.slice).to_pylist() if r["gold_passage_ids"]]
@@ -79,55 +74,20 @@ def main() -> None:
     test = [x for x in pairs if held_out(x["id"], 0.2)]
     base = SentenceTransformer(resolve("all-minilm-l6-v2"), device="cpu")
     result = {"model": args.model, "questions": len(picked), "pairs": len(pairs), "held_out_pairs": len(test),
-              "base_cosine_auc": per_dataset_auc(test, cosines(base, test), dataset_of)}
+              "base_cosine_auc": per_dataset_auc(test, relevance_scores(base, test, bi=True), dataset_of)}
     print(json.dumps(result), flush=True)
+    settings = argparse.Namespace(base="all-minilm-l6-v2", epochs=args.epochs, learning_rate=args.learning_rate,
+                                  batch_size=args.batch_size or (16 if args.model == "cross" else 32), max_length=256,
+                                  seed=0, bf16=args.bf16)
+    fit = fit_cross_encoder if args.model == "cross" else fit_bi_encoder
     started = time.perf_counter()
-    if args.model == "cross":
-        from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
-        from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
-
-        model = CrossEncoder(resolve("all-minilm-l6-v2"), num_labels=1, max_length=256, device="cpu")
-        data = {"question": [x["question"] for x in train], "passage": [x["passage"] for x in train],
-                "label": [x["label"] for x in train]}
-        ratio = (len(train) - sum(data["label"])) / sum(data["label"])
-        training = CrossEncoderTrainingArguments(
-            output_dir="/tmp/relevance_training", num_train_epochs=args.epochs, per_device_train_batch_size=16,
-            learning_rate=args.learning_rate, warmup_steps=0.1, seed=0, save_strategy="no", report_to="none",
-            logging_steps=20, use_cpu=True, bf16=True)
-        trainer = CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
-                                      loss=BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio)))
-        examples = len(train)
-    else:
-        from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
-        model = base
-        rng = random.Random(0)
-        negatives = collections.defaultdict(list)
-        for x in train:
-            if not x["label"]:
-                negatives[x["id"]].append(x["passage"])
-        data = {"anchor": [], "positive": [], "negative": []}
-        for x in train:
-            if x["label"] and negatives[x["id"]]:
-                data["anchor"].append(x["question"])
-                data["positive"].append(x["passage"])
-                data["negative"].append(rng.choice(negatives[x["id"]]))
-        training = SentenceTransformerTrainingArguments(
-            output_dir="/tmp/relevance_training", num_train_epochs=args.epochs, per_device_train_batch_size=32,
-            learning_rate=args.learning_rate, warmup_steps=0.1, seed=0, save_strategy="no", report_to="none",
-            logging_steps=10, use_cpu=True, bf16=True)
-        trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
-                                             loss=MultipleNegativesRankingLoss(model))
-        examples = len(data["anchor"])
-    trainer.train()
+    model, trainer, examples = fit(train, settings, "cpu", Path("/tmp/relevance_training"))
     train_s = time.perf_counter() - started
-    scores = model.predict([(x["question"], x["passage"]) for x in test], batch_size=64, show_progress_bar=False) \
-        if args.model == "cross" else cosines(model, test)
+    scores = relevance_scores(model, test, bi=args.model == "bi")
     result.update(trained_auc=per_dataset_auc(test, scores, dataset_of), train_examples=examples,
                   train_s=round(train_s, 1), examples_per_s=round(examples * args.epochs / train_s, 1),
                   losses=[round(h["loss"], 3) for h in trainer.state.log_history if "loss" in h],
-                  settings={"epochs": args.epochs, "learning_rate": args.learning_rate, "threads": args.threads})
+                  settings={**vars(settings), "threads": args.threads})
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

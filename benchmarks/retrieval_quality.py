@@ -1,9 +1,11 @@
 """Retrieval quality against gold passages: recall@1/5/20 and MRR per dataset for BM25, dense,
-hybrid (reciprocal rank fusion) and hybrid + rerank, on an index built by ``ragsift index``.
+hybrid (reciprocal rank fusion), hybrid + rerank and hybrid + rerank fused (the reranker's order and
+hybrid's, RRF), on an index built by ``ragsift index``.
 
 recall@k = mean over questions of |gold in top k| / |gold|; MRR = mean of 1 / rank of the first
 gold passage (0 when none in the top 20). Only questions with gold passages count. The rerank step
-rescores the hybrid top 20 with ``--reranker`` (a CrossEncoder name/path) or, without one, with the
+rescores the hybrid top 20 with ``--reranker`` (a CrossEncoder name/path, or a bi-encoder M_rel from
+``ragsift train relevance``) or, without one, with the
 embedder's cosine (the labelled bi-encoder fallback; no cross-encoder weights exist offline).
 
     ragsift index --corpus ../shared/data/sample/sample_corpus.parquet --index-dir /tmp/idx
@@ -42,6 +44,7 @@ def main() -> int:
     from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
     from jobs.index import read_manifest
     from jobs.models import resolve
+    from jobs.train import passage_text
     from schemas.config import RetrievalConfig
     from schemas.records import Rank
 
@@ -73,17 +76,24 @@ def main() -> int:
     hybrid = [fuse_rrf([d, b], [rc.dense_weight, rc.bm25_weight], DEPTH, rc.rrf_k) for d, b in zip(dense, bm25)]
 
     if args.reranker:
-        from actors.reranker import CrossEncoderRanker
+        from actors.reranker import BiEncoderRanker, ranker_class
 
-        ranker, ranker_name = CrossEncoderRanker(resolve(args.reranker)), f"cross-encoder:{args.reranker}"
+        kind = ranker_class(resolve(args.reranker))
+        ranker = kind(resolve(args.reranker))
+        ranker_name = f"{'bi-encoder' if kind is BiEncoderRanker else 'cross-encoder'}:{args.reranker}"
     else:
         ranker, ranker_name = encoder, f"bi-encoder-cosine:{manifest['embedder']} (fallback)"
     started = time.perf_counter()
-    rankings = ranker.rank([Rank(q, tuple(p.text for p in h), len(h)) for q, h in zip(texts, hybrid)])
+    # passages as RA-ISF's relevance judge and `ragsift train relevance` show them: with their title
+    rankings = ranker.rank([Rank(q, tuple(passage_text(p.title, p.text) for p in h), len(h)) for q, h in zip(texts, hybrid)])
     timings["rerank_s"] = time.perf_counter() - started
     reranked = [[h[i] for i in r.indices] for h, r in zip(hybrid, rankings)]
 
-    methods = {"bm25": bm25, "dense": dense, "hybrid": hybrid, "hybrid+rerank": reranked}
+    # the reranker's order fused with hybrid's (RRF, 1:1): a ranker that sees only the embedder's kind of
+    # evidence (a bi-encoder) would otherwise drop what BM25 contributed to the order
+    fused = [fuse_rrf([r, h], [1.0, 1.0], DEPTH, rc.rrf_k) for r, h in zip(reranked, hybrid)]
+    methods = {"bm25": bm25, "dense": dense, "hybrid": hybrid, "hybrid+rerank": reranked,
+               "hybrid+rerank fused": fused}
     table = []
     datasets = sorted({q["dataset"] for q in rows})
     for method, results in methods.items():

@@ -16,7 +16,7 @@ from actors.encoder import Encoder
 from actors.generator import Generator
 from actors.know import KnowClassifier, embedder_of
 from actors.nli import NLICrossEncoder
-from actors.reranker import CrossEncoderRanker
+from actors.reranker import BiEncoderRanker, ranker_class
 from actors.retriever import ShardRetriever
 from actors.streaming_generator import StreamingGenerator
 from engine.stages import (
@@ -28,7 +28,7 @@ from engine.stages import (
     StreamingGeneratorStage,
 )
 from jobs.index import read_manifest
-from jobs.models import embedding_dims, loadable
+from jobs.models import embedding_dims, loadable, resolve
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
@@ -73,7 +73,7 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
             plan["shards"] = _shards(config, manifest)
         rr = config.reranker
         if "ranker" in needs and rr.model:
-            plan["ranker"] = Pool(CrossEncoderRanker, rr.num_cpus, rr.num_gpus,
+            plan["ranker"] = Pool(ranker_class(loadable(rr.model)), rr.num_cpus, rr.num_gpus,
                                   ((loadable(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas)
     if "know" in needs:
         k = config.know
@@ -161,7 +161,7 @@ def judges_name(config: AnswerConfig) -> dict | None:
         return None
     if config.raisf.judges == "trained":
         return {"self_knowledge": f"trained classifier:{config.know.model}",
-                "relevance": f"trained cross-encoder:{config.reranker.model}"}
+                "relevance": f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"}
     judge = (config.judge or config.generator).model
     return {"self_knowledge": f"P('yes') of {judge}", "relevance": f"P('yes') of {judge}"}
 
@@ -169,5 +169,9 @@ def judges_name(config: AnswerConfig) -> dict | None:
 def ranker_name(config: AnswerConfig) -> str:
     """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
     if config.reranker.model:
-        return f"cross-encoder:{config.reranker.model}"
+        return f"{ranker_kind(config.reranker.model)}:{config.reranker.model}"
     return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
+
+
+def ranker_kind(model: str) -> str:
+    return "bi-encoder" if ranker_class(resolve(model)) is BiEncoderRanker else "cross-encoder"

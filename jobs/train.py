@@ -5,10 +5,14 @@ then train the sub-modules), written as plain model directories that ragsift's a
         --exclude results/slices/eval.txt --exclude data/demo/sample_questions.parquet
     ragsift train know --labels runs/labels --output models/m_know --exclude ...
 
-relevance (M_rel)  a CrossEncoder, (question, "title: text") -> relevant, initialised from the
-                   offline MiniLM; positives are the questions' gold passages, negatives the
-                   non-gold passages BM25 and dense retrieval rank highest (hard negatives). It
-                   serves as ``reranker.model`` (the ranker stage) and RA-ISF's relevance judge.
+relevance (M_rel)  (question, passage) -> relevant, from the offline MiniLM; positives are the
+                   questions' gold passages, negatives the non-gold passages BM25 and dense
+                   retrieval rank highest (hard negatives) and one easy one. By default MiniLM is
+                   fine-tuned as a bi-encoder and a logistic fit turns its cosine into a logit
+                   (``relevance_logit.json``); ``--architecture cross-encoder`` trains a
+                   CrossEncoder instead (a new head: it needs more steps than a CPU gives, see
+                   BENCHMARKS.md). Either serves as ``reranker.model`` (the ranker stage) and
+                   RA-ISF's relevance judge.
 know (M_know)      question -> will this generator answer correctly closed-book: logistic
                    regression on the embedder's question vectors, from ``ragsift label``'s
                    know / unknown labels; written as a CrossEncoder-free classifier directory.
@@ -22,6 +26,7 @@ weights: data, counts, settings, held-out metrics, examples/s).
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -29,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from actors.reranker import LOGIT
 from jobs.io import read_table
 
 
@@ -107,19 +113,17 @@ def auc(labels: list[float], scores: list[float]) -> float:
 
 def train_relevance(args: argparse.Namespace, log) -> dict:
     import torch
-    from datasets import Dataset
-    from sentence_transformers.cross_encoder import (
-        CrossEncoder,
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-    )
-    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
-
-    from jobs.models import resolve
 
     skip = excluded_ids(args.exclude)
     rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
+    if args.per_dataset:
+        seen, kept = collections.Counter(), []
+        for r in rows:
+            seen[r["dataset"]] += 1
+            if seen[r["dataset"]] <= args.per_dataset:
+                kept.append(r)
+        rows = kept
     if args.limit:
         rows = rows[: args.limit]
     if not rows:
@@ -135,10 +139,99 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    bi = args.architecture == "bi-encoder"
+    work = Path(args.output) / "_checkpoints"
+    started = time.perf_counter()
+    model, trainer, examples = (fit_bi_encoder if bi else fit_cross_encoder)(train, args, device, work)
+    train_s = time.perf_counter() - started
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    started = time.perf_counter()
+    scores = relevance_scores(model, test, bi)
+    predict_s = time.perf_counter() - started
+    metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if test else None,
+               "held_out_auc_base_cosine": base_cosine_auc(args.base, test) if test else None,
+               "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
+               "train_loss_last": losses[-1] if losses else None,
+               "train_examples": examples, "train_examples_per_s": round(examples * args.epochs / train_s, 1),
+               "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
+               "mine_s": round(mined_s, 1), "train_s": round(train_s, 1), "device": device}
+    model.save_pretrained(args.output)
+    if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
+        fitted, fitted_scores = (test, scores) if test else (train, relevance_scores(model, train, bi))
+        (Path(args.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
+    card = {"model": f"relevance (M_rel) {args.architecture}", "architecture": args.architecture, "base": args.base,
+            "questions": args.questions, "index": args.index_dir, "excluded": args.exclude,
+            "excluded_questions": len(skip), "questions_used": len(rows), "pairs": len(pairs),
+            "positives": int(sum(p["label"] for p in pairs)), "held_out_share": args.held_out,
+            "settings": {k: getattr(args, k) for k in ("negatives", "random_negatives", "epochs", "batch_size",
+                                                       "learning_rate", "max_length", "seed", "bf16")},
+            "metrics": metrics,
+            "input": ("(question, passage) -> cosine of their vectors -> logit of relevant (scale * cosine + bias, "
+                      f"{LOGIT})") if bi else "(question, 'title: text' or 'text') -> logit of relevant"}
+    write_card(args.output, card)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
+        f"{metrics['held_out_auc_base_cosine']}), loss {metrics['train_loss_first']} -> "
+        f"{metrics['train_loss_last']}, {metrics['train_examples_per_s']} examples/s training")
+    return card
+
+
+def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
+    """MiniLM fine-tuned as a bi-encoder: MultipleNegativesRankingLoss on (question, gold passage, one of
+    its hard negatives) triplets, the other passages of the batch as further negatives. It starts from
+    the cosine it is measured against and improves at once, where a cross-encoder's random head needs
+    far more steps than a CPU gives it (BENCHMARKS.md, "Does a relevance judge learn")."""
+    import random
+    from collections import defaultdict
+
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from jobs.models import resolve
+
+    model = SentenceTransformer(resolve(args.base), device=device)
+    model.max_seq_length = args.max_length
+    rng = random.Random(args.seed)
+    negatives = defaultdict(list)
+    for p in train:
+        if not p["label"]:
+            negatives[p["id"]].append(p["passage"])
+    data = {"anchor": [], "positive": [], "negative": []}
+    for p in train:
+        if p["label"] and negatives[p["id"]]:
+            data["anchor"].append(p["question"])
+            data["positive"].append(p["passage"])
+            data["negative"].append(rng.choice(negatives[p["id"]]))
+    if not data["anchor"]:
+        raise ValueError("no training question has both a gold passage and a negative to learn from")
+    training = SentenceTransformerTrainingArguments(
+        output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
+        logging_steps=max(1, len(data["anchor"]) // args.batch_size // 20), use_cpu=device == "cpu", bf16=args.bf16,
+        batch_sampler=BatchSamplers.NO_DUPLICATES)  # a question's own gold is never an in-batch "negative"
+    trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
+                                         loss=MultipleNegativesRankingLoss(model))
+    trainer.train()
+    return model, trainer, len(data["anchor"])
+
+
+def fit_cross_encoder(train: list[dict], args, device: str, work: Path):
+    """A CrossEncoder from the base model (a random head), BinaryCrossEntropyLoss with positives weighted
+    up to the negatives; for GPUs, where it can have the steps it needs."""
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    from jobs.models import resolve
+
     model = CrossEncoder(resolve(args.base), num_labels=1, max_length=args.max_length, device=device)
     columns = {"question": [p["question"] for p in train], "passage": [p["passage"] for p in train],
                "label": [p["label"] for p in train]}
-    work = Path(args.output) / "_checkpoints"
     training = CrossEncoderTrainingArguments(
         output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
@@ -148,36 +241,29 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))
     trainer = CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_dict(columns), loss=loss)
-    started = time.perf_counter()
-    result = trainer.train()
-    train_s = time.perf_counter() - started
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    started = time.perf_counter()
-    scores = model.predict([(p["question"], p["passage"]) for p in test], batch_size=64, show_progress_bar=False)
-    predict_s = time.perf_counter() - started
-    metrics = {"held_out_auc": round(auc([p["label"] for p in test], list(map(float, scores))), 4) if test else None,
-               "held_out_auc_base_cosine": base_cosine_auc(args.base, test) if test else None,
-               "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
-               "train_loss_last": losses[-1] if losses else None, "train_loss": result.training_loss,
-               "train_pairs_per_s": round(len(train) * args.epochs / train_s, 1),
-               "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
-               "mine_s": round(mined_s, 1), "train_s": round(train_s, 1), "device": device}
-    model.save_pretrained(args.output)
-    card = {"model": "relevance (M_rel) cross-encoder", "base": args.base, "questions": args.questions,
-            "index": args.index_dir, "excluded": args.exclude, "excluded_questions": len(skip),
-            "questions_used": len(rows), "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
-            "held_out_share": args.held_out,
-            "settings": {k: getattr(args, k) for k in ("negatives", "random_negatives", "epochs", "batch_size", "learning_rate",
-                                                       "max_length", "seed", "bf16")},
-            "metrics": metrics, "input": "(question, 'title: text' or 'text') -> logit of relevant"}
-    write_card(args.output, card)
-    import shutil
+    trainer.train()
+    return model, trainer, len(train)
 
-    shutil.rmtree(work, ignore_errors=True)
-    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
-        f"{metrics['held_out_auc_base_cosine']}), loss {metrics['train_loss_first']} -> "
-        f"{metrics['train_loss_last']}, {metrics['train_pairs_per_s']} pairs/s training")
-    return card
+
+def relevance_scores(model, pairs: list[dict], bi: bool) -> list[float]:
+    """A trained M_rel's score per (question, passage): the cross-encoder's logit, or the bi-encoder's cosine."""
+    if not pairs:
+        return []
+    if not bi:
+        return list(map(float, model.predict([(p["question"], p["passage"]) for p in pairs], batch_size=64,
+                                             show_progress_bar=False)))
+    q = model.encode([p["question"] for p in pairs], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
+    d = model.encode([p["passage"] for p in pairs], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
+    return (q * d).sum(axis=1).astype(float).tolist()
+
+
+def logit_fit(scores: list[float], pairs: list[dict]) -> dict:
+    """Logistic regression of relevant on the cosine: P(relevant) = sigmoid(scale * cosine + bias)."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    fit = LogisticRegression(C=100.0).fit(np.asarray(scores).reshape(-1, 1), [p["label"] > 0.5 for p in pairs])
+    return {"scale": float(fit.coef_[0][0]), "bias": float(fit.intercept_[0]), "fitted_on_pairs": len(pairs)}
 
 
 def base_cosine_auc(base: str, pairs: list[dict]) -> float:
@@ -188,9 +274,7 @@ def base_cosine_auc(base: str, pairs: list[dict]) -> float:
     from jobs.models import resolve
 
     model = SentenceTransformer(resolve(base), device="cpu")
-    q = model.encode([p["question"] for p in pairs], normalize_embeddings=True, show_progress_bar=False)
-    d = model.encode([p["passage"] for p in pairs], normalize_embeddings=True, show_progress_bar=False)
-    return round(auc([p["label"] for p in pairs], (q * d).sum(axis=1).tolist()), 4)
+    return round(auc([p["label"] for p in pairs], relevance_scores(model, pairs, bi=True)), 4)
 
 
 def train_know(args: argparse.Namespace, log) -> dict:
@@ -252,20 +336,25 @@ def write_card(output: str, card: dict) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="judge", required=True)
-    rel = sub.add_parser("relevance", help="M_rel: a cross-encoder from gold passages and hard negatives")
+    rel = sub.add_parser("relevance", help="M_rel: a bi-encoder (or cross-encoder) from gold passages and hard negatives")
     rel.add_argument("--questions", required=True, help="questions Parquet with gold_passage_ids")
     rel.add_argument("--index-dir", required=True, help="the index the negatives are mined from")
     rel.add_argument("--output", required=True, help="model directory to write")
     rel.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
     rel.add_argument("--base", default="all-minilm-l6-v2", help="model to start from (alias, path or hub name)")
+    rel.add_argument("--architecture", choices=["bi-encoder", "cross-encoder"], default="bi-encoder",
+                     help="bi-encoder: fine-tune the embedder's cosine (learns in CPU time); cross-encoder: a "
+                          "CrossEncoder with a new head (needs a GPU's worth of steps)")
     rel.add_argument("--negatives", type=int, default=3, help="hard negatives per question and retrieval method")
     rel.add_argument("--random-negatives", type=int, default=1,
                      help="easy negatives per question: passages other questions retrieved")
     rel.add_argument("--epochs", type=float, default=1.0)
     rel.add_argument("--batch-size", type=int, default=32)
-    rel.add_argument("--learning-rate", type=float, default=3e-5)
+    rel.add_argument("--learning-rate", type=float, default=5e-5)
     rel.add_argument("--max-length", type=int, default=256)
     rel.add_argument("--held-out", type=float, default=0.1, help="share of questions kept out of training")
+    rel.add_argument("--per-dataset", type=int, help="at most N questions of each dataset (in file order), so that "
+                     "one large dataset does not make the whole training set")
     rel.add_argument("--limit", type=int, help="only the first N questions (quick runs)")
     rel.add_argument("--seed", type=int, default=0)
     rel.add_argument("--threads", type=int, help="torch threads on CPU (default: every core)")

@@ -135,9 +135,12 @@ class CrossEncoderPool(Section):
 
 
 class RerankerConfig(CrossEncoderPool):
-    """The ``ranker`` stage: a CrossEncoder when ``model`` is set, else bi-encoder cosine (the embedder)."""
+    """The ``ranker`` stage: a CrossEncoder, or an M_rel from ``ragsift train relevance``, when ``model`` is
+    set; else the embedder's cosine (the labelled fallback)."""
 
-    model: str | None = Field(None, description="CrossEncoder name or path; None = bi-encoder cosine fallback")
+    model: str | None = Field(None, description="CrossEncoder name or path, or a `ragsift train relevance` "
+                              "directory (a bi-encoder, its cosine through the fitted logit); None = the "
+                              "embedder's cosine (fallback)")
 
 
 class NLIConfig(CrossEncoderPool):

@@ -59,7 +59,7 @@ class RaisfConfig(Section):
     judges: Literal["generator", "trained"] = Field(
         "generator", description="who judges: the generator (or judge pool) by prompt, or the trained "
         "sub-modules as the paper trains them: M_know on the `know` pool (know.model) and M_rel as the ranker's "
-        "cross-encoder (reranker.model), P(relevant) = sigmoid of its score; from `ragsift train`")
+        "model (reranker.model), P(relevant) = sigmoid of its logit; from `ragsift train`")
     know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
     relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")

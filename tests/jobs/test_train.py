@@ -60,7 +60,23 @@ def test_relevance_training_lowers_the_loss_and_separates_held_out_pairs(trained
     assert m["train_loss_last"] < m["train_loss_first"]
     assert m["held_out_pairs"] > 50 and m["held_out_auc"] > 0.6
     assert m["held_out_auc_base_cosine"] > 0.5  # the untrained bar the card reports beside it
-    assert m["train_pairs_per_s"] > 0 and (tmp / "m_rel" / "README.md").exists()
+    assert m["train_examples_per_s"] > 0 and (tmp / "m_rel" / "README.md").exists()
+
+
+def test_the_default_relevance_model_is_a_bi_encoder_with_a_fitted_logit_and_a_cross_encoder_can_be_asked_for(trained):
+    from actors.reranker import BiEncoderRanker, CrossEncoderRanker, ranker_class
+
+    tmp, _ = trained
+    card = json.loads((tmp / "m_rel" / "card.json").read_text())
+    fit = json.loads((tmp / "m_rel" / "relevance_logit.json").read_text())
+    assert card["architecture"] == "bi-encoder" and fit["scale"] > 0  # a higher cosine is likelier relevant
+    assert ranker_class(str(tmp / "m_rel")) is BiEncoderRanker
+    ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
+            "--output", tmp / "m_rel_ce", "--architecture", "cross-encoder", "--limit", "40", "--held-out", "0.25",
+            "--negatives", "1", "--batch-size", "16", "--max-length", "128")
+    ce = json.loads((tmp / "m_rel_ce" / "card.json").read_text())
+    assert ce["architecture"] == "cross-encoder" and ce["metrics"]["train_loss_first"] is not None
+    assert ranker_class(str(tmp / "m_rel_ce")) is CrossEncoderRanker
 
 
 def test_self_knowledge_training_separates_held_out_questions(trained):
@@ -73,7 +89,7 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
     """The served scores separate held-out positives from negatives: M_rel on the ranker stage (CrossEncoder
     actors), M_know on the know stage."""
     from actors.know import KnowClassifier, embedder_of
-    from actors.reranker import CrossEncoderRanker
+    from actors.reranker import ranker_class
     from engine.loop import Engine
     from engine.stages import KnowStage, RankerStage
     from jobs.models import resolve
@@ -83,7 +99,7 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
 
     tmp, rows = trained
     ray = ray_session
-    ranker = ray.remote(CrossEncoderRanker).options(num_cpus=0).remote(str(tmp / "m_rel"))
+    ranker = ray.remote(ranker_class(str(tmp / "m_rel"))).options(num_cpus=0).remote(str(tmp / "m_rel"))
     know = ray.remote(KnowClassifier).options(num_cpus=0).remote(str(tmp / "m_know"),
                                                                  resolve(embedder_of(str(tmp / "m_know"))))
     stages = {"ranker": RankerStage([ranker], StageBatching()), "know": KnowStage([know], StageBatching())}
