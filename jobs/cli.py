@@ -22,6 +22,7 @@ JOBS = {
     "sweep": ("jobs.sweep", "one answer run per value of a config field (e.g. think_act.beta_threshold)"),
     "label": ("jobs.label", "training data for judge models (RA-ISF Appendix A, Self-Reasoning trajectories)"),
     "report": ("jobs.report", "turn runs into one HTML page of plots and tables"),
+    "export": ("jobs.export", "a run's answers as JSON Lines: OpenAI / vLLM batch output, or the rows"),
     "models": ("jobs.models", "list or prepare the offline models"),
 }
 

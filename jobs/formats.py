@@ -1,8 +1,10 @@
 """Question files and corpora in other tools' formats, read as ragsift's tables: JSON Lines (``.jsonl``,
-``.json``) and CSV, local or anywhere pyarrow reaches, with FlashRAG's field names mapped to ours:
+``.json``) and CSV, local or anywhere pyarrow reaches, with other tools' field names mapped to ours:
 
     FlashRAG dataset   {"id", "question", "golden_answers": [...], "metadata"}   golden_answers -> answers
     FlashRAG corpus    {"id", "contents": "\\"Title\\"\\ntext"}                   contents -> title, text
+    OpenAI batch input {"custom_id", "method", "url", "body": {"messages": [...]}}   custom_id -> id,
+                       the last user message -> question (`ragsift export` writes the matching output)
 
 A CSV cannot hold a list: its ``answers`` (or ``golden_answers``) cell is one answer, or several
 separated by ``|``. Ids become strings. Read with pyarrow's streaming readers, a block at a time, so a
@@ -52,6 +54,9 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
 def ours(batch: pa.RecordBatch) -> pa.RecordBatch:
     """FlashRAG's names to ragsift's, ids as strings, a CSV's answers cell as a list."""
     columns = dict(zip(batch.schema.names, batch.columns))
+    if {"custom_id", "body"} <= set(columns) and "question" not in columns:  # an OpenAI batch input file
+        columns = {"id": columns["custom_id"], "question": pa.array(
+            [last_user_message(body) for body in columns["body"].to_pylist()], pa.string())}
     if "golden_answers" in columns and "answers" not in columns:
         columns["answers"] = columns.pop("golden_answers")
     if "contents" in columns and "text" not in columns:
@@ -63,6 +68,13 @@ def ours(batch: pa.RecordBatch) -> pa.RecordBatch:
     if "answers" in columns and pa.types.is_string(columns["answers"].type):
         columns["answers"] = pc.split_pattern(columns["answers"], "|")
     return pa.RecordBatch.from_pydict(columns)
+
+
+def last_user_message(body: dict | None) -> str | None:
+    """The question of an OpenAI chat request: its last user message (the strategies bring their own
+    system prompts; a request without one becomes a null question, an error row)."""
+    users = [m.get("content") for m in (body or {}).get("messages") or [] if m.get("role") == "user"]
+    return users[-1] if users and isinstance(users[-1], str) else None
 
 
 def split_contents(contents: pa.Array) -> tuple[pa.Array, pa.Array]:

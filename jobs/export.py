@@ -1,0 +1,93 @@
+"""``ragsift export``: a run's answers as JSON Lines other tools read.
+
+    ragsift export --answers out --format openai-batch --to out/answers.jsonl [--strategy rag]
+
+openai-batch  one line per (question, strategy) as vLLM's ``run-batch`` and the OpenAI Batch API write
+              their output: ``{"id", "custom_id": <question id>, "response": {"status_code": 200,
+              "request_id", "body": <a chat.completion whose message is the answer>}, "error": null}``;
+              an error row has status 500, no body, and its error. ``custom_id`` is the question id,
+              so the lines match an OpenAI batch input file read as questions (jobs/formats.py).
+rows          every column of the answer rows, one JSON object a line (lists stay lists).
+
+With several strategies in the run, ``--strategy`` picks one for openai-batch (one answer per
+custom_id); rows takes them all. Streamed a Parquet file at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+
+import pyarrow.parquet as pq
+
+from jobs.evaluate import answer_files
+from jobs.io import filesystem, open_parquet, redact
+
+
+def batch_line(row: dict, model: str) -> dict:
+    request_id = f"ragsift-{row['strategy']}-{row['id']}"
+    if row["error"] is not None:
+        return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": row["id"],
+                "response": {"status_code": 500, "request_id": request_id, "body": None}, "error": row["error"]}
+    prompt, completion = row["prompt_tokens"] or 0, row["completion_tokens"] or 0
+    body = {"id": request_id, "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": row["answer"]},
+                         "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": row["id"],
+            "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
+
+
+def generator_model(path: str) -> str:
+    """The generator the run answered with, from the run identity in the Parquet metadata."""
+    meta = open_parquet(path).schema_arrow.metadata or {}
+    identity = json.loads(meta.get(b"ragsift", b"{}"))
+    return str(identity.get("generator.model") or "ragsift")
+
+
+def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
+    files = answer_files(answers)
+    if strategy:
+        files = [f for f in files if f.rstrip("/").split("/")[-2] == strategy]
+        if not files:
+            raise ValueError(f"no answers of strategy {strategy!r} in {redact(answers)}")
+    elif form == "openai-batch" and len({f.split("/")[-2] for f in files}) > 1:
+        raise ValueError(f"{redact(answers)} holds several strategies: pick one with --strategy "
+                         "(an OpenAI batch file has one response per custom_id)")
+    fs, path = filesystem(to)
+    lines = 0
+    with fs.open_output_stream(path) as out:
+        for f in files:
+            model = generator_model(f)
+            source_fs, source = filesystem(f)
+            with source_fs.open_input_file(source) as handle:
+                for row in pq.read_table(handle).to_pylist():
+                    record = batch_line(row, model) if form == "openai-batch" else row
+                    out.write((json.dumps(record, default=str) + "\n").encode())
+                    lines += 1
+    return lines
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--answers", required=True, help="an answer / compare output directory (or one Parquet file)")
+    p.add_argument("--to", required=True, help="the JSON Lines file to write (local, s3://, gs://)")
+    p.add_argument("--format", choices=["openai-batch", "rows"], default="openai-batch")
+    p.add_argument("--strategy", help="only this strategy's answers")
+
+
+def run(args: argparse.Namespace) -> int:
+    lines = export(args.answers, args.to, args.format, args.strategy)
+    print(f"wrote {lines} lines ({args.format}) to {redact(args.to)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.cli import run_job
+
+    return run_job("export", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""An OpenAI / vLLM batch input file answered by ragsift and exported as a batch output file that vLLM's
+own protocol models accept, one response per custom_id; the rows export keeps every column."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from engine.stages import GeneratorStage
+from jobs.answer import answer
+from jobs.export import export
+from jobs.inputs import materialize_questions
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
+from tests.engine.fakes import FakeGenerator
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+
+def test_an_openai_batch_file_in_gives_an_openai_batch_file_out(ray_session, tmp_path):
+    from vllm.entrypoints.launchers.run_batch import BatchRequestInput, BatchRequestOutput
+
+    ray = ray_session
+    requests = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "any", "messages": [{"role": "system", "content": "Be brief."},
+                                                       {"role": "user", "content": f"question {i}" + (
+                                                           " POISON" if i == 2 else "")}]}} for i in range(5)]
+    source = tmp_path / "batch_input.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    assert all(BatchRequestInput.model_validate(r) for r in requests)  # a file vLLM's run-batch would take
+
+    questions = materialize_questions(str(source), str(tmp_path / "out"), {}, None)
+    assert pq.read_table(questions).to_pylist()[1] == {"id": "req-1", "question": "question 1"}
+    config = AnswerConfig(questions=questions, output=str(tmp_path / "out"), strategies=["direct"],
+                          engine={"max_attempts": 2})
+    actor = ray.remote(FakeGenerator).options(num_cpus=0).remote()
+    answer(config, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())})
+
+    assert export(str(tmp_path / "out"), str(tmp_path / "results.jsonl"), "openai-batch") == 5
+    lines = [BatchRequestOutput.model_validate_json(line)
+             for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    by_id = {line.custom_id: line for line in lines}
+    assert sorted(by_id) == [r["custom_id"] for r in requests]
+    assert by_id["req-2"].response.status_code == 500 and "replica crashed" in by_id["req-2"].error
+    ok = by_id["req-0"].response
+    assert ok.status_code == 200 and ok.body.choices[0].message.content.endswith("question 0")
+    assert ok.body.usage.total_tokens == ok.body.usage.prompt_tokens + ok.body.usage.completion_tokens > 0
+
+    assert export(str(tmp_path / "out"), str(tmp_path / "rows.jsonl"), "rows") == 5
+    row = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
+    assert {"id", "answer", "retrieved_ids", "trace", "error"} <= set(row)
+    with pytest.raises(ValueError, match="no answers of strategy 'rag'"):
+        export(str(tmp_path / "out"), str(tmp_path / "x.jsonl"), "openai-batch", strategy="rag")
