@@ -9,7 +9,8 @@ final answer is correct (optionally also its citations, ``label.citation_filter`
 
 Written to ``<output>/labels/<kind>.parquet`` and ``<kind>.jsonl`` in chat format
 (``{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}``, the prompts the strategies
-use), ready for common fine-tuning tools; the answers stay under ``<output>/<strategy>/``.
+use), ready for common fine-tuning tools, and as a dataset ready to publish with its card
+(``<output>/labels/dataset``, jobs/dataset_card.py); the answers stay under ``<output>/<strategy>/``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import pyarrow.parquet as pq
 
 from jobs import answer as answer_job
 from jobs import metrics as M
+from jobs.dataset_card import push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
-from jobs.io import filesystem, question_columns, read_table
+from jobs.io import filesystem, question_columns, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS
@@ -216,11 +218,14 @@ def label(config, log=print, force: bool = False) -> dict:
     fs, root = filesystem(config.output)
     with fs.open_output_stream(f"{root}/labels/summary.json") as f:
         f.write(json.dumps(summary, indent=2).encode())
+    log(f"dataset ready to publish: {redact(write_dataset(config.output, summary, config))} (card: README.md)")
     return summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     answer_job.add_arguments(p)
+    p.add_argument("--push-to-hub", metavar="REPO",
+                   help="upload <output>/labels/dataset as a Hugging Face dataset repository (needs a hub login)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -230,7 +235,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     print(json.dumps(summary, indent=2))
-    print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl", file=sys.stderr)
+    print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl, and labels/dataset/", file=sys.stderr)
+    if args.push_to_hub:
+        push_to_hub(str(Path(filesystem(config.output)[1]) / "labels" / "dataset"), args.push_to_hub)
+        print(f"pushed labels/dataset to the hub as {args.push_to_hub}", file=sys.stderr)
     return 0
 
 

@@ -273,6 +273,11 @@ class LabelConfig(Section):
                                   "against gold passages is under the thresholds (the paper's long-form filter)")
     citation_precision_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_p")
     citation_recall_min: float = Field(0.8, json_schema_extra=SPEED, ge=0, le=1, description="delta_r")
+    license: str = Field("other", json_schema_extra=SPEED,
+                         description="the licence the published label dataset's card declares (a hub licence id)")
+    source_licenses: str = Field(
+        "not stated: check the licences of the question and passage sources before publishing",
+        json_schema_extra=SPEED, description="the licences of the inputs, as the dataset card should state them")
 
 
 class CalibrationRecord(Section):

@@ -234,6 +234,12 @@ def test_label_job_and_report_with_the_real_model(ten_questions):
         lines = (labels / f"{kind}.jsonl").read_text().splitlines()
         assert len(lines) == summary[kind]["records"]
         assert all([m["role"] for m in json.loads(line)["messages"]] == ["user", "assistant"] for line in lines)
+    import datasets  # the dataset folder ready to publish loads as a hub repository would
+
+    relevance_set = datasets.load_dataset(str(labels / "dataset"), "relevance", split="train",
+                                          cache_dir=str(tmp / "hf_cache"))  # its own cache: datasets keys one by folder name
+    assert relevance_set.num_rows == 9 and relevance_set[0]["messages"][1]["role"] == "assistant"
+    assert "smollm2-135m-instruct" in (labels / "dataset" / "README.md").read_text()
     ragsift("report", "--runs", tmp / "lab", "--questions", tmp / "q3.parquet", "--out", tmp / "report.html")
     assert (tmp / "report.html").read_text().count("data:image/png;base64,") == 6
 

@@ -111,3 +111,31 @@ def test_answers_are_read_in_chunks_of_whole_parts_bounded_by_passages(tmp_path)
     assert [[r["id"] for r in rows] for rows, _ in chunks] == [["q0", "q1"], ["q2"]]
     assert chunks[0][1] == {"p0a", "p0b", "p1a", "p1b"}
     assert len(list(answer_chunks(str(tmp_path), "raisf_labels", max_passage_ids=1))) == 3  # a part is never split
+
+
+def test_a_label_run_becomes_a_dataset_folder_with_a_card_that_loads_like_a_hub_repository(tmp_path):
+    import datasets
+    import yaml
+
+    from jobs.dataset_card import write_dataset
+    from strategies.registry import AnswerConfig
+
+    out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES, LabelConfig())
+    for kind in ("self_knowledge", "relevance", "decomposition"):
+        write_labels(str(tmp_path), kind, out[kind])
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["question a?"]}), questions)
+    config = AnswerConfig(questions=str(questions), output=str(tmp_path), strategies=["raisf_labels"],
+                          label={"license": "cc-by-sa-4.0", "source_licenses": "NQ: CC BY-SA 3.0"})
+    summary = {"self_knowledge": {"records": 1, "know": 1}, "relevance": {"records": 2, "relevant": 1, "irrelevant": 1},
+               "decomposition": {"records": 1}, "self_reasoning": {"records": 0, "of": 1, "dropped": {"wrong": 1}}}
+    folder = write_dataset(str(tmp_path), summary, config)
+
+    card = (tmp_path / "labels" / "dataset" / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["license"] == "cc-by-sa-4.0" and [c["config_name"] for c in header["configs"]] == [
+        "self_knowledge", "relevance", "decomposition"]  # nothing kept of self_reasoning: no empty config
+    assert "NQ: CC BY-SA 3.0" in card and "| `relevance` |" in card and "raisf/relevance.txt" in card
+    relevance = datasets.load_dataset(folder, "relevance", split="train", cache_dir=str(tmp_path / "hf_cache"))
+    assert relevance.num_rows == 2 and relevance["label"] == ["relevant", "irrelevant"]
+    assert [m["role"] for m in relevance[0]["messages"]] == ["user", "assistant"]

@@ -1,0 +1,102 @@
+"""A label run as a dataset ready to publish: ``<output>/labels/dataset/``, laid out as a Hugging Face
+dataset repository, so ``datasets.load_dataset(<that folder>, "relevance")`` reads it and
+``ragsift label --push-to-hub REPO`` uploads it as it is:
+
+    README.md               the dataset card: one config per label kind (YAML header), then where the
+                            labels come from: source questions, models, prompts, filters, counts, licences
+    data/<kind>.parquet     the label rows with their chat ``messages`` (the prompts the strategies use)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import yaml
+
+from jobs.io import filesystem, redact
+
+KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
+PROMPTS = {"self_knowledge": ["raisf/know.txt", "raisf/answer.txt"], "relevance": ["raisf/relevance.txt"],
+           "decomposition": ["raisf/decompose.txt"], "self_reasoning": ["self_reasoning"]}
+WHAT = {"self_knowledge": "question -> know / unknown: the generator's closed-book answer against gold (M_know)",
+        "relevance": "(question, retrieved passage) -> relevant / irrelevant, with the judge's P(yes) (M_rel)",
+        "decomposition": "question -> sub-questions, as the generator decomposed it (M_decom)",
+        "self_reasoning": "Self-Reasoning trajectories kept only when their answer is correct"}
+
+
+def write_dataset(output: str, summary: dict, config) -> str:
+    """Write ``<output>/labels/dataset`` from the label files; returns its path."""
+    fs, root = filesystem(output)
+    target = f"{root}/labels/dataset"
+    fs.create_dir(f"{target}/data", recursive=True)
+    configs = []
+    for kind in KINDS:
+        if not summary.get(kind, {}).get("records"):  # not collected, or nothing kept: no empty config
+            continue
+        rows = pq.read_table(f"{root}/labels/{kind}.parquet", filesystem=fs)
+        with fs.open_input_stream(f"{root}/labels/{kind}.jsonl") as f:  # same records, same order
+            messages = pa_json.read_json(f).column("messages")
+        pq.write_table(rows.append_column("messages", messages), f"{target}/data/{kind}.parquet", filesystem=fs)
+        configs.append({"config_name": kind, "data_files": [{"split": "train", "path": f"data/{kind}.parquet"}]})
+    card = card_text(configs, summary, config)
+    with fs.open_output_stream(f"{target}/README.md") as f:
+        f.write(card.encode())
+    return target
+
+
+def card_text(configs: list[dict], summary: dict, config) -> str:
+    header = {"license": config.label.license, "task_categories": ["question-answering", "text-classification"],
+              "tags": ["rag", "ragsift", "ra-isf", "judge-training"], "configs": configs}
+    models = {"generator": config.generator.model, "judge": (config.judge or config.generator).model,
+              "embedder": config.embedder.model}
+    lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+             "# Judge-training labels from `ragsift label`", "",
+             "Collected as RA-ISF's Appendix A describes (one pass of the generator per question), plus "
+             "Self-Reasoning trajectories kept by its quality control. Each row carries `messages`: the chat "
+             "prompt the strategy uses and the label as the assistant turn, ready for fine-tuning tools.", "",
+             "| config | what | rows | labels |", "|---|---|---:|---|"]
+    for c in configs:
+        counts = summary[c["config_name"]]
+        extra = {k: v for k, v in counts.items() if k != "records"}
+        lines.append(f"| `{c['config_name']}` | {WHAT[c['config_name']]} | {counts['records']:,} | "
+                     f"{json.dumps(extra) if extra else ''} |")
+    lines += ["", "## Sources", "",
+              f"- Questions: `{redact(config.questions)}` (sha256 of the file: `{_sha256(config.questions)}`)",
+              f"- Passages: the index at `{redact(config.index.path) if config.index.path else None}`",
+              f"- Models: {', '.join(f'{k} `{v}`' for k, v in models.items())}; sampling "
+              f"{json.dumps(config.sampling.model_dump())}",
+              f"- Filters: closed-book match `{config.label.match}`; collected {config.label.collect}; citation "
+              f"filter {config.label.citation_filter} (precision >= {config.label.citation_precision_min}, recall >= "
+              f"{config.label.citation_recall_min})",
+              f"- Licence of these labels: `{config.label.license}`. Licences of the inputs: {config.label.source_licenses}", "",
+              "## Prompts", ""]
+    prompts = Path(__file__).resolve().parent.parent / "strategies" / "prompts"
+    for c in configs:
+        for name in PROMPTS[c["config_name"]]:
+            files = sorted((prompts / name).glob("*.txt")) if (prompts / name).is_dir() else [prompts / name]
+            for f in files:
+                lines += [f"`{f.relative_to(prompts)}` (for `{c['config_name']}`):", "", "```", f.read_text().strip(),
+                          "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _sha256(uri: str) -> str:
+    fs, path = filesystem(uri)
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def push_to_hub(folder: str, repo: str) -> None:
+    """Upload the dataset folder as a Hugging Face dataset repository (needs a hub login and network)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo, repo_type="dataset", exist_ok=True)
+    api.upload_folder(folder_path=folder, repo_id=repo, repo_type="dataset")
