@@ -18,6 +18,7 @@ from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.lease import Lease
+from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan
 from jobs.progress import Progress
@@ -82,7 +83,13 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)
     progress = Progress(log, total)
-    engine = Engine(stages, strategies, config.engine, out.write, on_progress=progress, progress_every_s=progress.every_s,
+    live = RayMetrics(redact(config.output), total)  # the same counters for Prometheus / the Ray dashboard
+
+    def report(engine: Engine) -> None:
+        progress(engine)
+        live(engine)
+
+    engine = Engine(stages, strategies, config.engine, out.write, on_progress=report, progress_every_s=progress.every_s,
                     log=log)
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))

@@ -1,0 +1,67 @@
+"""A run's counters as Ray metrics (``ray.util.metrics``) while it runs: every Ray node's metrics agent
+exports them in Prometheus format (``<node ip>:<metrics_export_port>/metrics``, what Prometheus scrapes
+and the Ray dashboard's Metrics view charts). Ray prefixes each name with ``ray_``; every series has an
+``output`` tag (the run's output directory) so that runs sharing a cluster stay apart.
+
+    ragsift_pairs_done_total             (question, strategy) pairs answered
+    ragsift_pairs_todo                   pairs this run answers in all
+    ragsift_tokens_total                 prompt + completion tokens computed
+    ragsift_roots_in_flight              questions in flight
+    ragsift_stage_queued{stage}          requests waiting for a batch
+    ragsift_stage_running{stage}         requests sent to replicas, not back yet
+    ragsift_stage_replicas_ready{stage}  replicas taking work (not starting, restarting or retired)
+    ragsift_stage_requests_total{stage}  requests computed
+    ragsift_stage_errors_total{stage}    requests that came back as errors
+    ragsift_stage_busy_seconds_total{stage}
+"""
+
+from __future__ import annotations
+
+from engine.loop import Engine
+
+
+class RayMetrics:
+    """``on_progress`` for the engine (beside Progress): sets the gauges, adds to the counters what
+    happened since the last call."""
+
+    def __init__(self, output: str, total: int | None = None):
+        from ray.util.metrics import Counter, Gauge
+
+        tags = ("output",)
+        staged = ("output", "stage")
+        self.tags = {"output": output}
+        self.gauges = {name: Gauge(f"ragsift_{name}", description=text, tag_keys=staged if "stage" in name else tags)
+                       for name, text in (("pairs_todo", "pairs this run answers"),
+                                          ("roots_in_flight", "questions in flight"),
+                                          ("stage_queued", "requests waiting for a batch"),
+                                          ("stage_running", "requests sent to replicas, not back yet"),
+                                          ("stage_replicas_ready", "replicas taking work"))}
+        self.counters = {name: Counter(f"ragsift_{name}", description=text, tag_keys=staged if "stage" in name else tags)
+                         for name, text in (("pairs_done", "pairs answered"), ("tokens", "tokens computed"),
+                                            ("stage_requests", "requests computed"),
+                                            ("stage_errors", "requests that came back as errors"),
+                                            ("stage_busy_seconds", "seconds replicas spent on batches"))}
+        self.last: dict[tuple[str, str], float] = {}
+        if total is not None:
+            self.gauges["pairs_todo"].set(total, tags=self.tags)
+
+    def _add(self, name: str, value: float, stage: str = "") -> None:
+        key = (name, stage)
+        delta = value - self.last.get(key, 0.0)
+        if delta > 0:
+            self.counters[name].inc(delta, tags={**self.tags, "stage": stage} if stage else self.tags)
+            self.last[key] = value
+
+    def __call__(self, engine: Engine) -> None:
+        self._add("pairs_done", engine.roots_done)
+        self._add("tokens", engine.tokens)
+        self.gauges["roots_in_flight"].set(engine.roots_in_flight, tags=self.tags)
+        for name, stage in engine.stages.items():
+            tags = {**self.tags, "stage": name}
+            self.gauges["stage_queued"].set(len(stage.queue), tags=tags)
+            self.gauges["stage_running"].set(sum(stage.inflight), tags=tags)
+            self.gauges["stage_replicas_ready"].set(
+                len(stage.replicas) - len(stage.restarting | stage.retired), tags=tags)
+            self._add("stage_requests", stage.stats.requests, name)
+            self._add("stage_errors", stage.stats.errors, name)
+            self._add("stage_busy_seconds", stage.stats.busy_s, name)
