@@ -1,13 +1,19 @@
-"""Python API for notebooks: run strategies over an in-memory table and get the answers back.
+"""Python API for notebooks: run strategies over in-memory tables and get the answers back.
 
-    from jobs.api import answer_table
-    answers = answer_table(df, strategies=["rag"], index_dir="~/.cache/ragsift/indexes/demo",
-                           columns={"question": "query"}, overrides=["generator.model=qwen2.5-coder-1.5b-instruct"])
+    from jobs.api import Session, answer_table
+
+    with Session(index_dir="~/.cache/ragsift/indexes/demo", generator="qwen2.5-coder-0.5b-instruct") as s:
+        rag = s.answer(df1, "rag")                 # starts Ray and the pools the strategy needs
+        both = s.answer(df2, ["rag", "raisf"])      # reuses them: no new vLLM start, no shard reload
+    answers = answer_table(df, "rag", index_dir=..., columns={"question": "query"})   # a one-call Session
 
 The questions (a pandas DataFrame, Arrow table, ``datasets.Dataset`` or list of dicts) are written to
 Parquet and answered by the same ``answer`` job as the CLI (same engine, config, exactly-once
 output), then read back: one row per (question, strategy), as a DataFrame for DataFrame input and
-an Arrow table otherwise.
+an Arrow table otherwise. The keywords are the CLI's flags (``index_dir``, ``generator``), plus
+``config`` (a YAML file) and ``overrides`` (``--set`` strings). A Session keeps its actor pools warm
+across calls, as ``vllm.LLM`` keeps its engine; the model settings are the Session's, while each call
+may name other strategies (a pool a new strategy needs is started then) and other questions.
 """
 
 from __future__ import annotations
@@ -22,24 +28,90 @@ import pyarrow.parquet as pq
 from jobs.inputs import to_arrow
 
 
-def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_dir: str | None = None,
-                 columns: dict[str, str] | None = None, config: str | None = None, overrides: list[str] = (),
-                 output: str | None = None, log=None):
-    """Answer ``questions`` with each strategy; see the module docstring. ``output`` keeps the run
-    (answers, metrics.json) there instead of in a temporary directory."""
-    from jobs.answer import answer
-    from jobs.evaluate import answer_files
-    from schemas.config import load_config
-    from strategies.registry import AnswerConfig
+class Session:
+    def __init__(self, *, index_dir: str | None = None, generator: str | None = None, config: str | None = None,
+                 overrides: list[str] = (), log=None):
+        from schemas.config import load_config
+        from strategies.registry import AnswerConfig
 
-    table = to_arrow(questions, columns)
-    strategies = [strategies] if isinstance(strategies, str) else list(strategies)
-    with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
-        path = Path(tmp) / "questions.parquet"
-        pq.write_table(table, path)
         extra = [f"index.path={Path(index_dir).expanduser()}"] if index_dir else []
-        cfg = load_config(AnswerConfig, config, [*overrides, *extra], questions=str(path),
-                          output=output or str(Path(tmp) / "answers"), strategies=strategies)
-        answer(cfg, log=log or (lambda *a, **k: None), force=True)
-        answers = pa.concat_tables([pq.read_table(f) for f in answer_files(cfg.output)])
-    return answers.to_pandas() if type(questions).__module__.startswith("pandas") else answers
+        extra += [f"generator.model={generator}"] if generator else []
+        self.config = load_config(AnswerConfig, config, [*overrides, *extra])
+        self.log = log or (lambda *a, **k: None)
+        self.stages: dict = {}
+        self.started_ray = False
+        self.calls = 0
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def answer(self, questions: Any, strategies: list[str] | str = "rag", *, columns: dict[str, str] | None = None,
+               output: str | None = None):
+        """Answer ``questions`` with each strategy on this Session's pools; ``output`` keeps the run
+        (answers, metrics.json) there instead of in a temporary directory."""
+        from jobs.answer import answer
+        from jobs.evaluate import answer_files
+
+        table = to_arrow(questions, columns)
+        strategies = [strategies] if isinstance(strategies, str) else list(strategies)
+        with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
+            path = Path(tmp) / "questions.parquet"
+            pq.write_table(table, path)
+            config = self.config.model_copy(update={"questions": str(path), "strategies": strategies,
+                                                    "output": output or str(Path(tmp) / "answers")})
+            self._start(config)
+            for stage in self.stages.values():  # each call's metrics.json counts its own work
+                stage.stats = type(stage.stats)()
+            answer(config, log=self.log, force=True, stages=self.stages)
+            answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
+        self.calls += 1
+        return answers.to_pandas() if type(questions).__module__.startswith("pandas") else answers
+
+    def _start(self, config) -> None:
+        """Start the pools ``config``'s strategies need and this Session does not have yet."""
+        import ray
+
+        from jobs.pools import build_stages, cpus_requested, pool_plan
+        from jobs.ray_session import init_ray
+        from strategies.registry import make_strategy
+
+        needs = set().union(*(make_strategy(n, config).stages for n in config.strategies))
+        covered = set(self.stages) | ({"judge"} if "generator" in self.stages and config.judge is None else set())
+        missing = needs - covered
+        if not missing:
+            return
+        # a pool already running is not started twice (pool_plan plans the generator beside a judge)
+        plan = {name: pool for name, pool in pool_plan(config, missing).items() if name not in self.stages}
+        if not ray.is_initialized():
+            init_ray(config.ray, cpus_requested(plan))
+            self.started_ray = True
+        self.stages.update(build_stages(config, missing, plan))
+
+    def actors(self) -> list:
+        """Every actor this Session started (each stage's replicas, the shards of its retriever)."""
+        found = []
+        for stage in self.stages.values():
+            found += [*stage.replicas, *getattr(stage, "shards", [])]
+        return found
+
+    def close(self) -> None:
+        """Stop the pools (and Ray, if this Session started it)."""
+        import ray
+
+        if ray.is_initialized():
+            for actor in self.actors():
+                ray.kill(actor)
+            if self.started_ray:
+                ray.shutdown()
+        self.stages.clear()
+
+
+def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_dir: str | None = None,
+                 generator: str | None = None, columns: dict[str, str] | None = None, config: str | None = None,
+                 overrides: list[str] = (), output: str | None = None, log=None):
+    """One call of a Session of its own: answer ``questions`` with each strategy; see the module docstring."""
+    with Session(index_dir=index_dir, generator=generator, config=config, overrides=overrides, log=log) as session:
+        return session.answer(questions, strategies, columns=columns, output=output)

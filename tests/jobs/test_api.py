@@ -38,3 +38,28 @@ def test_answer_table_runs_the_answer_job_on_a_dataframe(tmp_path):
     assert sorted(out["id"]) == ["0", "1", "2"] and set(out["strategy"]) == {"direct"}
     assert out["error"].isna().all() and (out["answer"].str.len() > 0).all()
     assert (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.model
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
+    import json
+
+    import ray
+
+    from jobs.api import Session
+
+    with Session(generator="smollm2-135m-instruct", overrides=["generator.cpu_kvcache_gib=1"]) as session:
+        first = session.answer(pa.table({"id": ["a", "b"], "question": ["Who wrote Hamlet?", "What is 2 + 2?"]}),
+                               "direct", output=str(tmp_path / "one"))
+        actors = [a._actor_id for a in session.actors()]
+        second = session.answer([{"q": "What is the capital of France?"}], ["direct"], columns={"question": "q"},
+                                output=str(tmp_path / "two"))
+        assert [a._actor_id for a in session.actors()] == actors and len(actors) == 1  # the same vLLM replica
+        assert ray.get(session.actors()[0].__ray_ready__.remote())
+        assert first.num_rows == 2 and second.num_rows == 1 and second["error"].to_pylist() == [None]
+        calls = [json.loads((tmp_path / run / "metrics.json").read_text())["stages"]["generator"]["requests"]
+                 for run in ("one", "two")]
+        assert calls == [2, 1]  # each call's metrics count its own requests
+    assert not ray.is_initialized()  # the Session started Ray, so it stopped it
