@@ -27,11 +27,12 @@ from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
 def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | None = None,
-           retry_errors: bool = False) -> dict:
+           retry_errors: bool = False, cache=None) -> dict:
     """Answer ``config.questions`` into ``config.output``; resumes a previous run of the same config,
     and with ``retry_errors`` answers its error rows again (in place, each id still once).
 
     ``stages`` replaces the actor pools (tests use stub actors); by default they are built from config.
+    ``cache`` (the engine's request cache) may be shared by runs on the same ``stages`` (a sweep).
     """
     if not config.questions or not config.output:
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
@@ -43,11 +44,11 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     # behind. A finished output is left alone before that: "nothing to do" needs neither.
     pools = pool_plan(config, needs) if stages is None and not claimed(config.output) else None
     with Lease(config.output, log=log):  # one driver per output: a second one is refused, naming the first
-        return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors)
+        return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache)
 
 
 def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool,
-            retry_errors: bool) -> dict:
+            retry_errors: bool, cache) -> dict:
     from jobs.ray_session import init_ray
 
     identity = run_identity(config, plan)
@@ -91,6 +92,8 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
 
     engine = Engine(stages, strategies, config.engine, out.write, on_progress=report, progress_every_s=progress.every_s,
                     log=log)
+    if cache is not None:
+        engine.cache = cache
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -42,12 +43,16 @@ def run(args: argparse.Namespace) -> int:
     configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
     needs = set().union(*(make_strategy(n, base).stages for n in base.strategies))
     pools = pool_plan(base, needs)
+    for value, config in configs:
+        check_shared_pools(base, config, needs, pools, f"{args.param}={value}")
     init_ray(base.ray, cpus_requested(pools))
     stages = build_stages(base, needs, pools)
+    # the values share the pools, so a request two values make alike is computed once for all of them
+    cache = OrderedDict()
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")
-        answer_job.answer(config, log=log, force=args.force, stages=stages)
+        answer_job.answer(config, log=log, force=args.force, stages=stages, cache=cache)
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
         for strategy in config.strategies:
             answers = pq.read_table(f"{config.output}/{strategy}", columns=["n_retrievals"])["n_retrievals"].to_pylist()
@@ -57,6 +62,15 @@ def run(args: argparse.Namespace) -> int:
                          "LLM calls/q": overall["LLM calls/q"]})
     write(rows, args.param, base.output)
     return 0
+
+
+def check_shared_pools(base, config, needs: set[str], pools: dict, what: str) -> None:
+    """A sweep starts its pools once, from the base config: a value that would change them (a model,
+    sampling, the index, a stage's batching or retrieval settings) would silently not apply."""
+    if (pool_plan(config, needs) != pools or config.engine != base.engine
+            or config.retrieval.model_copy(update={"k": base.retrieval.k}) != base.retrieval):
+        raise ConfigError(f"sweep {what}: this setting configures the actor pools, which the values share "
+                          "(they start once); run `ragsift answer` once per value instead")
 
 
 def with_value(base, param: str, value: str):

@@ -25,3 +25,57 @@ def test_sweep_table_and_chart(tmp_path):
     assert "| 0.5 | think_act | 11.0 | 5.0 | 50.0 | 3.0 |" in (tmp_path / "sweep.md").read_text()
     assert json.loads((tmp_path / "sweep.json").read_text()) == rows
     assert (tmp_path / "sweep.png").stat().st_size > 5_000
+
+
+def test_a_value_that_would_change_the_shared_pools_is_refused():
+    """The values share pools started once from the base config: before, a sweep over a sampling or
+    model setting ran every value with the base's and said nothing."""
+    from jobs.pools import pool_plan
+    from jobs.sweep import check_shared_pools
+
+    base = AnswerConfig(questions="q.parquet", output="out", strategies=["direct"])
+    needs = {"generator"}
+    pools = pool_plan(base, needs)
+    for param, value in [("think_act.beta_threshold", "0.25"), ("retrieval.k", "10"), ("raisf.d_th", "2")]:
+        check_shared_pools(base, with_value(base, param, value), needs, pools, f"{param}={value}")
+    for param, value in [("sampling.temperature", "0.7"), ("generator.model", "smollm2-135m-instruct"),
+                         ("retrieval.method", "bm25"), ("engine.window", "4")]:
+        with pytest.raises(ConfigError, match=f"sweep {param}={value}: this setting configures the actor pools"):
+            check_shared_pools(base, with_value(base, param, value), needs, pools, f"{param}={value}")
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
+    from collections import OrderedDict
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.stages import GeneratorStage
+    from jobs.answer import answer
+    from schemas.config import StageBatching
+    from tests.engine.fakes import FakeGenerator
+
+    class Counting(FakeGenerator):
+        calls = 0
+
+        def generate(self, batch):
+            self.calls += len(batch)
+            return super().generate(batch)
+
+        def count(self):
+            return self.calls
+
+    ray = ray_session
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(6)], "question": [f"question {i}" for i in range(6)]}),
+                   tmp_path / "q.parquet")
+    actor = ray.remote(Counting).options(num_cpus=0).remote()
+    stages = {"generator": GeneratorStage([actor], StageBatching())}
+    base = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "sweep"), strategies=["direct"])
+    cache, runs = OrderedDict(), []
+    for value in ("0", "1"):  # a setting direct does not read: every request alike
+        config = with_value(base, "think_act.beta_threshold", value)
+        runs.append(answer(config, log=lambda *_: None, stages=stages, cache=cache))
+    assert ray.get(actor.count.remote()) == 6  # the second value computed nothing again
+    assert runs[1]["requests_deduped"] == 6 and all(c["ok"] for c in runs[1]["exactly_once"].values())
