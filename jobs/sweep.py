@@ -30,6 +30,8 @@ from strategies.registry import make_strategy
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
     p.add_argument("--values", required=True, help="comma-separated values (parsed as YAML)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="each value computes its own requests (no request cache shared between the values)")
     answer_job.add_arguments(p)
 
 
@@ -52,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")
-        answer_job.answer(config, log=log, force=args.force, stages=stages, cache=cache)
+        metrics = answer_job.answer(config, log=log, force=args.force, stages=stages,
+                                    cache=None if args.no_cache else cache)
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
         for strategy in config.strategies:
             answers = pq.read_table(f"{config.output}/{strategy}", columns=["n_retrievals"])["n_retrievals"].to_pylist()
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append({"value": value, "strategy": strategy, "acc": overall["acc"], "F1": overall["F1"],
                          "retrieval ratio": round(100 * sum(n > 0 for n in answers) / len(answers), 1),
                          "LLM calls/q": overall["LLM calls/q"]})
+        log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
     return 0
 
