@@ -25,25 +25,10 @@ class RayMetrics:
     happened since the last call."""
 
     def __init__(self, output: str, total: int | None = None):
-        from ray.util.metrics import Counter, Gauge
-
-        tags = ("output",)
-        staged = ("output", "stage")
         self.tags = {"output": output}
-        self.gauges = {name: Gauge(f"ragsift_{name}", description=text, tag_keys=staged if "stage" in name else tags)
-                       for name, text in (("pairs_todo", "pairs this run answers"),
-                                          ("roots_in_flight", "questions in flight"),
-                                          ("stage_queued", "requests waiting for a batch"),
-                                          ("stage_running", "requests sent to replicas, not back yet"),
-                                          ("stage_replicas_ready", "replicas taking work"))}
-        self.counters = {name: Counter(f"ragsift_{name}", description=text, tag_keys=staged if "stage" in name else tags)
-                         for name, text in (("pairs_done", "pairs answered"), ("tokens", "tokens computed"),
-                                            ("stage_requests", "requests computed"),
-                                            ("stage_errors", "requests that came back as errors"),
-                                            ("stage_busy_seconds", "seconds replicas spent on batches"))}
+        self.gauges, self.counters = _metrics()
+        self.total = total
         self.last: dict[tuple[str, str], float] = {}
-        if total is not None:
-            self.gauges["pairs_todo"].set(total, tags=self.tags)
 
     def _add(self, name: str, value: float, stage: str = "") -> None:
         key = (name, stage)
@@ -53,6 +38,9 @@ class RayMetrics:
             self.last[key] = value
 
     def __call__(self, engine: Engine) -> None:
+        # every gauge is set at every report: Ray exports a gauge's value once, not until it changes
+        if self.total is not None:
+            self.gauges["pairs_todo"].set(self.total, tags=self.tags)
         self._add("pairs_done", engine.roots_done)
         self._add("tokens", engine.tokens)
         self.gauges["roots_in_flight"].set(engine.roots_in_flight, tags=self.tags)
@@ -65,3 +53,31 @@ class RayMetrics:
             self._add("stage_requests", stage.stats.requests, name)
             self._add("stage_errors", stage.stats.errors, name)
             self._add("stage_busy_seconds", stage.stats.busy_s, name)
+
+
+_REGISTERED: tuple[dict, dict] | None = None
+
+
+def _metrics() -> tuple[dict, dict]:
+    """The metric objects, made once per process: a second object of the same name (the next run of a
+    sweep or a Session) would register the name again, and Ray then drops what the first one set."""
+    global _REGISTERED
+    if _REGISTERED is None:
+        from ray.util.metrics import Counter, Gauge
+
+        def keys(name: str) -> tuple[str, ...]:
+            return ("output", "stage") if name.startswith("stage") else ("output",)
+
+        gauges = {name: Gauge(f"ragsift_{name}", description=text, tag_keys=keys(name))
+                  for name, text in (("pairs_todo", "pairs this run answers"),
+                                     ("roots_in_flight", "questions in flight"),
+                                     ("stage_queued", "requests waiting for a batch"),
+                                     ("stage_running", "requests sent to replicas, not back yet"),
+                                     ("stage_replicas_ready", "replicas taking work"))}
+        counters = {name: Counter(f"ragsift_{name}", description=text, tag_keys=keys(name))
+                    for name, text in (("pairs_done", "pairs answered"), ("tokens", "tokens computed"),
+                                       ("stage_requests", "requests computed"),
+                                       ("stage_errors", "requests that came back as errors"),
+                                       ("stage_busy_seconds", "seconds replicas spent on batches"))}
+        _REGISTERED = gauges, counters
+    return _REGISTERED

@@ -41,10 +41,12 @@ def test_a_runs_counters_are_exported_as_ray_metrics(ray_session, tmp_path):
     config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct"], engine={"max_attempts": 2})
     answer(config, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())})
 
+    wanted = {"ray_ragsift_pairs_done_total", "ray_ragsift_pairs_todo", "ray_ragsift_roots_in_flight",
+              "ray_ragsift_stage_replicas_ready[generator]", "ray_ragsift_stage_errors_total[generator]"}
     deadline, found = time.time() + 60, {}
-    while time.time() < deadline and found.get("ray_ragsift_pairs_done_total") != 12:
-        time.sleep(1)  # the metrics agent reports on its own interval
-        found = scrape(ray, str(out))
+    while time.time() < deadline and not (wanted <= set(found) and found["ray_ragsift_pairs_done_total"] == 12):
+        time.sleep(1)  # the metrics agent reports on its own interval, a gauge's value once
+        found.update(scrape(ray, str(out)))
     assert found["ray_ragsift_pairs_done_total"] == 12 and found["ray_ragsift_pairs_todo"] == 12
     assert found["ray_ragsift_stage_requests_total[generator]"] >= 12
     assert found["ray_ragsift_stage_errors_total[generator]"] >= 1  # the POISON question
