@@ -50,6 +50,7 @@ def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
 
     from jobs.api import Session
 
+    was_running = ray.is_initialized()  # another test's Ray, in a whole-suite run
     with Session(generator="smollm2-135m-instruct", overrides=["generator.cpu_kvcache_gib=1"]) as session:
         first = session.answer(pa.table({"id": ["a", "b"], "question": ["Who wrote Hamlet?", "What is 2 + 2?"]}),
                                "direct", output=str(tmp_path / "one"))
@@ -57,9 +58,13 @@ def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
         second = session.answer([{"q": "What is the capital of France?"}], ["direct"], columns={"question": "q"},
                                 output=str(tmp_path / "two"))
         assert [a._actor_id for a in session.actors()] == actors and len(actors) == 1  # the same vLLM replica
-        assert ray.get(session.actors()[0].__ray_ready__.remote())
+        replica = session.actors()[0]
+        assert ray.get(replica.__ray_ready__.remote())
         assert first.num_rows == 2 and second.num_rows == 1 and second["error"].to_pylist() == [None]
         calls = [json.loads((tmp_path / run / "metrics.json").read_text())["stages"]["generator"]["requests"]
                  for run in ("one", "two")]
         assert calls == [2, 1]  # each call's metrics count its own requests
-    assert not ray.is_initialized()  # the Session started Ray, so it stopped it
+    assert ray.is_initialized() == was_running  # a Session stops the Ray it started, and only that one
+    if was_running:  # and its pools are gone
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(replica.__ray_ready__.remote(), timeout=60)
