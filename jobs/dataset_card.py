@@ -9,7 +9,6 @@ dataset repository, so ``datasets.load_dataset(<that folder>, "relevance")`` rea
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import yaml
 
-from jobs.io import filesystem, redact
+from jobs.io import file_sha256, filesystem, redact
 
 KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
 PROMPTS = {"self_knowledge": ["raisf/know.txt", "raisf/answer.txt"], "relevance": ["raisf/relevance.txt"],
@@ -65,7 +64,7 @@ def card_text(configs: list[dict], summary: dict, config) -> str:
         lines.append(f"| `{c['config_name']}` | {WHAT[c['config_name']]} | {counts['records']:,} | "
                      f"{json.dumps(extra) if extra else ''} |")
     lines += ["", "## Sources", "",
-              f"- Questions: `{redact(config.questions)}` (sha256 of the file: `{_sha256(config.questions)}`)",
+              f"- Questions: `{redact(config.questions)}` (sha256 of the file: `{file_sha256(*filesystem(config.questions))}`)",
               f"- Passages: the index at `{redact(config.index.path) if config.index.path else None}`",
               f"- Models: {', '.join(f'{k} `{v}`' for k, v in models.items())}; sampling "
               f"{json.dumps(config.sampling.model_dump())}",
@@ -82,15 +81,6 @@ def card_text(configs: list[dict], summary: dict, config) -> str:
                 lines += [f"`{f.relative_to(prompts)}` (for `{c['config_name']}`):", "", "```", f.read_text().strip(),
                           "```", ""]
     return "\n".join(lines) + "\n"
-
-
-def _sha256(uri: str) -> str:
-    fs, path = filesystem(uri)
-    digest = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def push_to_hub(folder: str, repo: str) -> None:

@@ -16,6 +16,7 @@ duplicate id                the first occurrence (by row order) is answered; lat
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -63,6 +64,15 @@ def open_parquet(uri: str) -> pq.ParquetFile:
         raise SchemaError(f"{redact(uri)}: file not found") from None
     except (pa.ArrowInvalid, OSError) as err:
         raise SchemaError(f"{redact(uri)}: not a readable Parquet file ({err})") from None
+
+
+def file_sha256(fs, path: str) -> str:
+    """sha256 of a file on any pyarrow filesystem, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:

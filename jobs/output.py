@@ -16,7 +16,6 @@ the new one, whole, replaces it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.io import InputPlan, filesystem, hash_ids, question_rows, redact
+from jobs.io import InputPlan, file_sha256, filesystem, hash_ids, question_rows, redact
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 
@@ -131,7 +130,7 @@ class ShardedOutput:
         except (OSError, ValueError):
             recorded = {}
         try:
-            if recorded is not None and _sha256(self.fs, path) != recorded.get("sha256"):
+            if recorded is not None and file_sha256(self.fs, path) != recorded.get("sha256"):
                 self.log(f"damaged part {redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]} "
                          "(its checksum does not match): answering its shard again")
                 return False
@@ -218,7 +217,7 @@ class ShardedOutput:
         part.writer.close()
         part.stream.close()
         with self.fs.open_output_stream(checksum_path(part.path)) as f:  # before the rename: a part never lacks it
-            f.write(json.dumps({"sha256": _sha256(self.fs, part.path + ".tmp"), "rows": part.written}).encode())
+            f.write(json.dumps({"sha256": file_sha256(self.fs, part.path + ".tmp"), "rows": part.written}).encode())
         self.fs.move(part.path + ".tmp", part.path)
         del self.open[(strategy, shard)]
         self.retrying.pop((strategy, shard), None)
@@ -265,14 +264,6 @@ class ShardedOutput:
                 r["missing"] += len(np.setdiff1d(expected, unique))
                 r["ok"] = r["ok"] and bool(np.array_equal(got, expected))
         return report
-
-
-def _sha256(fs: pafs.FileSystem, path: str) -> str:
-    digest = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _by_shard(questions, shards):
