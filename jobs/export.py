@@ -47,13 +47,18 @@ def generator_model(path: str) -> str:
     return str(identity.get("generator.model") or "ragsift")
 
 
+def strategy_of(part: str) -> str:
+    """``<output>/<strategy>/part-NNNNN.parquet`` -> strategy."""
+    return part.rsplit("/", 2)[-2]
+
+
 def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
     files = answer_files(answers)
     if strategy:
-        files = [f for f in files if f.rstrip("/").split("/")[-2] == strategy]
+        files = [f for f in files if strategy_of(f) == strategy]
         if not files:
             raise ValueError(f"no answers of strategy {strategy!r} in {redact(answers)}")
-    elif form == "openai-batch" and len({f.split("/")[-2] for f in files}) > 1:
+    elif form == "openai-batch" and len(set(map(strategy_of, files))) > 1:
         raise ValueError(f"{redact(answers)} holds several strategies: pick one with --strategy "
                          "(an OpenAI batch file has one response per custom_id)")
     fs, path = filesystem(to)
