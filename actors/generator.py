@@ -102,7 +102,8 @@ class Prompts:
         cached = out.num_cached_tokens or 0
         if isinstance(req, Judge):
             first = completion.logprobs[0] if completion.logprobs else {}
-            return Judgment(completion.text.strip(), choice_probs(first, req.choices), n_prompt, n_completion,
+            top = [(lp.decoded_token, lp.logprob) for lp in first.values()]
+            return Judgment(completion.text.strip(), choice_probs(top, req.choices), n_prompt, n_completion,
                             cached_tokens=cached)
         return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached)
 
@@ -169,20 +170,21 @@ def bound_cores(bind: str) -> int:
     return max(1, count)
 
 
-def choice_probs(first_token: dict, choices: tuple[str, ...]) -> dict[str, float] | None:
-    """P(choice) from the first generated position's top log-probs, normalised over the choices.
+def choice_probs(first_token: list[tuple[str | None, float]], choices: tuple[str, ...]) -> dict[str, float] | None:
+    """P(choice) from the first generated position's top log-probs ``(token text, log-prob)``,
+    normalised over the choices.
 
     A token counts for a choice when its text (stripped, lower-cased) is a non-empty prefix of the
     choice; raw log-probs are taken before the guided-decoding mask, so they reflect the model.
     """
     mass = dict.fromkeys(choices, 0.0)
-    for lp in first_token.values():
-        token = (lp.decoded_token or "").strip().lower()
+    for text, logprob in first_token:
+        token = (text or "").strip().lower()
         if not token:
             continue
         for choice in choices:
             if choice.lower().startswith(token):
-                mass[choice] += math.exp(lp.logprob)
+                mass[choice] += math.exp(logprob)
                 break
     total = sum(mass.values())
     return {c: m / total for c, m in mass.items()} if total > 0 else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from engine.cache import RequestCache
 from engine.stages import Launched, Stage
 from engine.steps import Ask, Done, Item, Spawn, Strategy
 from schemas.config import EngineConfig
@@ -55,7 +55,8 @@ class Engine:
     def __init__(self, stages: dict[str, Stage], strategies: dict[str, Strategy],
                  config: EngineConfig, on_row: Callable[[dict], None],
                  on_progress: Callable[[Engine], None] | None = None, progress_every_s: float = 10.0,
-                 aliases: dict[str, str] | None = None, log: Callable[[str], None] | None = None):
+                 aliases: dict[str, str] | None = None, log: Callable[[str], None] | None = None,
+                 cache: RequestCache | None = None):
         self.stages = stages
         self.log = log or (lambda line: None)  # what a person should know at once (a replica died, and why)
         # a request for a stage that has no pool of its own runs on the aliased pool (judge -> generator)
@@ -66,7 +67,10 @@ class Engine:
         self.on_row = on_row
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
-        self.cache: OrderedDict[Request, Response] = OrderedDict()
+        # responses already computed: this run's (memory) and, with a path, earlier runs' (disk)
+        self.cache = cache if cache is not None else RequestCache(config.cache_size)
+        self.cache_lookups: dict[str, int] = {}  # by request stage
+        self.cache_hits: dict[str, dict[str, int]] = {}  # by request stage, then "memory" / "disk"
         self.waiters: dict[Request, list[tuple[Node, int]]] = {}
         self.launched: dict[Any, Launched] = {}  # ref -> its batch
         self.probes: dict[Any, tuple[Stage, int]] = {}  # ref of a readiness call -> the replica it waits for
@@ -90,6 +94,13 @@ class Engine:
     def run(self, questions: Iterable[Question], strategy_names: list[str],
             todo: Callable[[str, Question], bool] | None = None) -> None:
         """Answer every (question, strategy) pair, or those ``todo`` accepts (resume)."""
+        try:
+            self._run(questions, strategy_names, todo)
+        finally:  # what was computed before a failure is kept for the rerun
+            self.cache.flush()
+
+    def _run(self, questions: Iterable[Question], strategy_names: list[str],
+             todo: Callable[[str, Question], bool] | None) -> None:
         pending = ((q, s) for q in questions for s in strategy_names if todo is None or todo(s, q))
         probing = set(self.probes.values())
         for stage in self.stages.values():  # replicas that take work only once they said they are ready
@@ -315,10 +326,7 @@ class Engine:
                 self.tokens += response.prompt_tokens + response.completion_tokens
                 stage.stats.prompt_tokens += response.prompt_tokens
                 stage.stats.cached_tokens += response.cached_tokens
-            if not getattr(response, "error", None) and self.config.cache_size:
-                self.cache[request] = response
-                if len(self.cache) > self.config.cache_size:
-                    self.cache.popitem(last=False)
+            self.cache.put(request, response)
             for node, slot in self.waiters.pop(request, []):
                 self._fill(node, slot, response)
 
@@ -359,10 +367,13 @@ class Engine:
             node.slots, node.missing, node.asked = [None] * len(step.requests), len(step.requests), step.requests
             for slot, request in enumerate(step.requests):
                 self._count_request(node.root, request)
-                if request in self.cache:
-                    self.cache.move_to_end(request)
+                cached, where = self.cache.get(request)
+                self.cache_lookups[request.stage] = self.cache_lookups.get(request.stage, 0) + 1
+                if cached is not None:
+                    hits = self.cache_hits.setdefault(request.stage, {"memory": 0, "disk": 0})
+                    hits[where] += 1
                     self.requests_deduped += 1
-                    node.slots[slot] = self.cache[request]
+                    node.slots[slot] = cached
                     node.missing -= 1
                 elif request in self.waiters:
                     self.requests_deduped += 1
@@ -478,7 +489,17 @@ class Engine:
                               **({"vllm": s.engine_stats()} if hasattr(s, "engine_stats") else {})}
                        for name, s in self.stages.items()},
             "resolved_by": self.resolved,
+            "request_cache": self.cache_summary(),
         }
+
+    def cache_summary(self) -> dict[str, Any]:
+        """Requests asked, and those answered from this run's memory or an earlier run's disk cache."""
+        lookups = sum(self.cache_lookups.values())
+        hits = {w: sum(h[w] for h in self.cache_hits.values()) for w in ("memory", "disk")}
+        return {"path": str(self.cache.path) if self.cache.path else None, "lookups": lookups, "hits": hits,
+                "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
+                "by_stage": {stage: {"lookups": n, **self.cache_hits.get(stage, {"memory": 0, "disk": 0})}
+                             for stage, n in sorted(self.cache_lookups.items())}}
 
 
 def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list, int]] | None:

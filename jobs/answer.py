@@ -22,6 +22,7 @@ from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan
 from jobs.progress import Progress
+from jobs.request_cache import open_cache
 from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
@@ -32,7 +33,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     and with ``retry_errors`` answers its error rows again (in place, each id still once).
 
     ``stages`` replaces the actor pools (tests use stub actors); by default they are built from config.
-    ``cache`` (the engine's request cache) may be shared by runs on the same ``stages`` (a sweep).
+    ``cache`` (jobs/request_cache.py) may be shared by runs on the same ``stages`` (a sweep, a Session);
+    by default it is the disk cache of ``config``'s pools, or memory only where ``stages`` are given.
     """
     if not config.questions or not config.output:
         raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
@@ -77,6 +79,7 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
                               shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
                               max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
+    stages_from_config = stages is None
     if stages is None:
         pools = pools or pool_plan(config, needs)
         init_ray(config.ray, cpus_requested(pools))
@@ -90,10 +93,10 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         progress(engine)
         live(engine)
 
+    # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
+    cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
     engine = Engine(stages, strategies, config.engine, out.write, on_progress=report, progress_every_s=progress.every_s,
-                    log=log)
-    if cache is not None:
-        engine.cache = cache
+                    log=log, cache=cache)
     try:
         engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
     finally:
@@ -137,6 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="answer only the first N questions")
     p.add_argument("--force", action="store_true",
                    help="discard existing output written with a different config instead of refusing")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the disk request cache (cache.enabled=false); a sweep's values "
+                        "then share no request either")
     p.add_argument("--retry-errors", action="store_true",
                    help="answer the error rows of an existing output again, in place (the other rows are kept)")
     add_config_arguments(p)
@@ -146,6 +152,7 @@ def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ..
     """The config from defaults, --config, --set and flags; ``default_strategies`` (a job's own default)
     applies only when neither --strategy nor the config file names strategies."""
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
+    overrides += ["cache.enabled=false"] if getattr(args, "no_cache", False) else []
     strategies = args.strategy.split(",") if args.strategy else None
     config = load_config(AnswerConfig, args.config, overrides, questions=args.questions,
                          output=args.output, strategies=strategies, limit=args.limit)

@@ -39,6 +39,7 @@ class Session:
         self.config = load_config(AnswerConfig, config, [*overrides, *extra])
         self.log = log or (lambda *a, **k: None)
         self.stages: dict = {}
+        self.cache = None  # the request cache of this Session's pools, opened with them
         self.started_ray = False
         self.calls = 0
 
@@ -65,7 +66,7 @@ class Session:
             self._start(config)
             for stage in self.stages.values():  # each call's metrics.json counts its own work
                 stage.stats = type(stage.stats)()
-            answer(config, log=self.log, force=True, stages=self.stages)
+            answer(config, log=self.log, force=True, stages=self.stages, cache=self.cache)
             answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
         self.calls += 1
         return answers.to_pandas() if type(questions).__module__.startswith("pandas") else answers
@@ -76,8 +77,11 @@ class Session:
 
         from jobs.pools import build_stages, cpus_requested, pool_plan
         from jobs.ray_session import init_ray
+        from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
 
+        if self.cache is None:
+            self.cache = open_cache(self.config)
         needs = set().union(*(make_strategy(n, config).stages for n in config.strategies))
         covered = set(self.stages) | ({"judge"} if "generator" in self.stages and config.judge is None else set())
         missing = needs - covered

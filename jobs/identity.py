@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
-from jobs.index import read_manifest
+from jobs.index import manifest_sha256
 from jobs.io import InputPlan
 from jobs.pools import entailment_name, judges_name, ranker_name
 from schemas.config import speed_setting
@@ -25,9 +24,9 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     identity = {k: v for k, v in flat.items() if not _operational(k)}
     identity.update({"input.uri": plan.uri, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})
-    if config.index.path and Path(config.index.path, "manifest.json").exists():
-        manifest = json.dumps(read_manifest(config.index.path), sort_keys=True).encode()
-        identity["index.manifest_sha256"] = hashlib.sha256(manifest).hexdigest()
+    digest = manifest_sha256(config.index.path) if config.index.path else None
+    if digest:
+        identity["index.manifest_sha256"] = digest
     return identity
 
 

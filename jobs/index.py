@@ -51,6 +51,14 @@ def read_manifest(index_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def manifest_sha256(index_dir: str | Path) -> str | None:
+    """A digest of the index's manifest (its shards, embedder, counts): it changes when the index is rebuilt."""
+    path = Path(index_dir) / MANIFEST
+    if not path.exists():
+        return None
+    return hashlib.sha256(json.dumps(read_manifest(index_dir), sort_keys=True).encode()).hexdigest()
+
+
 def passage_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.encoder import Encoder
+from actors.endpoint_generator import EndpointGenerator
 from actors.generator import Generator
 from actors.know import KnowClassifier, embedder_of
 from actors.nli import NLICrossEncoder
@@ -52,7 +53,7 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
     plan = {}
 
     def llm(c) -> Pool:
-        actor = StreamingGenerator if c.serving == "async" else Generator
+        actor = EndpointGenerator if c.endpoint else StreamingGenerator if c.serving == "async" else Generator
         return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas)
 
     if needs & {"generator", "judge"}:
@@ -88,8 +89,9 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
 
 
 def llm_settings(c) -> dict:
-    """A generator replica's settings (``actors.generator.Generator``'s first argument) from an LLM config."""
-    return {**c.model_dump(), "model": loadable(c.model)}
+    """A generator replica's settings (``actors.generator.Generator``'s first argument) from an LLM config;
+    an endpoint's model is the name its server knows, not a path here."""
+    return {**c.model_dump(), "model": c.model if c.endpoint else loadable(c.model)}
 
 
 def _bm25(config: AnswerConfig) -> bool:
@@ -143,7 +145,7 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
 
 def llm_stage(replicas: list, pool: Pool, batching, name: str, max_tokens: int) -> GeneratorStage:
     """The stage for a pool of generator replicas of either kind."""
-    if pool.actor is StreamingGenerator:
+    if pool.actor in (StreamingGenerator, EndpointGenerator):
         return StreamingGeneratorStage(replicas, batching, name, default_max_tokens=max_tokens)
     return GeneratorStage(replicas, batching, name)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +22,7 @@ from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.io import filesystem
 from jobs.pools import build_stages, cpus_requested, pool_plan
+from jobs.request_cache import open_cache
 from schemas.config import ConfigError, parse_override
 from strategies.registry import make_strategy
 
@@ -30,8 +30,6 @@ from strategies.registry import make_strategy
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
     p.add_argument("--values", required=True, help="comma-separated values (parsed as YAML)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="each value computes its own requests (no request cache shared between the values)")
     answer_job.add_arguments(p)
 
 
@@ -50,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     init_ray(base.ray, cpus_requested(pools))
     stages = build_stages(base, needs, pools)
     # the values share the pools, so a request two values make alike is computed once for all of them
-    cache = OrderedDict()
+    cache = open_cache(base) if base.cache.enabled else None
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")
         metrics = answer_job.answer(config, log=log, force=args.force, stages=stages,
-                                    cache=None if args.no_cache else cache)
+                                    cache=cache)
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
         for strategy in config.strategies:
             answers = pq.read_table(f"{config.output}/{strategy}", columns=["n_retrievals"])["n_retrievals"].to_pylist()

@@ -5,6 +5,7 @@ One model per concern. Unknown keys and bad values fail at load time with the do
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -32,10 +33,34 @@ class Section(BaseModel):
     changes_answers: ClassVar[bool] = True
 
 
-class LLMConfig(Section):
-    """One pool of vLLM replicas (the generator; later judges)."""
+class EndpointConfig(Section):
+    """An OpenAI-compatible server (a `vllm serve`, a hosted API, a teacher model) that a generator or judge
+    pool sends its requests to instead of running vLLM in its replicas (actors/endpoint_generator.py)."""
 
-    model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name")
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000/v1 (the server's OpenAI API root)")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="environment variable holding the API key "
+                                    "(read where the replica runs); unset or None = no key ('EMPTY')")
+    headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=SPEED,
+                                    description="extra HTTP headers; $VARS in a value are read from the replica's environment")
+    max_concurrency: int = Field(32, json_schema_extra=SPEED, ge=1, description="requests in flight per replica")
+    requests_per_second: float | None = Field(None, json_schema_extra=SPEED, gt=0,
+                                              description="request starts per second per replica; None = no limit")
+    max_retries: int = Field(5, json_schema_extra=SPEED, ge=0, description="retries with exponential backoff on "
+                             "429, 408, 409, 5xx and lost connections (the openai client's); a request still failing "
+                             "fails its call, which the engine retries and at last turns into an error row")
+    timeout_s: float = Field(600, json_schema_extra=SPEED, gt=0, description="one HTTP request's timeout")
+    vllm_extensions: bool = Field(True, description="judgments use vLLM's `structured_outputs: {choice}`; False for "
+                                  "servers without it: a judgment is then one free token scored by its top log-probs")
+
+
+class LLMConfig(Section):
+    """One pool of vLLM replicas (the generator; later judges), or of clients of an OpenAI-compatible endpoint."""
+
+    model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name; with `endpoint`, "
+                       "the model name the server serves")
+    endpoint: EndpointConfig | None = Field(None, description="send this pool's requests to an OpenAI-compatible "
+                                            "server; the vLLM engine fields below then do not apply (the server's own "
+                                            "settings do), except max_model_len, seed and the pool's size")
     dtype: str = Field("auto", description="weights and activations: 'auto' = bfloat16 where the hardware computes it "
                        "natively (a GPU, or a CPU with AVX512-BF16 / AMX), else float32 (vLLM's CPU kernels emulate "
                        "bf16 on AVX2-only CPUs: 4-6x slower); or any vLLM dtype. Changes answers in the last digits")
@@ -293,6 +318,22 @@ class CalibrationRecord(Section):
     chosen: dict[str, float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
 
 
+class CacheConfig(Section):
+    """The request cache on disk (engine/cache.py): every model, retrieval, ranking and entailment response
+    a run computes, kept in SQLite and reused by any later run whose pools would compute the same (a
+    rerun, a resumed run, a sweep, a Session). Keyed on what decides a response: the model and its files'
+    revision, sampling, dtype, seed and context length; the index manifest and retrieval settings; and
+    the request itself. Not keyed on: a hub name's revision (pin one by a local path) and an endpoint's
+    weights (the server's; a changed server under the same name needs --no-cache or another path)."""
+
+    changes_answers = False
+    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "") in ("", "0"),
+                          description="False (or --no-cache, or RAGSIFT_NO_CACHE=1) = this run neither reads nor "
+                          "writes the disk cache (it still shares identical requests within itself)")
+    path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
+                             "(~/.cache/ragsift). On a cluster it is on the driver's machine")
+
+
 class RayConfig(Section):
     changes_answers = False
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
@@ -327,6 +368,7 @@ class RunConfig(Section):
     answer_form: AnswerFormConfig = Field(default_factory=AnswerFormConfig)
     calibration: CalibrationRecord | None = Field(None, description="written by `ragsift calibrate`")
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 

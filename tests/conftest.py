@@ -7,6 +7,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# tests count what their runs compute: none reads another test's (or an earlier run's) responses from the
+# disk request cache; the cache's own tests turn it on with a path of their own
+os.environ.setdefault("RAGSIFT_NO_CACHE", "1")
 
 from pathlib import Path  # noqa: E402
 

@@ -47,11 +47,10 @@ def test_a_value_that_would_change_the_shared_pools_is_refused():
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
-    from collections import OrderedDict
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from engine.cache import RequestCache
     from engine.stages import GeneratorStage
     from jobs.answer import answer
     from schemas.config import StageBatching
@@ -73,7 +72,7 @@ def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
     actor = ray.remote(Counting).options(num_cpus=0).remote()
     stages = {"generator": GeneratorStage([actor], StageBatching())}
     base = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "sweep"), strategies=["direct"])
-    cache, runs = OrderedDict(), []
+    cache, runs = RequestCache(1000), []
     for value in ("0", "1"):  # a setting direct does not read: every request alike
         config = with_value(base, "think_act.beta_threshold", value)
         runs.append(answer(config, log=lambda *_: None, stages=stages, cache=cache))

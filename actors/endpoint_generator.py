@@ -1,0 +1,159 @@
+"""Generator replica, endpoint kind: a client of an OpenAI-compatible server (a `vllm serve`, a hosted
+API, a teacher model) in place of a local vLLM engine.
+
+It speaks the streaming kind's protocol (``stream``, ``generate``, ``kv_capacity``, ``engine_stats``),
+so the engine feeds it as it feeds an AsyncLLM: requests go out as strategies ask them, up to
+``max_concurrency`` at once, and each result comes back when its own response does. Retries with
+backoff on 429 / 5xx are the openai client's; a request the server refuses (400: too long, a bad
+schema) is that request's error result, never a failed call that would take its neighbours along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections import Counter, deque
+
+from actors.generator import JUDGE_LOGPROBS, choice_probs
+from actors.streaming_generator import finished_chunks
+from schemas.records import Generate, Generation, Judge, Judgment
+
+# statuses the openai client retries itself; one still failing after its retries fails the call
+RETRIED = {408, 409, 429}
+
+
+class EndpointGenerator:
+    def __init__(self, llm: dict, sampling: dict, chunk_s: float = 0.01):
+        import httpx
+        from openai import AsyncOpenAI
+
+        ep = llm["endpoint"]
+        self.base_url, self.model, self.seed = ep["base_url"], llm["model"], llm["seed"]
+        self.max_model_len, self.sampling = llm["max_model_len"], sampling
+        self.max_concurrency, self.vllm_extensions = ep["max_concurrency"], ep["vllm_extensions"]
+        self.statuses: Counter[int] = Counter()  # every HTTP response, retries included
+        self.latency_s: deque[float] = deque(maxlen=10_000)
+
+        async def count(response):
+            self.statuses[response.status_code] += 1
+
+        key = os.environ.get(ep["api_key_env"]) if ep["api_key_env"] else None
+        self.client = AsyncOpenAI(
+            base_url=ep["base_url"], api_key=key or "EMPTY", max_retries=ep["max_retries"], timeout=ep["timeout_s"],
+            default_headers={k: os.path.expandvars(v) for k, v in ep["headers"].items()},
+            http_client=httpx.AsyncClient(event_hooks={"response": [count]},
+                                          limits=httpx.Limits(max_connections=ep["max_concurrency"])))
+        self.slots = asyncio.Semaphore(ep["max_concurrency"])
+        self.pace = Pace(ep["requests_per_second"])
+        self.chunk_s = chunk_s
+        self.ids = itertools.count()
+
+    def kv_capacity(self) -> int:
+        """The tokens the driver may keep in flight here is twice this: a full-length request for every
+        concurrent slot (the server's own KV cache is not ours to know; the semaphore is the real limit)."""
+        return self.max_concurrency * self.max_model_len
+
+    def engine_stats(self) -> dict:
+        lat = sorted(self.latency_s)
+        pct = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
+        return {"endpoint": self.base_url, "http_status": {str(k): v for k, v in sorted(self.statuses.items())},
+                "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "max": lat[-1] if lat else None}}
+
+    async def stream(self, requests: list[Generate | Judge]):
+        """Yield lists of ``(index in requests, result)`` as responses arrive (as the streaming kind does)."""
+        done: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._one(i, req, done)) for i, req in enumerate(requests)]
+        try:
+            async for chunk in finished_chunks(done, len(requests), self.chunk_s):
+                failed = [r for _, r in chunk if isinstance(r, BaseException)]
+                if failed:
+                    raise failed[0]
+                yield chunk
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
+        results: list = [None] * len(requests)
+        async for chunk in self.stream(requests):
+            for i, result in chunk:
+                results[i] = result
+        return results
+
+    async def reset_prefix_cache(self) -> None:
+        """Nothing to forget here: the server's prefix cache is the server's."""
+
+    async def _one(self, index: int, req: Generate | Judge, done: asyncio.Queue) -> None:
+        import openai
+
+        try:
+            async with self.slots:
+                await self.pace.wait()
+                started = time.perf_counter()
+                response = await self.client.chat.completions.create(**self.body(req))
+                self.latency_s.append(time.perf_counter() - started)
+            await done.put((index, self.result(req, response)))
+        except asyncio.CancelledError:
+            raise
+        except openai.APIStatusError as err:
+            if err.status_code >= 500 or err.status_code in RETRIED:
+                await done.put((index, err))  # the server's trouble, not this request's: the call fails
+            else:
+                failure = f"endpoint refused the request ({err.status_code}): {err.message[:300]}"
+                await done.put((index, Judgment("", error=failure) if isinstance(req, Judge)
+                                else Generation("", error=failure)))
+        except Exception as err:  # noqa: BLE001 - lost connection, timeout: the call fails and the engine retries
+            await done.put((index, err))
+
+    def body(self, req: Generate | Judge) -> dict:
+        """The chat completion request: the batch kind's sampling, in the OpenAI API's words."""
+        body = dict(model=self.model, messages=req.as_chat(), seed=self.seed)
+        if isinstance(req, Judge):
+            # no tokenizer here: a choice has at most as many tokens as characters
+            body.update(temperature=0.0, max_tokens=max(map(len, req.choices)) + 1,
+                        logprobs=True, top_logprobs=JUDGE_LOGPROBS)
+            if self.vllm_extensions:
+                body["extra_body"] = {"structured_outputs": {"choice": list(req.choices)}}
+            return body
+        body.update(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
+                    max_tokens=req.max_tokens or self.sampling["max_tokens"])
+        if req.json_schema:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": json.loads(req.json_schema)}}
+        return body
+
+    @staticmethod
+    def result(req: Generate | Judge, response) -> Generation | Judgment:
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        usage = response.usage
+        n_prompt = usage.prompt_tokens if usage else 0
+        n_completion = usage.completion_tokens if usage else 0
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = (getattr(details, "cached_tokens", None) or 0) if details else 0
+        if isinstance(req, Judge):
+            content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
+            top = [(t.token, t.logprob) for t in content[0].top_logprobs] if content else []
+            return Judgment(text.strip(), choice_probs(top, req.choices), n_prompt, n_completion, cached_tokens=cached)
+        return Generation(text, n_prompt, n_completion, cached_tokens=cached)
+
+
+class Pace:
+    """At most ``per_second`` request starts a second (None: no limit), spaced evenly."""
+
+    def __init__(self, per_second: float | None):
+        self.interval = 1.0 / per_second if per_second else 0.0
+        self.next_start = 0.0
+        self.lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        async with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_start)
+            self.next_start = start + self.interval
+        await asyncio.sleep(start - now)

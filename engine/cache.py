@@ -1,0 +1,110 @@
+"""The request cache: responses the engine already has, so an identical request is never computed twice.
+
+In memory it is the run's deduplication (an LRU of ``engine.cache_size`` requests). With a ``path`` it
+is also an SQLite database that outlives the run: a rerun, a resumed run, a sweep's values and a
+Session's calls find what any earlier run computed. A request's key is its own fields (its ``step``
+name aside) under the *namespace* of the pool that answers it: everything else that decides the
+response (model and its revision, sampling, index manifest...), given by the job that built the pools
+(jobs/request_cache.py). Error responses are never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from schemas.records import (
+    Entailment,
+    Generation,
+    Judgment,
+    Passage,
+    Ranking,
+    Request,
+    Response,
+    Retrieval,
+)
+
+RESPONSES = {cls.__name__: cls for cls in (Generation, Judgment, Retrieval, Ranking, Entailment)}
+WRITE_EVERY = 256  # responses buffered before one transaction (a commit per response would cost more than the lookup saves)
+
+
+class RequestCache:
+    def __init__(self, size: int, path: str | Path | None = None, namespaces: dict[str, str] | None = None):
+        self.size = size
+        self.memory: OrderedDict[Request, Response] = OrderedDict()
+        self.path = Path(path).expanduser() if path else None
+        self.namespaces = namespaces or {}
+        self.pending: list[tuple[str, str, str, float]] = []
+        self._db: sqlite3.Connection | None = None
+
+    def get(self, request: Request) -> tuple[Response | None, str | None]:
+        """The stored response and where it was found ("memory" or "disk"), or (None, None)."""
+        if request in self.memory:
+            self.memory.move_to_end(request)
+            return self.memory[request], "memory"
+        if self.path is None or request.stage not in self.namespaces:
+            return None, None
+        row = self.db.execute("SELECT response FROM responses WHERE key = ?", (self.key(request),)).fetchone()
+        if row is None:
+            return None, None
+        response = decode(row[0])
+        self._remember(request, response)
+        return response, "disk"
+
+    def put(self, request: Request, response: Response) -> None:
+        if getattr(response, "error", None):
+            return
+        self._remember(request, response)
+        if self.path is not None and request.stage in self.namespaces:
+            self.pending.append((self.key(request), request.stage, encode(response), time.time()))
+            if len(self.pending) >= WRITE_EVERY:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered responses (the engine calls this when a run ends, and every WRITE_EVERY)."""
+        if self.pending:
+            with self.db:  # one transaction
+                self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
+            self.pending.clear()
+
+    def key(self, request: Request) -> str:
+        fields = [getattr(request, f.name) for f in dataclasses.fields(request) if f.compare]
+        text = json.dumps([self.namespaces[request.stage], type(request).__name__, fields], ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.memory)
+
+    def _remember(self, request: Request, response: Response) -> None:
+        if not self.size:
+            return
+        self.memory[request] = response
+        if len(self.memory) > self.size:
+            self.memory.popitem(last=False)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # WAL: concurrent runs on one machine read while another writes; busy_timeout waits out a writer
+            self._db = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS responses "
+                             "(key TEXT PRIMARY KEY, stage TEXT, response TEXT, created REAL)")
+        return self._db
+
+
+def encode(response: Response) -> str:
+    return json.dumps([type(response).__name__, dataclasses.asdict(response)], ensure_ascii=False)
+
+
+def decode(text: str) -> Response:
+    name, values = json.loads(text)
+    if name == "Retrieval":
+        values["passages"] = [Passage(**p) for p in values["passages"]]
+    return RESPONSES[name](**values)

