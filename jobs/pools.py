@@ -161,11 +161,10 @@ def judges_name(config: AnswerConfig) -> dict | None:
     """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
     if not {"raisf", "calibration_probe"} & set(config.strategies):
         return None
-    if config.raisf.judges == "trained":
-        return {"self_knowledge": f"trained classifier:{config.know.model}",
-                "relevance": f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"}
-    judge = (config.judge or config.generator).model
-    return {"self_knowledge": f"P('yes') of {judge}", "relevance": f"P('yes') of {judge}"}
+    judge = f"P('yes') of {(config.judge or config.generator).model}"
+    return {"self_knowledge": f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge,
+            "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
+                          if config.raisf.relevance_by == "trained" else judge)}
 
 
 def ranker_name(config: AnswerConfig) -> str:

@@ -6,10 +6,10 @@ engine, so all nodes of all trees batch together. A node at depth D_th answers i
 1 + m + ... + m^D_th nodes for m = ``max_subquestions``; a sub-question the engine could not run
 (its node cap) or that failed is "unknown" too. Binary judgments use P('yes') of the first token
 against a threshold (``judge_by=logprob``) or the guided label, or the trained sub-modules
-(``judges: trained``); a judgment that failed is an error, never a "no". Every answer M(...) is in
-the question's form (forms.py). Ablations (paper Table 2): no self-knowledge (go straight to
-retrieval), no passage relevance (decompose when the model does not know), no decomposition
-("unknown" when nothing is relevant).
+(``judges: trained``, or one module so: ``know_judge`` / ``relevance_judge``); a judgment that
+failed is an error, never a "no". Every answer M(...) is in the question's form (forms.py).
+Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage relevance
+(decompose when the model does not know), no decomposition ("unknown" when nothing is relevant).
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class RaisfConfig(Section):
         "generator", description="who judges: the generator (or judge pool) by prompt, or the trained "
         "sub-modules as the paper trains them: M_know on the `know` pool (know.model) and M_rel as the ranker's "
         "model (reranker.model), P(relevant) = sigmoid of its logit; from `ragsift train`")
+    know_judge: Literal["generator", "trained"] | None = Field(
+        None, description="who judges self-knowledge alone (M_know); None = `judges`. A trained M_rel with the "
+        "generator's self-knowledge prompt, or the other way round, is one setting each")
+    relevance_judge: Literal["generator", "trained"] | None = Field(
+        None, description="who judges passage relevance alone (M_rel); None = `judges`")
     know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
     relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
@@ -69,6 +74,14 @@ class RaisfConfig(Section):
         """Question nodes one RA-ISF tree can have: 1 + m + ... + m^D_th (a node at depth D_th answers
         its sub-questions 'unknown' itself)."""
         return sum(self.max_subquestions ** d for d in range(self.d_th + 1))
+
+    @property
+    def know_by(self) -> str:
+        return self.know_judge or self.judges
+
+    @property
+    def relevance_by(self) -> str:
+        return self.relevance_judge or self.judges
 
 
 class RAISF(Routine):
@@ -160,13 +173,18 @@ class RAISF(Routine):
 
 
 def judge_stages(config: RaisfConfig) -> set[str]:
-    return {"know", "ranker"} if config.judges == "trained" else {"judge"}
+    """The pools RA-ISF's judgments run on: the know / ranker pools for trained modules, else the judge pool."""
+    return ({"know" if config.know_by == "trained" else "judge"}
+            | {"ranker" if config.relevance_by == "trained" else "judge"})
 
 
 def check_judges(run) -> None:
-    if run.raisf.judges == "trained" and not (run.know.model and run.reranker.model):
-        raise ValueError("raisf.judges: trained needs know.model (M_know) and reranker.model (M_rel), "
-                         "from `ragsift train know` / `ragsift train relevance`")
+    if run.raisf.know_by == "trained" and not run.know.model:
+        raise ValueError("a trained self-knowledge judge (raisf.judges / raisf.know_judge: trained) needs know.model "
+                         "(M_know, from `ragsift train know`)")
+    if run.raisf.relevance_by == "trained" and not run.reranker.model:
+        raise ValueError("a trained relevance judge (raisf.judges / raisf.relevance_judge: trained) needs "
+                         "reranker.model (M_rel, from `ragsift train relevance`)")
 
 
 def judge_request(user: str, step: str = "judge") -> Judge:
@@ -175,7 +193,7 @@ def judge_request(user: str, step: str = "judge") -> Judge:
 
 def know_request(question: str, config: RaisfConfig) -> Judge | Classify:
     """M_know(q): the trained classifier, or the judge asked the paper's self-knowledge prompt."""
-    if config.judges == "trained":
+    if config.know_by == "trained":
         return Classify(question)
     return judge_request(prompt("raisf/know").format(question=question), "self_knowledge")
 
@@ -185,14 +203,14 @@ def relevance_requests(question: str, passages: list[Passage], config: RaisfConf
     shown = [f"{p.title}: {p.text}" for p in passages]
     if not passages:
         return []
-    if config.judges == "trained":
+    if config.relevance_by == "trained":
         return [Rank(question, tuple(shown), len(shown), step="relevance")]
     return [judge_request(prompt("raisf/relevance").format(question=question, passage=s), "relevance") for s in shown]
 
 
 def relevance_scores(responses: list[Judgment | Ranking], n: int, config: RaisfConfig) -> list[float]:
     """P(relevant) per passage, in retrieval order (a ranking's logits through a sigmoid)."""
-    if config.judges == "trained":
+    if config.relevance_by == "trained":
         if not responses:
             return []
         (ranking,) = responses

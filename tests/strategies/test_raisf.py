@@ -205,3 +205,31 @@ def test_the_engine_caps_must_hold_a_whole_ra_isf_tree():
 
 def decomposed(item) -> list[str]:
     return next(t["sub_questions"] for t in item.trace if t["step"] == "decompose" and not t.get("retry"))
+
+
+def test_one_module_may_be_trained_while_the_generator_judges_the_other():
+    from schemas.records import Classify, Rank, Ranking
+    from strategies.registry import AnswerConfig
+
+    class TrainedRelevance(Script):
+        def __call__(self, request, item):
+            if isinstance(request, Rank):  # M_rel: logits, P = sigmoid; p1 and p3 relevant
+                return Ranking(list(range(5)), [2.0 if i in (1, 3) else -2.0 for i in range(5)])
+            return super().__call__(request, item)
+
+    config = RaisfConfig(relevance_judge="trained")
+    log = []
+    done, item = drive(RAISF(config), "Q", TrainedRelevance(), log=log)
+    assert kinds(log) == ["Judge", "Retrieve", "Rank", "Generate"]  # the prompt judges M_know, M_rel ranks
+    assert (done.resolved_by, done.citations) == ("passages", ["p1", "p3"])
+    assert RAISF(config).stages == {"generator", "retriever", "judge", "ranker"}
+    assert RAISF(RaisfConfig(judges="trained", relevance_judge="generator")).stages == \
+        {"generator", "retriever", "know", "judge"}
+    assert isinstance(next(iter(RAISF(RaisfConfig(know_judge="trained")).solve(item))), Classify)
+
+    with pytest.raises(ValueError, match="needs reranker.model"):
+        AnswerConfig(strategies=["raisf"], raisf={"relevance_judge": "trained"})
+    with pytest.raises(ValueError, match="needs know.model"):
+        AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "relevance_judge": "generator"},
+                     reranker={"model": "m_rel"})
+    AnswerConfig(strategies=["raisf"], raisf={"relevance_judge": "trained"}, reranker={"model": "m_rel"})
