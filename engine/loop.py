@@ -116,9 +116,9 @@ class Engine:
                 else:
                     self._start_root(*nxt)
             self._dispatch(flush=not self.launched)
+            if exhausted and self.roots_in_flight == 0 and not self.launched:
+                break  # a replica still starting does not hold up a run that needs nothing more (all cached)
             if not self.launched and not self.probes:
-                if exhausted and self.roots_in_flight == 0:
-                    break
                 if not any(s.pending() for s in self.stages.values()):
                     raise RuntimeError("engine stalled: items wait but no request is queued or running")
                 self._rest()

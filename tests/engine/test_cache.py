@@ -1,13 +1,14 @@
 """The request cache: in memory within a run, in SQLite across runs, keyed on the request and its pool."""
 
 import sqlite3
+import time
 
 import pytest
 
 from engine.cache import RequestCache
 from engine.loop import Engine
-from engine.stages import GeneratorStage, RetrieverStage
-from schemas.config import EngineConfig, StageBatching
+from engine.stages import GeneratorStage, RetrieverStage, StreamingGeneratorStage
+from schemas.config import EngineConfig, LLMBatching, StageBatching
 from schemas.records import (
     Entail,
     Entailment,
@@ -88,17 +89,18 @@ def test_a_second_run_on_the_same_disk_cache_computes_nothing_and_says_so(ray_se
     ray = ray_session
     questions = [Question(f"q{i}", f"question {i}") for i in range(10)]
 
-    def run():
-        gen = ray.remote(Counting).options(num_cpus=0).remote()
+    def run(generator=Counting, streaming=False):
+        gen = ray.remote(generator).options(num_cpus=0).remote()
         enc = [ray.remote(FakeEncoder).options(num_cpus=0).remote()]
         shards = [ray.remote(FakeShard).options(num_cpus=0).remote(n) for n in ("a", "b")]
-        stages = {"generator": GeneratorStage([gen], StageBatching()),
+        stages = {"generator": (StreamingGeneratorStage if streaming else GeneratorStage)([gen], LLMBatching()),
                   "retriever": RetrieverStage(enc, shards, StageBatching())}
         rows = []
         engine = Engine(stages, {"rag": STRATEGIES["rag"](StrategySettings(k=3))}, EngineConfig(), rows.append,
                         cache=RequestCache(1000, tmp_path / "c.sqlite", NAMESPACES))
         engine.run(questions, ["rag"])
-        return ray.get(gen.count.remote()), engine.metrics(), sorted((r["id"], r["answer"]) for r in rows)
+        return (None if streaming else ray.get(gen.count.remote())), engine.metrics(), \
+            sorted((r["id"], r["answer"]) for r in rows)
 
     calls, first, answers = run()
     assert calls == 10 and first["request_cache"]["hits"] == {"memory": 0, "disk": 0}
@@ -106,3 +108,13 @@ def test_a_second_run_on_the_same_disk_cache_computes_nothing_and_says_so(ray_se
     assert calls == 0 and again == answers and second["tokens_computed"] == 0
     assert second["request_cache"]["lookups"] == 20 and second["request_cache"]["hits"] == {"memory": 0, "disk": 20}
     assert second["request_cache"]["by_stage"]["retriever"] == {"lookups": 10, "memory": 0, "disk": 10}
+    # a run that needs nothing more ends while its replica is still starting (it would wait an hour here)
+    _, third, again = run(NeverReady, streaming=True)
+    assert again == answers and third["request_cache"]["hit_rate"] == 1.0
+
+
+class NeverReady:
+    """An async replica still starting: it never says its KV capacity."""
+
+    def kv_capacity(self):
+        time.sleep(3600)
