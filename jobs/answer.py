@@ -20,7 +20,7 @@ from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
-from jobs.pools import build_stages, cpus_requested, pool_plan
+from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
 from jobs.progress import Progress
 from jobs.request_cache import open_cache
 from schemas.config import load_config
@@ -82,7 +82,7 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
     stages_from_config = stages is None
     if stages is None:
         pools = pools or pool_plan(config, needs)
-        init_ray(config.ray, cpus_requested(pools))
+        init_ray(config.ray, cpus_requested(pools), resources_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)

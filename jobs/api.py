@@ -75,7 +75,7 @@ class Session:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
         import ray
 
-        from jobs.pools import build_stages, cpus_requested, pool_plan
+        from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
         from jobs.ray_session import init_ray
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
@@ -90,7 +90,7 @@ class Session:
         # a pool already running is not started twice (pool_plan plans the generator beside a judge)
         plan = {name: pool for name, pool in pool_plan(config, missing).items() if name not in self.stages}
         if not ray.is_initialized():
-            init_ray(config.ray, cpus_requested(plan))
+            init_ray(config.ray, cpus_requested(plan), resources_requested(plan))
             self.started_ray = True
         self.stages.update(build_stages(config, missing, plan))
 

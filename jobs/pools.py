@@ -9,7 +9,7 @@ for the run metadata.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.encoder import Encoder
@@ -35,12 +35,14 @@ from strategies.registry import AnswerConfig, retrieval_methods
 
 @dataclass(frozen=True)
 class Pool:
-    """One actor pool: a replica per entry of ``replicas`` (its constructor arguments)."""
+    """One actor pool: a replica per entry of ``replicas`` (its constructor arguments); each replica asks
+    Ray for ``num_cpus``, ``num_gpus`` and the custom ``resources`` that place it (config: ``resources``)."""
 
     actor: type
     num_cpus: float
     num_gpus: float
     replicas: tuple[tuple, ...]
+    resources: dict[str, float] = field(default_factory=dict)
 
     @property
     def cpus(self) -> float:
@@ -54,7 +56,8 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
 
     def llm(c) -> Pool:
         actor = EndpointGenerator if c.endpoint else StreamingGenerator if c.serving == "async" else Generator
-        return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas)
+        return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas,
+                    c.resources)
 
     if needs & {"generator", "judge"}:
         plan["generator"] = llm(config.generator)
@@ -69,22 +72,24 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
             raise ValueError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
                              f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
                              "with `ragsift index`")
-        plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas)
+        plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas,
+                               e.resources)
         if manifest:
             plan["shards"] = _shards(config, manifest)
         rr = config.reranker
         if "ranker" in needs and rr.model:
             plan["ranker"] = Pool(ranker_class(loadable(rr.model)), rr.num_cpus, rr.num_gpus,
-                                  ((loadable(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas)
+                                  ((loadable(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas,
+                                  rr.resources)
     if "know" in needs:
         k = config.know
         path = loadable(k.model)
         plan["know"] = Pool(KnowClassifier, k.num_cpus, k.num_gpus,
-                            ((path, loadable(embedder_of(path)), k.batch_size, k.device),) * k.replicas)
+                            ((path, loadable(embedder_of(path)), k.batch_size, k.device),) * k.replicas, k.resources)
     if "nli" in needs:
         n = config.nli
         plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
-                           ((loadable(n.model), n.batch_size, n.max_length, n.device),) * n.replicas)
+                           ((loadable(n.model), n.batch_size, n.max_length, n.device),) * n.replicas, n.resources)
     return plan
 
 
@@ -107,13 +112,22 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
                          "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, 0,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
-                      for s in manifest["shards"]))
+                      for s in manifest["shards"]), config.retrieval.shard_resources)
 
 
 def cpus_requested(plan: dict[str, Pool]) -> float:
     """The logical CPUs ``plan`` asks Ray for, so a local Ray can be sized to place every pool (an
     actor Ray cannot place waits forever, and the run with it)."""
     return sum(pool.cpus for pool in plan.values())
+
+
+def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
+    """The custom resources ``plan`` asks Ray for, summed over every replica: what a local Ray is given."""
+    total: dict[str, float] = {}
+    for pool in plan.values():
+        for name, amount in pool.resources.items():
+            total[name] = total.get(name, 0.0) + amount * len(pool.replicas)
+    return total
 
 
 def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None) -> dict:
@@ -125,7 +139,8 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
     actors = {}
     for name, pool in plan.items():
-        actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus, **restarts)
+        actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+                                               resources=pool.resources or None, **restarts)
         actors[name] = [actor.remote(*args) for args in pool.replicas]
     stages = {}
     for name in ("generator", "judge"):

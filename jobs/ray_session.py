@@ -17,9 +17,10 @@ DEFAULT_ENV = {
 }
 
 
-def init_ray(config: RayConfig, cpus_requested: float = 0.0):
-    """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs the
-    run's actor pools request: they are scheduling tokens, and a pool Ray cannot place would wait forever."""
+def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str, float] | None = None):
+    """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs and
+    the custom ``resources`` the run's actor pools request: they are scheduling tokens, and a pool Ray
+    cannot place would wait forever."""
     import ray
 
     for key, value in DEFAULT_ENV.items():
@@ -35,15 +36,22 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0):
     if address:
         _bind_to_loopback(False)  # undo an earlier local run's switch in this process
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=config.log_to_driver)
-        have = ray.cluster_resources().get("CPU", 0)
+        cluster = ray.cluster_resources()
+        have = cluster.get("CPU", 0)
         if have < cpus_requested:
             print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
+        short = {name: amount for name, amount in (resources or {}).items() if cluster.get(name, 0) < amount}
+        if short:
+            print(f"ragsift: the actor pools ask for custom resources {short} and the cluster's nodes have "
+                  f"{ {name: cluster.get(name, 0) for name in short} } now; those replicas wait for nodes that have "
+                  "them (`ray start --resources`)", file=sys.stderr)
     else:
         _bind_to_loopback()
         ray.init(
             num_cpus=max(config.num_cpus or os.cpu_count(), math.ceil(cpus_requested)),
             object_store_memory=config.object_store_mb * 2**20,
+            resources={name: math.ceil(amount) for name, amount in (resources or {}).items()} or None,
             include_dashboard=config.include_dashboard,
             dashboard_host=config.dashboard_host,
             log_to_driver=config.log_to_driver,

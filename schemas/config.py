@@ -22,6 +22,9 @@ DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 
 
 SPEED = {"changes_answers": False}  # json_schema_extra of a field that changes how fast a run goes, not what it answers
+PLACEMENT = ("Ray custom resources each replica asks for, e.g. {llm_node: 1}: the pool then runs only on nodes "
+             "started with them (`ray start --resources '{\"llm_node\": 8}'`); a local Ray that ragsift starts "
+             "is given what the run's pools ask for")
 
 
 class Section(BaseModel):
@@ -92,6 +95,7 @@ class LLMConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
     num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM")
 
 
@@ -110,6 +114,7 @@ class EmbedderConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
     threads: int | None = Field(
         None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
         "None = the cores of its machine shared among the replicas (OMP_NUM_THREADS=1, right beside vLLM in "
@@ -146,6 +151,9 @@ class RetrievalConfig(Section):
     bm25_weight: float = Field(1.0, ge=0, description="hybrid: weight of the BM25 ranking")
     fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion")
     num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0)
+    shard_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED,
+                                              description="Ray custom resources each shard actor asks for (placement, "
+                                              "as a pool's `resources`)")
 
 
 class CrossEncoderPool(Section):
@@ -157,6 +165,7 @@ class CrossEncoderPool(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
 
 
 class RerankerConfig(CrossEncoderPool):
@@ -185,6 +194,7 @@ class KnowConfig(Section):
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
 
 
 class StageBatching(Section):

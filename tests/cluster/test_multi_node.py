@@ -1,0 +1,146 @@
+"""Three Ray nodes on this machine (a head and two workers, each started with `ray start` like a real
+cluster's nodes, with ports and sockets of their own): the answer job, submitted with `ray job submit`,
+places its pools by custom resources, and a worker node killed mid-run (every process of it) costs no
+row: its generator replica restarts on the other worker, every id is answered exactly once."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cluster.test_job_submit import free_port, kill_session
+from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
+
+pytestmark = [pytest.mark.ray, pytest.mark.model, pytest.mark.timeout(1200)]
+BIN = Path(sys.executable).parent
+NAMED = "node_is_"
+
+
+def node_ports() -> list[str]:
+    """The ports a second raylet on one machine must not share with the first."""
+    names = ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc", "runtime-env-agent",
+             "metrics-export")
+    return [f"--{name}-port={free_port()}" for name in names]
+
+
+class LocalCluster:
+    def __init__(self):
+        self.temp = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # Ray's socket paths must stay short
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_DASHBOARD_PORT": str(free_port()), "RAY_GCS_PORT": str(free_port()),
+                    "RAY": str(BIN / "ray"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+        self.dashboard = f"http://127.0.0.1:{self.env['RAY_DASHBOARD_PORT']}"
+        self.nodes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, resources: dict, head: bool = False) -> None:
+        # a resource of its own names the node (`ray start` has no node name option)
+        common = ["--num-cpus=2", f"--resources={json.dumps({**resources, NAMED + name: 1})}",
+                  "--object-store-memory=200000000", "--block"]
+        if head:
+            command = [str(REPO / "cluster" / "local.sh"), "start", f"--temp-dir={self.temp}",
+                       f"--ray-client-server-port={free_port()}", *node_ports(), *common]
+        else:
+            command = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{self.env['RAY_GCS_PORT']}", *node_ports(),
+                       *common]
+        self.nodes[name] = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def ray_list(self, what: str, *options: str) -> list[dict]:
+        proc = subprocess.run([str(BIN / "ray"), "list", what, "--address", self.dashboard, "--format", "json",
+                               "--limit", "1000", *options], env=self.env, capture_output=True, text=True, timeout=60)
+        try:
+            return json.loads(proc.stdout) if proc.returncode == 0 else []
+        except ValueError:  # the dashboard is not up yet
+            return []
+
+    def alive_nodes(self) -> dict[str, str]:
+        """node id -> node name, of the nodes alive now."""
+        return {n["node_id"]: next(r.removeprefix(NAMED) for r in n["resources_total"] if r.startswith(NAMED))
+                for n in self.ray_list("nodes", "--detail") if n["state"] == "ALIVE"}
+
+    def kill(self, name: str) -> None:
+        kill_session(self.nodes[name].pid)
+
+    def stop(self) -> None:
+        for proc in self.nodes.values():
+            kill_session(proc.pid)
+            proc.wait(30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster():
+    c = LocalCluster()
+    try:
+        c.start("head", {"retrieval": 4}, head=True)
+        time.sleep(5)
+        for worker in ("worker-a", "worker-b"):
+            c.start(worker, {"llm": 1})
+        deadline = time.monotonic() + 180
+        while len(c.alive_nodes()) < 3:
+            assert time.monotonic() < deadline, "the three nodes did not come up"
+            time.sleep(2)
+        yield c
+    finally:
+        c.stop()
+
+
+def ragsift(*args, env=None):
+    subprocess.run([sys.executable, "-m", "jobs.cli", *map(str, args)], cwd=REPO, check=True, capture_output=True,
+                   env={**(env or os.environ), "RAY_ADDRESS": ""}, timeout=600)
+
+
+def test_pools_placed_by_resources_survive_a_worker_node_killed_mid_run(cluster, tmp_path):
+    questions = pq.read_table(SAMPLE_QUESTIONS).slice(0, 60)
+    pq.write_table(questions, tmp_path / "q.parquet")
+    pq.write_table(pq.read_table(SAMPLE_CORPUS).slice(0, 300), tmp_path / "c.parquet")
+    ragsift("index", "--corpus", tmp_path / "c.parquet", "--index-dir", tmp_path / "idx", "--shards", 2)
+    out = tmp_path / "answers"
+    submit = subprocess.Popen(
+        [cluster.env["RAY"], "job", "submit", "--address", cluster.dashboard, "--working-dir", str(REPO),
+         "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"), "--",
+         "python", "-m", "jobs.cli", "answer", "--questions", str(tmp_path / "q.parquet"), "--index-dir",
+         str(tmp_path / "idx"), "--output", str(out), "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct",
+         "--set", "generator.cpu_kvcache_gib=1", "--set", "commit.shard_rows=10",
+         "--set", "generator.resources={llm: 1}", "--set", "embedder.resources={retrieval: 1}",
+         "--set", "retrieval.shard_resources={retrieval: 1}", "--set", "engine.failure_cooldown_s=0.5"],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # once the first parts are committed, find the generator replica's node and kill that whole node
+    deadline = time.monotonic() + 600
+    while not list(out.glob("*/part-*.parquet")):
+        assert submit.poll() is None, submit.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, "no part committed in 10 minutes"
+        time.sleep(1)
+    nodes = cluster.alive_nodes()
+    placed = {a["class_name"]: nodes.get(a["node_id"]) for a in cluster.ray_list("actors") if a["state"] == "ALIVE"}
+    victim = placed["StreamingGenerator"]
+    parts_before = len(list(out.glob("*/part-*.parquet")))
+    cluster.kill(victim)
+    survivor = None  # where the generator replica runs again (before the job ends and its actors with it)
+    while submit.poll() is None and survivor is None:
+        nodes = cluster.alive_nodes()
+        survivor = next((nodes.get(a["node_id"]) for a in cluster.ray_list("actors")
+                         if a["class_name"] == "StreamingGenerator" and a["state"] == "ALIVE"
+                         and nodes.get(a["node_id"]) != victim), None)
+        time.sleep(1)
+    log = submit.communicate(timeout=900)[0]
+    assert submit.returncode == 0 and "succeeded" in log, log[-4000:]
+
+    assert victim in ("worker-a", "worker-b")  # the generator asked for `llm`, which only the workers have
+    assert placed["Encoder"] == "head" and placed["ShardRetriever"] == "head"  # `retrieval` is the head's
+    assert parts_before < 12, "the node was killed after the run ended: nothing was shown"
+    rows = pa.concat_tables([pq.read_table(out / s) for s in ("direct", "rag")]).to_pylist()
+    assert sorted(r["id"] for r in rows) == sorted(questions["id"].to_pylist() * 2)  # exactly once, none lost
+    assert not [r["error"] for r in rows if r["error"]]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert all(c["ok"] for c in metrics["exactly_once"].values()) and metrics["replica_restarts"] >= 1
+    assert survivor == {"worker-a": "worker-b", "worker-b": "worker-a"}[victim]
