@@ -18,14 +18,14 @@ import time
 from collections import Counter, deque
 
 from actors.generator import JUDGE_LOGPROBS, choice_probs
-from actors.streaming_generator import finished_chunks
+from actors.streaming_generator import StreamingReplica
 from schemas.records import Generate, Generation, Judge, Judgment
 
 # statuses the openai client retries itself; one still failing after its retries fails the call
 RETRIED = {408, 409, 429}
 
 
-class EndpointGenerator:
+class EndpointGenerator(StreamingReplica):
     def __init__(self, llm: dict, sampling: dict, chunk_s: float = 0.01):
         import httpx
         from openai import AsyncOpenAI
@@ -61,27 +61,6 @@ class EndpointGenerator:
         pct = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
         return {"endpoint": self.base_url, "http_status": {str(k): v for k, v in sorted(self.statuses.items())},
                 "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "max": lat[-1] if lat else None}}
-
-    async def stream(self, requests: list[Generate | Judge]):
-        """Yield lists of ``(index in requests, result)`` as responses arrive (as the streaming kind does)."""
-        done: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._one(i, req, done)) for i, req in enumerate(requests)]
-        try:
-            async for chunk in finished_chunks(done, len(requests), self.chunk_s):
-                failed = [r for _, r in chunk if isinstance(r, BaseException)]
-                if failed:
-                    raise failed[0]
-                yield chunk
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    async def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
-        results: list = [None] * len(requests)
-        async for chunk in self.stream(requests):
-            for i, result in chunk:
-                results[i] = result
-        return results
 
     async def reset_prefix_cache(self) -> None:
         """Nothing to forget here: the server's prefix cache is the server's."""

@@ -15,7 +15,40 @@ from actors.generator import Prompts, configure, engine_arguments
 from schemas.records import Generate, Generation, Judge, Judgment
 
 
-class StreamingGenerator:
+class StreamingReplica:
+    """What both streaming kinds share: ``stream`` runs ``_one`` for every request of a call at once and
+    yields results as they finish; ``_one`` puts ``(index, result or exception)`` on the queue."""
+
+    chunk_s = 0.01
+
+    async def stream(self, requests: list[Generate | Judge]):
+        """Yield lists of ``(index in requests, result)`` as results finish. Results that finish
+        within ``chunk_s`` of each other travel together, so a busy replica sends few large chunks."""
+        done: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._one(i, req, done)) for i, req in enumerate(requests)]
+        try:
+            async for chunk in finished_chunks(done, len(requests), self.chunk_s):
+                failed = [r for _, r in chunk if isinstance(r, BaseException)]
+                if failed:
+                    raise failed[0]
+                yield chunk
+        finally:
+            for task in tasks:
+                task.cancel()  # the driver gave up on this call (or it failed): free the replica's slots
+
+    async def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
+        """The batch kind's call, for callers that want every result at once (benchmarks, warm-up)."""
+        results: list = [None] * len(requests)
+        async for chunk in self.stream(requests):
+            for i, result in chunk:
+                results[i] = result
+        return results
+
+    async def _one(self, index: int, req: Generate | Judge, done: asyncio.Queue) -> None:
+        raise NotImplementedError
+
+
+class StreamingGenerator(StreamingReplica):
     def __init__(self, llm: dict, sampling: dict, chunk_s: float = 0.01):
         configure(llm)
         # AsyncLLM always runs vLLM's engine core in a process of its own (vLLM has no in-process async
@@ -41,29 +74,6 @@ class StreamingGenerator:
     def engine_stats(self) -> dict:
         """vLLM's statistics of this replica since it started (metrics.json, per LLM stage)."""
         return self.stats.summary()
-
-    async def stream(self, requests: list[Generate | Judge]):
-        """Yield lists of ``(index in requests, result)`` as results finish. Results that finish
-        within ``chunk_s`` of each other travel together, so a busy replica sends few large chunks."""
-        done: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._one(i, req, done)) for i, req in enumerate(requests)]
-        try:
-            async for chunk in finished_chunks(done, len(requests), self.chunk_s):
-                failed = [r for _, r in chunk if isinstance(r, BaseException)]
-                if failed:
-                    raise failed[0]
-                yield chunk
-        finally:
-            for task in tasks:
-                task.cancel()  # the driver gave up on this call (or it failed): free the engine's slots
-
-    async def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
-        """The batch kind's call, for callers that want every result at once (benchmarks, warm-up)."""
-        results: list = [None] * len(requests)
-        async for chunk in self.stream(requests):
-            for i, result in chunk:
-                results[i] = result
-        return results
 
     async def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""

@@ -53,6 +53,17 @@ class LocalCluster:
         self.nodes[name] = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                             start_new_session=True)
 
+    def start_three_nodes(self) -> None:
+        """A head with ``retrieval`` (shards, encoders) and two workers with ``llm`` (generator replicas)."""
+        self.start("head", {"retrieval": 4}, head=True)
+        time.sleep(5)
+        for worker in ("worker-a", "worker-b"):
+            self.start(worker, {"llm": 1})
+        deadline = time.monotonic() + 180
+        while len(self.alive_nodes()) < 3:
+            assert time.monotonic() < deadline, "the three nodes did not come up"
+            time.sleep(2)
+
     def ray_list(self, what: str, *options: str) -> list[dict]:
         proc = subprocess.run([str(BIN / "ray"), "list", what, "--address", self.dashboard, "--format", "json",
                                "--limit", "1000", *options], env=self.env, capture_output=True, text=True, timeout=60)
@@ -80,14 +91,7 @@ class LocalCluster:
 def cluster():
     c = LocalCluster()
     try:
-        c.start("head", {"retrieval": 4}, head=True)
-        time.sleep(5)
-        for worker in ("worker-a", "worker-b"):
-            c.start(worker, {"llm": 1})
-        deadline = time.monotonic() + 180
-        while len(c.alive_nodes()) < 3:
-            assert time.monotonic() < deadline, "the three nodes did not come up"
-            time.sleep(2)
+        c.start_three_nodes()
         yield c
     finally:
         c.stop()

@@ -21,6 +21,19 @@ class FakeGenerator:
         return [Generation("echo:" + r.messages[-1][1].splitlines()[0], 3, 2) for r in batch]
 
 
+class CountingGenerator(FakeGenerator):
+    """Says how many requests it computed."""
+
+    calls = 0
+
+    def generate(self, batch):
+        self.calls += len(batch)
+        return super().generate(batch)
+
+    def count(self):
+        return self.calls
+
+
 class FakeEncoder:
     def encode(self, texts):
         return texts

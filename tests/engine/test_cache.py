@@ -25,7 +25,7 @@ from schemas.records import (
 )
 from strategies.base import StrategySettings
 from strategies.registry import STRATEGIES
-from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
+from tests.engine.fakes import CountingGenerator, FakeEncoder, FakeShard
 
 NAMESPACES = {"generator": "model-a", "judge": "model-a", "retriever": "index-1", "ranker": "r", "nli": "n"}
 PAIRS = [
@@ -72,24 +72,13 @@ def test_without_a_path_it_is_a_bounded_memory_cache_that_writes_nothing(tmp_pat
     assert not list(tmp_path.iterdir())
 
 
-class Counting(FakeGenerator):
-    calls = 0
-
-    def generate(self, batch):
-        self.calls += len(batch)
-        return super().generate(batch)
-
-    def count(self):
-        return self.calls
-
-
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_a_second_run_on_the_same_disk_cache_computes_nothing_and_says_so(ray_session, tmp_path):
     ray = ray_session
     questions = [Question(f"q{i}", f"question {i}") for i in range(10)]
 
-    def run(generator=Counting, streaming=False):
+    def run(generator=CountingGenerator, streaming=False):
         gen = ray.remote(generator).options(num_cpus=0).remote()
         enc = [ray.remote(FakeEncoder).options(num_cpus=0).remote()]
         shards = [ray.remote(FakeShard).options(num_cpus=0).remote(n) for n in ("a", "b")]

@@ -54,22 +54,12 @@ def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
     from engine.stages import GeneratorStage
     from jobs.answer import answer
     from schemas.config import StageBatching
-    from tests.engine.fakes import FakeGenerator
-
-    class Counting(FakeGenerator):
-        calls = 0
-
-        def generate(self, batch):
-            self.calls += len(batch)
-            return super().generate(batch)
-
-        def count(self):
-            return self.calls
+    from tests.engine.fakes import CountingGenerator
 
     ray = ray_session
     pq.write_table(pa.table({"id": [f"q{i}" for i in range(6)], "question": [f"question {i}" for i in range(6)]}),
                    tmp_path / "q.parquet")
-    actor = ray.remote(Counting).options(num_cpus=0).remote()
+    actor = ray.remote(CountingGenerator).options(num_cpus=0).remote()
     stages = {"generator": GeneratorStage([actor], StageBatching())}
     base = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "sweep"), strategies=["direct"])
     cache, runs = RequestCache(1000), []
