@@ -50,19 +50,29 @@ class LocalCluster:
         else:
             command = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{self.env['RAY_GCS_PORT']}", *node_ports(),
                        *common]
-        self.nodes[name] = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            start_new_session=True)
+        with open(f"{self.temp}/{name}.log", "w") as log:  # what `ray start` said, for a node that did not come up
+            self.nodes[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
 
     def start_three_nodes(self) -> None:
-        """A head with ``retrieval`` (shards, encoders) and two workers with ``llm`` (generator replicas)."""
+        """A head with ``retrieval`` (shards, encoders) and two workers with ``llm`` (generator replicas),
+        one after the other: two raylets registering at once on a busy 2-core box can miss `ray start`'s
+        30 s deadline; such a worker is started again."""
         self.start("head", {"retrieval": 4}, head=True)
-        time.sleep(5)
-        for worker in ("worker-a", "worker-b"):
-            self.start(worker, {"llm": 1})
-        deadline = time.monotonic() + 180
-        while len(self.alive_nodes()) < 3:
-            assert time.monotonic() < deadline, "the three nodes did not come up"
-            time.sleep(2)
+        for count, (name, resources) in enumerate((("head", None), ("worker-a", {"llm": 1}), ("worker-b", {"llm": 1})), 1):
+            for attempt in range(3):
+                if resources and (attempt or name not in self.nodes):
+                    self.start(name, resources)
+                deadline = time.monotonic() + 120
+                while len(self.alive_nodes()) < count and time.monotonic() < deadline:
+                    if self.nodes[name].poll() is not None:  # its `ray start` gave up
+                        break
+                    time.sleep(2)
+                if len(self.alive_nodes()) >= count:
+                    break
+            else:
+                logs = {n: Path(f"{self.temp}/{n}.log").read_text()[-1500:] for n in self.nodes}
+                raise AssertionError(f"node {name} did not come up: {self.alive_nodes()}, {logs}")
 
     def ray_list(self, what: str, *options: str) -> list[dict]:
         proc = subprocess.run([str(BIN / "ray"), "list", what, "--address", self.dashboard, "--format", "json",
