@@ -54,9 +54,11 @@ def run(questions: Path, index: Path, out: Path, kill: bool) -> dict:
         if kill:
             while not list(out.glob("*/part-*.parquet")) and job.poll() is None:
                 time.sleep(1)
-            nodes = cluster.alive_nodes()
-            killed = next(nodes.get(a["node_id"]) for a in cluster.ray_list("actors")
-                          if a["class_name"] == "StreamingGenerator" and a["state"] == "ALIVE")
+            killed = None
+            while killed is None and job.poll() is None:  # `ray list` can fail on a busy box: ask again
+                nodes = cluster.alive_nodes()
+                killed = next((nodes.get(a["node_id"]) for a in cluster.ray_list("actors")
+                               if a["class_name"] == "StreamingGenerator" and a["state"] == "ALIVE"), None)
             killed = {"node": killed, "at_s": round(time.perf_counter() - started, 1),
                       "parts_committed_then": len(list(out.glob("*/part-*.parquet")))}
             cluster.kill(killed["node"])

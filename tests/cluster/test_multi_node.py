@@ -134,8 +134,11 @@ def test_pools_placed_by_resources_survive_a_worker_node_killed_mid_run(cluster,
         assert submit.poll() is None, submit.stdout.read()[-4000:]
         assert time.monotonic() < deadline, "no part committed in 10 minutes"
         time.sleep(1)
-    nodes = cluster.alive_nodes()
-    placed = {a["class_name"]: nodes.get(a["node_id"]) for a in cluster.ray_list("actors") if a["state"] == "ALIVE"}
+    placed = {}
+    while "StreamingGenerator" not in placed:  # `ray list` can fail on a busy box: ask again
+        assert submit.poll() is None, submit.stdout.read()[-4000:]
+        nodes = cluster.alive_nodes()
+        placed = {a["class_name"]: nodes.get(a["node_id"]) for a in cluster.ray_list("actors") if a["state"] == "ALIVE"}
     victim = placed["StreamingGenerator"]
     parts_before = len(list(out.glob("*/part-*.parquet")))
     cluster.kill(victim)
