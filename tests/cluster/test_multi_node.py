@@ -48,8 +48,11 @@ class LocalCluster:
             command = [str(REPO / "cluster" / "local.sh"), "start", f"--temp-dir={self.temp}",
                        f"--ray-client-server-port={free_port()}", *node_ports(), *common]
         else:
-            command = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{self.env['RAY_GCS_PORT']}", *node_ports(),
-                       *common]
+            # a temp dir of its own, as a node of a real cluster has: nodes sharing one unpack the job's
+            # working_dir into the same runtime_resources folder, under the driver's feet (a prompt file
+            # read by the driver went missing for 20 questions)
+            command = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{self.env['RAY_GCS_PORT']}",
+                       f"--temp-dir={self.temp}/{name}", *node_ports(), *common]
         with open(f"{self.temp}/{name}.log", "w") as log:  # what `ray start` said, for a node that did not come up
             self.nodes[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True)

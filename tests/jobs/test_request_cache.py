@@ -3,6 +3,7 @@ sweep find what the first run computed; a setting that changes the answers finds
 
 import argparse
 import json
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,6 +12,7 @@ import pytest
 
 from jobs.answer import answer
 from jobs.index import IndexJobConfig, build_index
+from jobs.request_cache import namespaces, open_cache
 from jobs.sweep import run as sweep
 from schemas.config import load_config
 from strategies.registry import AnswerConfig
@@ -43,7 +45,7 @@ def answers(path):
     return {(r["id"], r["answer"]) for s in ("direct", "rag") for r in pq.read_table(path / s).to_pylist()}
 
 
-def test_a_rerun_answers_from_the_disk_cache_and_a_changed_setting_computes_again(small):
+def test_a_rerun_answers_from_the_disk_cache_and_computes_nothing(small):
     first = answer(config(small, "first"), log=lambda *_: None)
     assert first["request_cache"]["hits"]["disk"] == 0 and first["tokens_computed"] > 0
     assert first["request_cache"]["path"] == str(small / "requests.sqlite")
@@ -56,13 +58,24 @@ def test_a_rerun_answers_from_the_disk_cache_and_a_changed_setting_computes_agai
     assert answers(small / "again") == answers(small / "first")
     assert set(cache["by_stage"]) == {"generator", "retriever"}
 
-    longer = answer(config(small, "longer", "sampling.max_tokens=20"), log=lambda *_: None)
-    by_stage = longer["request_cache"]["by_stage"]
-    assert by_stage["retriever"]["disk"] == by_stage["retriever"]["lookups"]  # the same passages
-    assert by_stage["generator"]["disk"] == 0  # another sampling: every generation is computed again
 
-    off = answer(config(small, "off", "cache.enabled=false"), log=lambda *_: None)
-    assert off["request_cache"]["path"] is None and off["request_cache"]["hits"]["disk"] == 0
+def test_the_namespace_changes_with_what_changes_a_pools_responses_and_only_then(small, tmp_path):
+    base = namespaces(config(small, "x"))
+    longer = namespaces(config(small, "x", "sampling.max_tokens=20"))
+    assert longer["generator"] != base["generator"] and longer["retriever"] == base["retriever"]
+    faster = namespaces(config(small, "x", "engine.window=7", "generator.replicas=2", "retrieval.k=9"))
+    assert faster == base  # speed settings, and a k that every Retrieve names itself
+    assert namespaces(config(small, "x", "retrieval.method=hybrid"))["retriever"] != base["retriever"]
+    served = namespaces(config(small, "x", "generator.endpoint={base_url: http://127.0.0.1:1/v1}"))
+    assert served["generator"] != base["generator"]
+    model = tmp_path / "m_rel"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    trained = namespaces(config(small, "x", f"reranker.model={model}"))["ranker"]
+    time.sleep(0.01)
+    (model / "model.safetensors").write_bytes(b"retrain")  # retrained in place: another revision
+    assert namespaces(config(small, "x", f"reranker.model={model}"))["ranker"] != trained
+    assert open_cache(config(small, "x", "cache.enabled=false")).path is None
 
 
 def test_a_sweep_run_twice_computes_its_values_once(small, tmp_path):
