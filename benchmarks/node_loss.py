@@ -40,7 +40,7 @@ def submit(cluster: LocalCluster, questions: Path, index: Path, out: Path) -> su
          "--output", str(out), "--strategy", ",".join(STRATEGIES), "--generator", "smollm2-135m-instruct",
          "--set", "generator.cpu_kvcache_gib=1", "--set", "commit.shard_rows=10", "--set", "generator.resources={llm: 1}",
          "--set", "embedder.resources={retrieval: 1}", "--set", "retrieval.shard_resources={retrieval: 1}",
-         "--set", "engine.failure_cooldown_s=0.5"],
+         "--set", "engine.failure_cooldown_s=0.5", "--set", "cache.enabled=false"],
         env={**cluster.env, "RAGSIFT_NO_CACHE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

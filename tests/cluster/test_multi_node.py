@@ -128,7 +128,8 @@ def test_pools_placed_by_resources_survive_a_worker_node_killed_mid_run(cluster,
          str(tmp_path / "idx"), "--output", str(out), "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct",
          "--set", "generator.cpu_kvcache_gib=1", "--set", "commit.shard_rows=10",
          "--set", "generator.resources={llm: 1}", "--set", "embedder.resources={retrieval: 1}",
-         "--set", "retrieval.shard_resources={retrieval: 1}", "--set", "engine.failure_cooldown_s=0.5"],
+         "--set", "retrieval.shard_resources={retrieval: 1}", "--set", "engine.failure_cooldown_s=0.5",
+         "--set", "cache.enabled=false"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     # once the first parts are committed, find the generator replica's node and kill that whole node
