@@ -37,6 +37,9 @@ class LocalCluster:
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_DASHBOARD_PORT": str(free_port()), "RAY_GCS_PORT": str(free_port()),
                     "RAY": str(BIN / "ray"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+        # a local Ray that ragsift started in this process (another test's) turned Ray's multi-node switch
+        # off in the environment (jobs/ray_session.py, loopback only); worker nodes need it on
+        self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.dashboard = f"http://127.0.0.1:{self.env['RAY_DASHBOARD_PORT']}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
