@@ -12,7 +12,7 @@ from actors.generator import resolve_dtype
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
 from jobs.models import ragsift_home, resolve
-from schemas.config import LLMConfig
+from schemas.config import LLMConfig, RetrievalConfig, speed_setting
 from strategies.registry import AnswerConfig
 
 
@@ -36,11 +36,13 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         "nli": {"model": revision(config.nli.model), "max_length": config.nli.max_length},
         "know": {"model": revision(config.know.model)},
     }
-    if config.index.path and manifest_sha256(config.index.path):
-        # a Retrieve names its own k; the rest of retrieval and the index's search settings decide its passages
-        retrieval = config.retrieval.model_dump(exclude={"k", "num_cpus_per_shard"})
-        parts["retriever"] = {"index": manifest_sha256(config.index.path),
-                              "embedder": revision(read_manifest(config.index.path)["embedder"]),
+    index = manifest_sha256(config.index.path) if config.index.path else None
+    if index:
+        # a Retrieve names its own k; the rest of retrieval (its speed and placement settings aside) and
+        # the index's search settings decide its passages
+        retrieval = {key: value for key, value in config.retrieval.model_dump().items()
+                     if key != "k" and not speed_setting(RetrievalConfig, key)}
+        parts["retriever"] = {"index": index, "embedder": revision(read_manifest(config.index.path)["embedder"]),
                               "retrieval": retrieval, "nprobe": config.index.nprobe,
                               "hnsw_ef_search": config.index.hnsw_ef_search}
     return {stage: digest(part) for stage, part in parts.items()}
