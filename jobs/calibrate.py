@@ -31,7 +31,6 @@ report on: the thresholds are fitted to it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -41,7 +40,7 @@ import yaml
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
-from jobs.io import filesystem, question_columns, read_table, redact
+from jobs.io import file_sha256, filesystem, question_columns, read_table, redact
 from jobs.pools import ranker_name
 from strategies.think_act import CONTEXTS
 
@@ -178,8 +177,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [r for f in answer_files(f"{config.output}/{PROBE}") for r in read_table(f).to_pylist()]
     chosen = choose(rows, gold, args.keep)
     qfs, qpath = filesystem(config.questions)
-    with qfs.open_input_file(qpath) as f:
-        fingerprint = hashlib.sha256(f.read()).hexdigest()
+    fingerprint = file_sha256(qfs, qpath)
     fs, root = filesystem(config.output)
     values = config_values(config, chosen, fingerprint, len(rows))
     with fs.open_output_stream(f"{root}/calibration.json") as f:

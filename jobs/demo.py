@@ -7,7 +7,6 @@ writes Parquet, prints and saves the evaluation table.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from jobs.answer import answer
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
+from jobs.io import file_sha256, filesystem
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from schemas.config import load_config
 from strategies.registry import AnswerConfig
@@ -25,12 +25,8 @@ QUESTIONS = DATA / "sample_questions.parquet"
 CORPUS = DATA / "sample_corpus.parquet"
 
 
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def ensure_index(index_dir: Path, shards: int, log) -> None:
-    corpus_sha = _file_sha256(CORPUS)
+    corpus_sha = file_sha256(*filesystem(str(CORPUS)))
     try:
         manifest = read_manifest(index_dir)
         if (manifest.get("format") == FORMAT and manifest.get("corpus_sha256") == corpus_sha

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.io import hash_ids, open_parquet, redact
+from jobs.io import file_sha256, filesystem, hash_ids, open_parquet, redact
 from jobs.models import loadable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -247,11 +247,6 @@ def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
     return mask
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class _ShardBuilder:
     """One shard being filled: passages to Parquet, vectors to a memory-mapped spill file."""
 
@@ -301,8 +296,8 @@ class _ShardBuilder:
             del table
             build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
         info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "factory": factory,
-                "index_sha256": _sha256(self.path / "index.faiss"),
-                "passages_sha256": _sha256(self.path / "passages.parquet"), "build_key": build_key}
+                "index_sha256": file_sha256(*filesystem(str(self.path / "index.faiss"))),
+                "passages_sha256": file_sha256(*filesystem(str(self.path / "passages.parquet"))), "build_key": build_key}
         (self.path / "done.json.tmp").write_text(json.dumps(info, indent=2))
         (self.path / "done.json.tmp").rename(self.path / "done.json")
         log(f"built {self.path.name}: {self.count:,} passages ({factory}{', BM25' if index_config.bm25 else ''})")

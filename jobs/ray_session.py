@@ -48,15 +48,21 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
                   "them (`ray start --resources`)", file=sys.stderr)
     else:
         _bind_to_loopback()
-        ray.init(
-            num_cpus=max(config.num_cpus or os.cpu_count(), math.ceil(cpus_requested)),
-            object_store_memory=config.object_store_mb * 2**20,
-            resources={name: math.ceil(amount) for name, amount in (resources or {}).items()} or None,
-            include_dashboard=config.include_dashboard,
-            dashboard_host=config.dashboard_host,
-            log_to_driver=config.log_to_driver,
-            runtime_env=runtime_env,
-        )
+        try:
+            ray.init(
+                num_cpus=max(config.num_cpus or os.cpu_count(), math.ceil(cpus_requested)),
+                object_store_memory=config.object_store_mb * 2**20,
+                resources={name: math.ceil(amount) for name, amount in (resources or {}).items()} or None,
+                include_dashboard=config.include_dashboard,
+                dashboard_host=config.dashboard_host,
+                log_to_driver=config.log_to_driver,
+                runtime_env=runtime_env,
+            )
+        finally:
+            # Ray's own processes have started with the switch off (workers are forked by the raylet, with
+            # its environment); anything else this process starts later (a `ray start` of a worker node)
+            # must see the user's environment, not ours
+            _restore_environment()
     return ray
 
 
@@ -69,8 +75,9 @@ def _bind_to_loopback(on: bool = True):
     workers, agents and metrics endpoints all bind to loopback (Ray binds every interface otherwise,
     unauthenticated /metrics included). ray.init turns a 127.0.0.1 ``_node_ip_address`` back into the
     routable address unless Ray's single-machine switch is off; the switch is read at import, so the
-    driver's copy is set too, and the environment carries it to the processes Ray starts. Joining a
-    cluster later in the same process needs the routable address again: ``on=False`` restores it."""
+    driver's copy is set too, and the environment carries it to the processes ray.init starts (init_ray
+    restores the environment after). Joining a cluster later in the same process needs the routable
+    address again: ``on=False`` restores it."""
     import ray._private.ray_constants as ray_constants
 
     if on and not _switched:
@@ -78,9 +85,14 @@ def _bind_to_loopback(on: bool = True):
         os.environ[_LOOPBACK_SWITCH] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
     elif not on and _switched:
-        if _switched["env"] is None:
-            os.environ.pop(_LOOPBACK_SWITCH, None)
-        else:
-            os.environ[_LOOPBACK_SWITCH] = _switched["env"]
+        _restore_environment()
         ray_constants.ENABLE_RAY_CLUSTER = _switched["constant"]
         _switched.clear()
+
+
+def _restore_environment() -> None:
+    """The switch as the environment had it before ``_bind_to_loopback`` (the driver's constant stays off)."""
+    if _switched and _switched["env"] is None:
+        os.environ.pop(_LOOPBACK_SWITCH, None)
+    elif _switched:
+        os.environ[_LOOPBACK_SWITCH] = _switched["env"]

@@ -37,8 +37,7 @@ class LocalCluster:
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_DASHBOARD_PORT": str(free_port()), "RAY_GCS_PORT": str(free_port()),
                     "RAY": str(BIN / "ray"), "PATH": f"{BIN}:{os.environ['PATH']}"}
-        # a local Ray that ragsift started in this process (another test's) turned Ray's multi-node switch
-        # off in the environment (jobs/ray_session.py, loopback only); worker nodes need it on
+        # worker nodes need Ray's multi-node switch on, whatever the environment this test runs in says
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         self.dashboard = f"http://127.0.0.1:{self.env['RAY_DASHBOARD_PORT']}"
         self.nodes: dict[str, subprocess.Popen] = {}
@@ -135,17 +134,19 @@ def test_pools_placed_by_resources_survive_a_worker_node_killed_mid_run(cluster,
          "--set", "cache.enabled=false"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    # once the first parts are committed, find the generator replica's node and kill that whole node
+    # find the generator replica's node while the first parts are being answered, then kill that whole node
+    # the moment one is committed: `ray list` takes seconds on a busy box, and on a fast one the rest of
+    # the run can end before a lookup made after the first commit returns
     deadline = time.monotonic() + 600
-    while not list(out.glob("*/part-*.parquet")):
+    placed, pools = {}, ("StreamingGenerator", "Encoder", "ShardRetriever")
+    while not all(placed.get(p) for p in pools) or not list(out.glob("*/part-*.parquet")):
         assert submit.poll() is None, submit.stdout.read()[-4000:]
-        assert time.monotonic() < deadline, "no part committed in 10 minutes"
-        time.sleep(1)
-    placed = {}
-    while "StreamingGenerator" not in placed:  # `ray list` can fail on a busy box: ask again
-        assert submit.poll() is None, submit.stdout.read()[-4000:]
-        nodes = cluster.alive_nodes()
-        placed = {a["class_name"]: nodes.get(a["node_id"]) for a in cluster.ray_list("actors") if a["state"] == "ALIVE"}
+        assert time.monotonic() < deadline, f"no part committed in 10 minutes; placed {placed}"
+        if not all(placed.get(p) for p in pools):  # `ray list` can fail on a busy box: ask again
+            nodes = cluster.alive_nodes()
+            placed = {a["class_name"]: nodes.get(a["node_id"])
+                      for a in cluster.ray_list("actors") if a["state"] == "ALIVE"}
+        time.sleep(0.2)
     victim = placed["StreamingGenerator"]
     parts_before = len(list(out.glob("*/part-*.parquet")))
     cluster.kill(victim)
