@@ -28,6 +28,10 @@ def engine_arguments(llm: dict) -> dict:
         max_model_len=llm["max_model_len"],
         enforce_eager=llm["enforce_eager"],
         tensor_parallel_size=llm["tensor_parallel_size"],
+        pipeline_parallel_size=llm["pipeline_parallel_size"],
+        # one device: vLLM's worker in-process ("uni"); several: vLLM's Ray workers, one per bundle of the
+        # placement group this replica was scheduled into (jobs/pools.py), so they land where Ray reserved
+        distributed_executor_backend="uni" if world_size(llm) == 1 else "ray",
         gpu_memory_utilization=llm["gpu_memory_utilization"],
         seed=llm["seed"],
         # compact JSON under guided decoding: vLLM reads this flag from the engine's config, not from a
@@ -37,6 +41,10 @@ def engine_arguments(llm: dict) -> dict:
         **{"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
            **llm["engine_kwargs"]},
     )
+
+
+def world_size(llm: dict) -> int:
+    return llm["tensor_parallel_size"] * llm["pipeline_parallel_size"]
 
 
 def resolve_dtype(dtype: str, cpu_flags: str | None = None) -> str:

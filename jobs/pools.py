@@ -43,10 +43,22 @@ class Pool:
     num_gpus: float
     replicas: tuple[tuple, ...]
     resources: dict[str, float] = field(default_factory=dict)
+    placement_group: dict | None = None  # {bundles, strategy}: a placement group per replica (multi-device LLMs)
+
+    @property
+    def per_replica(self) -> dict[str, float]:
+        """Every resource one replica reserves (CPU, GPU, custom): its placement group's bundles, if any."""
+        if not self.placement_group:
+            return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+        total: dict[str, float] = {}
+        for bundle in self.placement_group["bundles"]:
+            for name, amount in bundle.items():
+                total[name] = total.get(name, 0.0) + amount
+        return total
 
     @property
     def cpus(self) -> float:
-        return self.num_cpus * len(self.replicas)
+        return self.per_replica.get("CPU", 0.0) * len(self.replicas)
 
 
 def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
@@ -56,8 +68,16 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
 
     def llm(c) -> Pool:
         actor = EndpointGenerator if c.endpoint else StreamingGenerator if c.serving == "async" else Generator
+        group = None
+        if c.world_size > 1 and not c.endpoint:
+            # the bundles hold the devices of vLLM's workers; the replica's own custom resources go on the
+            # first bundle, where its actor runs, so `resources` still places it (as Ray Data LLM's
+            # placement_group_config does, with GPUs only in the bundles)
+            bundles = [dict(c.placement_group.bundle_per_worker) for _ in range(c.world_size)]
+            bundles[0] = {**bundles[0], **{k: bundles[0].get(k, 0) + v for k, v in c.resources.items()}}
+            group = {"bundles": bundles, "strategy": c.placement_group.strategy}
         return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas,
-                    c.resources)
+                    c.resources, group)
 
     if needs & {"generator", "judge"}:
         plan["generator"] = llm(config.generator)
@@ -125,8 +145,9 @@ def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
     """The custom resources ``plan`` asks Ray for, summed over every replica: what a local Ray is given."""
     total: dict[str, float] = {}
     for pool in plan.values():
-        for name, amount in pool.resources.items():
-            total[name] = total.get(name, 0.0) + amount * len(pool.replicas)
+        for name, amount in pool.per_replica.items():
+            if name not in ("CPU", "GPU") and amount:
+                total[name] = total.get(name, 0.0) + amount * len(pool.replicas)
     return total
 
 
@@ -141,7 +162,8 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     for name, pool in plan.items():
         actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
                                                resources=pool.resources or None, **restarts)
-        actors[name] = [actor.remote(*args) for args in pool.replicas]
+        actors[name] = [(actor.options(**in_placement_group(pool)) if pool.placement_group else actor).remote(*args)
+                        for args in pool.replicas]
     stages = {}
     for name in ("generator", "judge"):
         if name in actors:
@@ -156,6 +178,19 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     if "nli" in actors:
         stages["nli"] = NLIStage(actors["nli"], config.engine.nli)
     return stages
+
+
+def in_placement_group(pool: Pool) -> dict:
+    """Actor options that start one replica in a placement group of its own: the actor in the first bundle
+    (its CPUs and custom resources come from the bundle), vLLM's Ray workers, which it starts as child
+    tasks, in the rest. A restarted replica comes back in the same group, on the devices kept for it."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group(pool.placement_group["bundles"], strategy=pool.placement_group["strategy"])
+    return {"num_cpus": 0, "num_gpus": 0, "resources": None,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0,
+                                                                    placement_group_capture_child_tasks=True)}
 
 
 def llm_stage(replicas: list, pool: Pool, batching, name: str, max_tokens: int) -> GeneratorStage:

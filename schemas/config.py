@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    model_validator,
 )
 
 DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"  # offline aliases (jobs/models.py prepares them)
@@ -56,6 +57,20 @@ class EndpointConfig(Section):
                                   "servers without it: a judgment is then one free token scored by its top log-probs")
 
 
+class PlacementGroupConfig(Section):
+    """How a replica that spans several devices (tensor_parallel_size x pipeline_parallel_size > 1) is
+    placed: one Ray placement group per replica, a bundle per vLLM worker, as Ray Data LLM does. The
+    replica's actor and vLLM's Ray workers all run inside it (vLLM's `ray` executor backend)."""
+
+    changes_answers: ClassVar[bool] = False
+    bundle_per_worker: dict[str, float] = Field(
+        default_factory=lambda: {"GPU": 1, "CPU": 1},
+        description="what each vLLM worker reserves; add a custom resource to pin workers to labelled nodes")
+    strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "PACK", description="PACK: on as few nodes as fit (tensor parallel inside a node, pipeline stages spill "
+        "to the next); STRICT_PACK: one node or nothing (NVLink-bound tensor parallel); *SPREAD: one worker a node")
+
+
 class LLMConfig(Section):
     """One pool of vLLM replicas (the generator; later judges), or of clients of an OpenAI-compatible endpoint."""
 
@@ -70,7 +85,12 @@ class LLMConfig(Section):
     max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
                                "its prompt leaves, and a prompt that leaves nothing is an error row")
     enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")
-    tensor_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1)
+    tensor_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1, description="GPUs one layer is split over "
+                                      "(inside a node); with pipeline_parallel_size > 1 too, a placement group holds them")
+    pipeline_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1, description="stages the layers are cut "
+                                        "into; stages may sit on different nodes")
+    placement_group: PlacementGroupConfig = Field(
+        default_factory=PlacementGroupConfig, description="used when tensor_parallel_size x pipeline_parallel_size > 1")
     gpu_memory_utilization: float = Field(0.9, json_schema_extra=SPEED, gt=0, le=1)
     cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1,
                                  description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens a GiB)")
@@ -93,10 +113,26 @@ class LLMConfig(Section):
                     "between tokens can differ, as between two batch sizes)")
     seed: int = 0
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
-    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs per replica (set to tensor_parallel_size on GPU)")
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs of a one-device replica (1 on GPU); "
+                            "a replica over several devices takes them from its placement group's bundles instead")
     num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0)
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM")
+
+    @property
+    def world_size(self) -> int:
+        """vLLM workers a replica runs: one per device it spans."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @model_validator(mode="after")
+    def _one_way_to_hold_gpus(self):
+        # a multi-device replica's GPUs are its placement group's bundles; an actor holding them as well
+        # would ask Ray for twice the GPUs and wait forever for the second half
+        if self.world_size > 1 and self.num_gpus:
+            raise ValueError(f"num_gpus: with tensor_parallel_size x pipeline_parallel_size = {self.world_size} the "
+                             "replica's GPUs are its placement group's bundles (placement_group.bundle_per_worker); "
+                             "leave num_gpus at 0")
+        return self
 
 
 class SamplingConfig(Section):

@@ -56,3 +56,78 @@ def test_a_local_ray_is_started_with_at_least_the_cpus_the_pools_request():
                           env={**os.environ, "RAY_ADDRESS": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) == os.cpu_count() + 2
+
+
+def test_a_replica_over_several_devices_gets_a_placement_group_with_a_bundle_per_vllm_worker(tmp_path):
+    import pytest
+
+    from actors.generator import engine_arguments
+    from jobs.pools import llm_settings, resources_requested
+
+    def config(**generator):
+        return AnswerConfig.model_validate({"generator": {"model": str(tmp_path), **generator}})
+
+    one = pool_plan(config(), {"generator"})["generator"]
+    assert one.placement_group is None and engine_arguments(llm_settings(config().generator))[
+        "distributed_executor_backend"] == "uni"
+    c = config(tensor_parallel_size=2, pipeline_parallel_size=2, replicas=2, resources={"gpu_node": 1},
+               placement_group={"strategy": "STRICT_PACK"})
+    pool = pool_plan(c, {"generator"})["generator"]
+    # 4 workers a replica; the replica's own custom resource goes on the bundle its actor runs in
+    assert pool.placement_group == {"bundles": [{"GPU": 1, "CPU": 1, "gpu_node": 1}] + [{"GPU": 1, "CPU": 1}] * 3,
+                                    "strategy": "STRICT_PACK"}
+    assert cpus_requested({"generator": pool}) == 8 and resources_requested({"generator": pool}) == {"gpu_node": 2}
+    args = engine_arguments(llm_settings(c.generator))
+    assert (args["tensor_parallel_size"], args["pipeline_parallel_size"], args["distributed_executor_backend"]) == (2, 2, "ray")
+    from vllm.engine.arg_utils import EngineArgs
+    EngineArgs(**args)  # the names are the pinned vLLM's own
+    # GPUs held twice (by the actor and by the bundles) would never be placed: refused, naming the field
+    with pytest.raises(ValueError, match="num_gpus: with tensor_parallel_size x pipeline_parallel_size = 2"):
+        config(tensor_parallel_size=2, num_gpus=2)
+
+
+class _Probe:
+    """Stands in for a generator replica: where it runs, and where a task it starts (as vLLM's Ray
+    executor starts its workers) runs."""
+
+    def where(self):
+        import ray
+
+        @ray.remote(num_cpus=0.5)
+        def worker():
+            return ray.util.get_current_placement_group().id.hex()
+
+        group = ray.util.get_current_placement_group()
+        return group.id.hex(), len(group.bundle_specs), ray.get(worker.remote())
+
+    def die(self):
+        import os
+        os._exit(1)
+
+
+def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placement_group_also_after_a_restart(ray_session):
+    from jobs.pools import Pool, in_placement_group
+
+    ray = ray_session
+    pool = Pool(_Probe, 1, 0, ((),) * 2, {}, {"bundles": [{"CPU": 0.5}, {"CPU": 0.5}], "strategy": "PACK"})
+    replicas = [ray.remote(_Probe).options(max_restarts=1, max_task_retries=0, **in_placement_group(pool)).remote()
+                for _ in pool.replicas]
+    groups = [ray.get(r.where.remote(), timeout=120) for r in replicas]
+    assert all(n == 2 and worker == group for group, n, worker in groups)  # the worker task joined the group
+    assert groups[0][0] != groups[1][0]  # one group per replica
+    try:
+        ray.get(replicas[0].die.remote(), timeout=60)
+    except ray.exceptions.RayActorError:
+        pass
+    import time
+    deadline = time.monotonic() + 120
+    while True:  # calls fail while the actor restarts
+        try:
+            again = ray.get(replicas[0].where.remote(), timeout=120)
+            break
+        except ray.exceptions.ActorUnavailableError:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    assert again[0] == groups[0][0]  # restarted on its own devices
+    for r in replicas:
+        ray.kill(r)
