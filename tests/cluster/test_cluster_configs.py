@@ -1,0 +1,91 @@
+"""The cluster configs we ship are valid for the tools that read them, offline: the launcher config by
+Ray's own schema (what `ray up` checks), the KubeRay manifests' pod templates by Kubernetes' schemas,
+and the placement they promise holds together: every custom resource the answer job's pools ask for is
+one some worker group provides."""
+
+import copy
+import json
+import shlex
+
+import pytest
+import yaml
+
+from schemas.config import load_config
+from strategies.registry import AnswerConfig
+from tests.conftest import REPO
+
+CLUSTER = REPO / "cluster"
+KUBERNETES = "1.31.0"  # the newest schemas kubernetes-validate (pinned) carries
+PLACEMENT = ["generator.resources={llm: 1}", "embedder.resources={retrieval: 1}", "retrieval.shard_resources={retrieval: 1}"]
+
+
+def pools_ask_for(overrides: list[str]) -> set[str]:
+    """The custom resources the answer job's pools ask for under ``overrides`` (validated as config)."""
+    config = load_config(AnswerConfig, None, overrides)
+    return {*config.generator.resources, *config.embedder.resources, *config.retrieval.shard_resources}
+
+
+def test_the_launcher_config_passes_rays_own_validation_and_its_node_types_carry_the_placement_resources():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((CLUSTER / "aws.yaml").read_text())
+    validate_config(prepare_config(copy.deepcopy(config)))  # what `ray up` does before it starts anything
+    provided = {name for t in config["available_node_types"].values() for name in t["resources"]}
+    assert pools_ask_for(PLACEMENT) <= provided
+    broken = copy.deepcopy(config)
+    broken["available_node_types"]["gpu_workers"]["min_worker"] = 1  # a typo the schema must catch
+    with pytest.raises(Exception, match="min_worker"):
+        validate_config(prepare_config(broken))
+
+
+def kuberay_cluster_spec(name: str) -> dict:
+    manifest = yaml.safe_load((CLUSTER / "kuberay" / name).read_text())
+    assert manifest["apiVersion"] == "ray.io/v1"
+    return manifest["spec"].get("rayClusterSpec", manifest["spec"])
+
+
+def group_resources(group: dict) -> dict:
+    """``rayStartParams.resources`` as KubeRay passes it to `ray start --resources=...`: a quoted JSON string."""
+    value = group["rayStartParams"].get("resources")
+    return json.loads(json.loads(value)) if value else {}
+
+
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+def test_kuberay_manifests_have_valid_pod_templates_and_groups_for_the_placement_they_use(name):
+    from kubernetes_validate import validate
+
+    spec = kuberay_cluster_spec(name)
+    groups = spec["workerGroupSpecs"]
+    for group in [spec["headGroupSpec"], *groups]:
+        # KubeRay's CRD holds a plain pod template per group: Kubernetes' PodTemplate schema checks it
+        validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ragsift"},
+                  "template": group["template"]}, KUBERNETES, strict=True)
+        # the CRD types rayStartParams as map[string]string: a YAML number or mapping is refused at apply
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values()), group["rayStartParams"]
+    assert len({g["groupName"] for g in groups}) == len(groups)
+    for g in groups:
+        assert g.get("minReplicas", 0) <= g["replicas"] <= g.get("maxReplicas", g["replicas"])
+    provided = {name for g in groups for name in group_resources(g)}
+    assert pools_ask_for(PLACEMENT) <= provided
+
+
+def test_the_rayjob_entrypoint_is_a_valid_answer_command_whose_pools_fit_its_cluster():
+    manifest = yaml.safe_load((CLUSTER / "kuberay" / "rayjob.yaml").read_text())
+    argv = shlex.split(manifest["spec"]["entrypoint"])
+    assert argv[:4] == ["python", "-m", "jobs.cli", "answer"]
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    asked = pools_ask_for(overrides)  # every --set is a real config field with a valid value
+    assert asked and asked <= {n for g in kuberay_cluster_spec("rayjob.yaml")["workerGroupSpecs"]
+                               for n in group_resources(g)}
+
+
+def test_a_broken_pod_template_is_refused():
+    """The check above can fail: a misspelt container field is caught."""
+    from kubernetes_validate import validate
+    from kubernetes_validate.utils import ValidationError
+
+    template = copy.deepcopy(kuberay_cluster_spec("raycluster.yaml")["headGroupSpec"]["template"])
+    template["spec"]["containers"][0]["imagee"] = "typo"
+    with pytest.raises(ValidationError):
+        validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ragsift"}, "template": template},
+                 KUBERNETES, strict=True)
