@@ -253,6 +253,7 @@ class Engine:
         self._drop(launched)
         self._account(launched)
         try:
+            stage.stats.received(launched.refs)
             responses = stage.combine(launched.batch, ray.get(launched.refs))
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
             self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
@@ -264,7 +265,9 @@ class Engine:
         launched = self.launched[stream]
         stage = launched.stage
         try:
-            chunk = ray.get(next(stream))
+            ref = next(stream)
+            stage.stats.received([ref])
+            chunk = ray.get(ref)
         except StopIteration:
             chunk = None
         except Exception as err:  # noqa: BLE001 - what is not answered yet is retried, isolated, at worst error rows
@@ -490,6 +493,8 @@ class Engine:
                        for name, s in self.stages.items()},
             "resolved_by": self.resolved,
             "request_cache": self.cache_summary(),
+            "driver_bytes_in_per_root": round(sum(s.stats.bytes_in for s in self.stages.values())
+                                              / max(1, self.roots_done), 1),
         }
 
     def cache_summary(self) -> dict[str, Any]:

@@ -41,6 +41,10 @@ class StageStats:
     peak_tokens_in_flight: int = 0  # streaming stages: the most estimated tokens one replica had in flight
     prompt_tokens: int = 0  # LLM stages: prompt tokens computed, and those vLLM found in its prefix cache
     cached_tokens: int = 0
+    # bytes of results the driver received (Ray's serialized object sizes), and of those the part that came
+    # through the object store (too large to inline in the task's reply: pulled from the node that made it)
+    bytes_in: int = 0
+    bytes_in_by_reference: int = 0
     # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
     spans: list[tuple[int, float, float]] = field(default_factory=list)
 
@@ -57,7 +61,19 @@ class StageStats:
             "utilisation": utilisation(self.spans, wall_s, replicas),
             **({"peak_tokens_in_flight": self.peak_tokens_in_flight} if self.peak_tokens_in_flight else {}),
             **({"prefix_cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4)} if self.prompt_tokens else {}),
+            "driver_bytes_in": {"total": self.bytes_in, "by_reference": self.bytes_in_by_reference,
+                                "per_request": round(self.bytes_in / max(1, self.requests), 1)},
         }
+
+    def received(self, refs: list) -> None:
+        """Count what ``refs`` (results the driver is about to read) weigh: Ray knows each object's size."""
+        import ray
+
+        for info in ray.experimental.get_object_locations(refs).values():
+            size = info.get("object_size") or 0
+            self.bytes_in += size
+            if info.get("node_ids"):  # in a node's object store, not inlined in the reply
+                self.bytes_in_by_reference += size
 
 
 def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: int, bins: int = 50) -> dict:

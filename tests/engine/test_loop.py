@@ -290,3 +290,30 @@ def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
     assert [[r.query for r in stage.take()[0]] for _ in range(3)] == [["q0", "q1"], ["q2", "q3"], ["long"]]
     assert not stage.full()
     assert EngineConfig().ranker.max_texts == 1024
+
+
+class BigShard(FakeShard):
+    """Passages of 50 kB: a batch's hits exceed Ray's inline limit (100 kB) and go through the object store."""
+
+    def search(self, queries, k):
+        return [[p.__class__(p.id, p.title, "x" * 50_000, p.score) for p in hits] for hits in super().search(queries, k)]
+
+
+def test_the_driver_counts_the_bytes_it_receives_per_stage_and_what_came_by_reference(ray_session):
+    ray = ray_session
+    rows = []
+    engine = make_engine(ray, rows, retriever=True)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(10)], ["rag"])
+    small = engine.metrics()
+    gen, ret = small["stages"]["generator"]["driver_bytes_in"], small["stages"]["retriever"]["driver_bytes_in"]
+    assert gen["total"] > 0 and ret["total"] > 0
+    assert gen["by_reference"] == ret["by_reference"] == 0  # small replies are inlined in the task's answer
+    assert small["driver_bytes_in_per_root"] == round((gen["total"] + ret["total"]) / 10, 1)
+
+    rows = []
+    engine = make_engine(ray, rows, retriever=True)
+    engine.stages["retriever"].shards = [ray.remote(BigShard).options(num_cpus=0).remote(n) for n in ("a", "b")]
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(10)], ["rag"])
+    ret = engine.metrics()["stages"]["retriever"]["driver_bytes_in"]
+    # each question's 3 hits from each of 2 shards, 50 kB each, reached the driver through the object store
+    assert ret["by_reference"] == ret["total"] and ret["per_request"] > 2 * 3 * 50_000
