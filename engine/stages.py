@@ -100,6 +100,7 @@ class StageDown(RuntimeError):
 class Stage:
     name: str
     streaming = False  # True where replicas stream results back (one Ray streaming call per batch)
+    share = 1.0  # of each replica's budget this engine may use (several engine actors share the replicas)
 
     def __init__(self, replicas: list, batching: StageBatching, name: str | None = None):
         self.name = name or self.name
@@ -276,8 +277,8 @@ class StreamingGeneratorStage(GeneratorStage):
         return self.replicas[replica].kv_capacity.remote()
 
     def ready(self, replica, answer):
-        if self.batching.max_tokens_in_flight is None:
-            self.budget[replica] = max(1, 2 * int(answer))
+        limit = self.batching.max_tokens_in_flight or 2 * int(answer)
+        self.budget[replica] = max(1, int(limit * self.share))
 
     def sent(self, replica, batch):
         self.last_sent[replica] = time.perf_counter()

@@ -14,6 +14,7 @@ import yaml
 
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job
+from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.inputs import materialize_questions
 from jobs.io import filesystem, plan_input, question_rows, redact
@@ -80,9 +81,11 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
                               max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
     stages_from_config = stages is None
+    split = config.engine.actors > 1
     if stages is None:
         pools = pools or pool_plan(config, needs)
-        init_ray(config.ray, cpus_requested(pools), resources_requested(pools))
+        engines = config.engine.actor_cpus * config.engine.actors if split else 0
+        init_ray(config.ray, cpus_requested(pools) + engines, resources_requested(pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)
@@ -93,18 +96,30 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         progress(engine)
         live(engine)
 
-    # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
-    cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
-    engine = Engine(stages, strategies, config.engine, out.write, on_progress=report, progress_every_s=progress.every_s,
-                    log=log, cache=cache)
     try:
-        engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
+        if split:
+            read = dict(uri=config.questions, batch_rows=config.input.read_batch_rows, limit=config.limit,
+                        shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
+                        max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
+            # each engine actor opens the disk cache itself (SQLite in WAL mode takes several writers); the
+            # memory part is per engine
+            engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
+                                         Todo(out.committed, out.retrying), out.write, report, log,
+                                         cache_on_disk=stages_from_config, report_every_s=progress.every_s)
+            roots_done = engine_metrics["roots_done"]
+        else:
+            # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
+            cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
+            engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
+                            progress_every_s=progress.every_s, log=log, cache=cache)
+            engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
+            engine_metrics, roots_done = engine.metrics(), engine.roots_done
     finally:
         progress.close()
         left = out.close()
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
-    metrics = {**metadata, **engine.metrics(), "duplicate_ids_dropped": len(plan.duplicate_rows),
+    metrics = {**metadata, **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
                "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
     fs, root = filesystem(config.output)
@@ -116,7 +131,7 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         f.write(yaml.safe_dump(resolved, sort_keys=False).encode())
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
-    log(f"answered {engine.roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
+    log(f"answered {roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
         f"{redact(config.output)}; every input id once per strategy")
     return metrics
 

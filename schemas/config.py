@@ -280,6 +280,11 @@ class EngineConfig(Section):
                                                    "and was split to isolate it) before it becomes an error row")
     failure_cooldown_s: float = Field(2.0, ge=0, description="a replica that failed gets no batch for this long")
     replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
+    actors: int = Field(1, json_schema_extra=SPEED, ge=1, description="engines driving the pools: 1 = in the job's "
+                        "own process; n > 1 = n engine actors, each over every n-th question, for more requests/s "
+                        "than one process drives (about 5,000: BENCHMARKS.md); the job's process then writes and reports")
+    actor_cpus: float = Field(1, json_schema_extra=SPEED, ge=0, description="CPUs each engine actor asks Ray for")
+    actor_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
 
 
 class InputConfig(Section):

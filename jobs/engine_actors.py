@@ -1,0 +1,202 @@
+"""Several engines over one run's pools (``engine.actors`` > 1).
+
+One process drives about 5,000 requests/s (BENCHMARKS.md, simulated cluster: 0.15-0.19 ms of CPU per
+request), about 32 H100 replicas of an 8B model on RA-ISF. Past that the questions are dealt out among
+engine actors, row by row (row i to actor i mod n, so every input shard is shared and none waits on
+one actor): each runs the same Engine over its questions and sends its requests to the same replica
+pools, with 1/n of each replica's token budget so that together they keep to it. Each actor streams its
+rows back to the job's process, which alone writes and commits parts: exactly once and resumable as with
+one engine. An engine actor that dies fails the run like an engine that raises; committed parts stay
+and the rerun resumes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from engine.loop import Engine
+from jobs.io import question_rows
+from schemas.config import EngineConfig
+
+REPORT_S = 0.5  # how often an actor sends its rows and status back
+
+
+class Todo:
+    """Which (strategy, question) pairs still need an answer, as ``ShardedOutput.todo`` says, carried to an
+    engine actor (the output itself stays with the job's process)."""
+
+    def __init__(self, committed: set, retrying: dict):
+        self.committed, self.retrying = set(committed), {k: set(v) for k, v in retrying.items()}
+
+    def __call__(self, strategy: str, question) -> bool:
+        key = (strategy, question.shard)
+        if key in self.retrying:
+            return question.id in self.retrying[key]
+        return key not in self.committed
+
+
+def status(engine: Engine) -> dict:
+    """What the job's progress line and live metrics read from an engine, as plain data."""
+    return {"roots_done": engine.roots_done, "tokens": engine.tokens, "roots_in_flight": engine.roots_in_flight,
+            "stages": {name: {"queued": len(s.queue), "inflight": list(s.inflight), "restarting": sorted(s.restarting),
+                              "deaths": list(s.deaths), "retired": sorted(s.retired), "replicas": len(s.replicas),
+                              "requests": s.stats.requests, "errors": s.stats.errors, "busy_s": s.stats.busy_s}
+                       for name, s in engine.stages.items()}}
+
+
+class EngineActor:
+    """One engine, in an actor of its own, over every ``n``-th question of the input."""
+
+    def __init__(self, stages: dict, strategies: dict, config: EngineConfig, share: float, cache_config=None,
+                 cache_on_disk: bool = False):
+        from engine.cache import RequestCache
+        from jobs.request_cache import open_cache
+
+        for stage in stages.values():
+            stage.share = share
+        cache = open_cache(cache_config, disk=cache_on_disk) if cache_config else RequestCache(config.cache_size)
+        self.rows: queue.Queue = queue.Queue()
+        self.lines: list[str] = []
+        self.status: dict = {}
+        self.engine = Engine(stages, strategies, config, self.rows.put, on_progress=self._report,
+                             progress_every_s=REPORT_S, log=self.lines.append, cache=cache)
+        self.status = status(self.engine)
+
+    def _report(self, engine: Engine) -> None:
+        self.status = status(engine)  # made on the engine's thread, read whole by the streaming call
+
+    def run(self, read: dict, nth: tuple[int, int], strategy_names: list[str], todo: Todo) -> Iterator[dict]:
+        """Answer questions ``nth[0]``, ``nth[0] + nth[1]``, ... of the input, streaming {rows, status, log}
+        every REPORT_S and, last, the engine's metrics."""
+        k, n = nth
+        questions = (q for i, q in enumerate(question_rows(**read)) if i % n == k)
+        failure: list[BaseException] = []
+
+        def drive():
+            try:
+                self.engine.run(questions, strategy_names, todo=todo)
+            except BaseException as err:  # noqa: BLE001 - raised again in the streaming call, below
+                failure.append(err)
+
+        thread = threading.Thread(target=drive, name="engine", daemon=True)
+        thread.start()
+        while thread.is_alive() or not self.rows.empty():
+            rows, deadline = [], time.monotonic() + REPORT_S
+            while time.monotonic() < deadline:
+                try:
+                    rows.append(self.rows.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    if not thread.is_alive():
+                        break
+            lines, self.lines = self.lines, []
+            yield {"rows": rows, "status": self.status, "log": lines}
+        if failure:
+            raise failure[0]
+        yield {"rows": [], "status": status(self.engine), "log": [], "metrics": self.engine.metrics()}
+
+
+class View:
+    """The engines' statuses summed, with the attributes Progress and RayMetrics read from an Engine."""
+
+    def __init__(self, statuses: list[dict]):
+        live = [s for s in statuses if s]
+        self.roots_done = sum(s["roots_done"] for s in live)
+        self.tokens = sum(s["tokens"] for s in live)
+        self.roots_in_flight = sum(s["roots_in_flight"] for s in live)
+        self.stages = {}
+        for name in (live[0]["stages"] if live else {}):
+            parts = [s["stages"][name] for s in live]
+            self.stages[name] = _StageView(parts)
+
+
+class _StageView:
+    def __init__(self, parts: list[dict]):
+        from types import SimpleNamespace
+
+        self.queue = range(sum(p["queued"] for p in parts))
+        self.inflight = [sum(column) for column in zip(*(p["inflight"] for p in parts))]
+        self.restarting = set().union(*(p["restarting"] for p in parts))
+        self.retired = set().union(*(p["retired"] for p in parts))
+        self.deaths = [max(column) for column in zip(*(p["deaths"] for p in parts))]
+        self.replicas = range(parts[0]["replicas"])
+        self.stats = SimpleNamespace(requests=sum(p["requests"] for p in parts), errors=sum(p["errors"] for p in parts),
+                                     busy_s=sum(p["busy_s"] for p in parts))
+
+
+def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo: Todo, write: Callable[[dict], None],
+                report: Callable, log: Callable[[str], None], cache_on_disk: bool, report_every_s: float = 10.0) -> dict:
+    """Answer with ``n`` engine actors; ``write`` each row here; returns the merged metrics."""
+    import ray
+
+    actor = ray.remote(EngineActor).options(num_cpus=config.engine.actor_cpus, max_restarts=0,
+                                            resources=config.engine.actor_resources or None)
+    engines = [actor.remote(stages, strategies, config.engine, 1.0 / n, config, cache_on_disk) for _ in range(n)]
+    streams = {engines[k].run.remote(read, (k, n), config.strategies, todo): k for k in range(n)}
+    statuses: list[dict] = [{} for _ in range(n)]
+    metrics: list[dict | None] = [None] * n
+    started, first_row, reported = time.perf_counter(), None, float("-inf")
+    try:
+        while streams:
+            ready, _ = ray.wait(list(streams), num_returns=1, timeout=REPORT_S)
+            for stream in ready:
+                try:
+                    message = ray.get(next(stream))
+                except StopIteration:
+                    del streams[stream]
+                    continue
+                k = streams[stream]
+                for row in message["rows"]:
+                    write(row)
+                if message["rows"] and first_row is None:
+                    first_row = time.perf_counter() - started
+                for line in message["log"]:
+                    log(f"engine {k}: {line}")
+                statuses[k] = message["status"]
+                if "metrics" in message:
+                    metrics[k] = message["metrics"]
+            if all(statuses) and time.perf_counter() - reported >= report_every_s:
+                reported = time.perf_counter()
+                report(View(statuses))
+        report(View(statuses))
+    finally:
+        for e in engines:
+            ray.kill(e)
+    return merge_metrics([m for m in metrics if m is not None], time.perf_counter() - started, first_row)
+
+
+SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "empty_answers",
+          "trees_capped", "parse_failures", "peak_roots_in_flight")
+STAGE_SUMMED = ("calls", "requests", "errors", "busy_s")
+
+
+def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -> dict:
+    """One run's metrics from its engines': counts summed, replica restarts (each engine sees every restart of
+    a shared replica) the most any engine saw; each engine's own metrics kept under ``engines``."""
+    merged = {key: sum(p[key] for p in parts) for key in SUMMED}
+    merged.update(wall_s=round(wall_s, 3), first_row_s=None if first_row_s is None else round(first_row_s, 3),
+                  tokens_per_s=round(merged["tokens_computed"] / wall_s, 2) if wall_s else 0.0,
+                  replica_restarts=max((p["replica_restarts"] for p in parts), default=0))
+    stages = {}
+    for name in parts[0]["stages"] if parts else ():
+        each = [p["stages"][name] for p in parts]
+        stage = {key: round(sum(s[key] for s in each), 3) for key in STAGE_SUMMED}
+        stage["batch_size"] = {"mean": round(stage["requests"] / max(1, stage["calls"]), 2)}
+        stage["driver_bytes_in"] = {k: sum(s["driver_bytes_in"][k] for s in each) for k in ("total", "by_reference")}
+        stages[name] = stage
+    resolved: dict[str, dict[str, int]] = {}
+    for p in parts:
+        for strategy, counts in p["resolved_by"].items():
+            for how, count in counts.items():
+                resolved.setdefault(strategy, {}).setdefault(how, 0)
+                resolved[strategy][how] += count
+    lookups = sum(p["request_cache"]["lookups"] for p in parts)
+    hits = sum(sum(p["request_cache"]["hits"].values()) for p in parts)
+    merged.update(stages=stages, resolved_by=resolved,
+                  request_cache={"lookups": lookups, "hit_rate": round(hits / lookups, 4) if lookups else 0.0},
+                  driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())
+                                                 / max(1, merged["roots_done"]), 1),
+                  engines=parts)
+    return merged
