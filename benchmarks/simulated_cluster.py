@@ -232,7 +232,7 @@ class SimulatedReplica:
             self.step_no += 1
 
 
-def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
+def one(replicas: int, questions: int, window: int, time_scale: float, engines: int = 1) -> dict:
     import ray
     from engine_overhead import StubEncoder, StubShard, write_questions
 
@@ -246,7 +246,8 @@ def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=1024 * 2**20)
     config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],
-                          engine={"window": window, "cache_size": 0})
+                          engine={"window": window // engines, "cache_size": 0, "actors": engines,  # the same roots in flight in all
+                                  "actor_cpus": 0})
     model = {"time_scale": time_scale}
     gen = [ray.remote(SimulatedReplica).options(num_cpus=0, max_concurrency=1000).remote(model)
            for _ in range(replicas)]
@@ -259,6 +260,9 @@ def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
     cpu, wall = time.process_time(), time.perf_counter()
     metrics = answer(config, log=lambda *a: None, stages=stages)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    # with engine actors the driving is theirs: their processes' CPU, plus the job's process (reads, writes)
+    engine_cpu = [e["process_cpu_s"] for e in metrics.get("engines", [])]
+    job_cpu, cpu = cpu, cpu + sum(engine_cpu)
     reports = ray.get([g.report.remote() for g in gen])
     ray.shutdown()
     span = max(r["last_result"] for r in reports) - min(r["first_request"] for r in reports if r["first_request"])
@@ -267,6 +271,7 @@ def one(replicas: int, questions: int, window: int, time_scale: float) -> dict:
     g = metrics["stages"]["generator"]
     return {
         "replicas": replicas, "questions": questions, "window": window, "time_scale": time_scale,
+        "engines": engines, "job_process_cpu_s": round(job_cpu, 1), "engine_actor_cpu_s": engine_cpu,
         "wall_s": round(wall, 1), "answer_span_s": round(span, 1),
         "questions_per_s": round(questions / wall, 1), "requests": requests,
         "requests_per_s": round(requests / span, 1),
@@ -293,9 +298,11 @@ def main() -> None:
     p.add_argument("--window", type=int, default=8192, help="engine.window (roots in flight)")
     p.add_argument("--time-scale", type=float, default=1.0, help="slow the simulated GPUs down by this factor")
     p.add_argument("--out", help="append each result as a JSON line here")
+    p.add_argument("--engines", type=int, nargs="+", default=[1], help="engine.actors values to run (1 = the "
+                   "engine in this process)")
     args = p.parse_args()
-    for n in args.replicas:
-        r = one(n, args.questions, args.window, args.time_scale)
+    for n, engines in ((n, e) for n in args.replicas for e in args.engines):
+        r = one(n, args.questions, args.window, args.time_scale, engines)
         print(json.dumps(r), flush=True)
         if args.out:
             with open(args.out, "a") as f:

@@ -70,8 +70,9 @@ class EngineActor:
 
     def run(self, read: dict, nth: tuple[int, int], strategy_names: list[str], todo: Todo) -> Iterator[dict]:
         """Answer questions ``nth[0]``, ``nth[0] + nth[1]``, ... of the input, streaming {rows, status, log}
-        every REPORT_S and, last, the engine's metrics."""
+        every REPORT_S and, last, the engine's metrics (with this process's CPU seconds while answering)."""
         k, n = nth
+        cpu = time.process_time()
         questions = (q for i, q in enumerate(question_rows(**read)) if i % n == k)
         failure: list[BaseException] = []
 
@@ -95,7 +96,8 @@ class EngineActor:
             yield {"rows": rows, "status": self.status, "log": lines}
         if failure:
             raise failure[0]
-        yield {"rows": [], "status": status(self.engine), "log": [], "metrics": self.engine.metrics()}
+        yield {"rows": [], "status": status(self.engine), "log": [],
+               "metrics": {**self.engine.metrics(), "process_cpu_s": round(time.process_time() - cpu, 3)}}
 
 
 class View:
