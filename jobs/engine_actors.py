@@ -58,11 +58,12 @@ class EngineActor:
         for stage in stages.values():
             stage.share = share
         cache = open_cache(cache_config, disk=cache_on_disk) if cache_config else RequestCache(config.cache_size)
+        # filled on the engine's thread, emptied by the streaming call's
         self.rows: queue.Queue = queue.Queue()
-        self.lines: list[str] = []
+        self.lines: queue.Queue = queue.Queue()
         self.status: dict = {}
         self.engine = Engine(stages, strategies, config, self.rows.put, on_progress=self._report,
-                             progress_every_s=REPORT_S, log=self.lines.append, cache=cache)
+                             progress_every_s=REPORT_S, log=self.lines.put, cache=cache)
         self.status = status(self.engine)
 
     def _report(self, engine: Engine) -> None:
@@ -92,12 +93,20 @@ class EngineActor:
                 except queue.Empty:
                     if not thread.is_alive():
                         break
-            lines, self.lines = self.lines, []
-            yield {"rows": rows, "status": self.status, "log": lines}
+            yield {"rows": rows, "status": self.status, "log": drain(self.lines)}
         if failure:
             raise failure[0]
-        yield {"rows": [], "status": status(self.engine), "log": [],
+        yield {"rows": [], "status": status(self.engine), "log": drain(self.lines),
                "metrics": {**self.engine.metrics(), "process_cpu_s": round(time.process_time() - cpu, 3)}}
+
+
+def drain(q: queue.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
 
 
 class View:

@@ -75,3 +75,28 @@ def test_each_engine_gets_its_share_of_an_async_replicas_token_budget():
     stage.share = 0.25
     stage.ready(0, 1000)  # a KV cache of 1,000 tokens: 2,000 in flight for one engine, 500 for each of four
     assert stage.budget == [500]
+
+
+def test_what_an_engine_actor_logs_reaches_the_jobs_log(ray_session, tmp_path):
+    """A replica that dies is said at once (engine.log); with engine actors the job's log still says it."""
+    from tests.engine.fakes import FakeGenerator
+
+    class DiesOnce(FakeGenerator):
+        def generate(self, batch):
+            import os
+            marker = tmp_path / "died"
+            if not marker.exists():
+                marker.touch()
+                os._exit(1)
+            return super().generate(batch)
+
+    ray = ray_session
+    write_questions(tmp_path / "q.parquet", 20)
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"],
+                          engine={"actors": 2, "actor_cpus": 0, "failure_cooldown_s": 0.1})
+    stages = {"generator": GeneratorStage([ray.remote(DiesOnce).options(num_cpus=0, max_restarts=-1).remote()],
+                                          StageBatching(max_batch=8))}
+    lines = []
+    metrics = answer(config, log=lines.append, stages=stages)
+    assert all(c["ok"] for c in metrics["exactly_once"].values()) and metrics["batch_failures"] >= 1
+    assert any(line.startswith("engine ") and "generator" in line for line in lines), lines
