@@ -245,9 +245,9 @@ def one(replicas: int, questions: int, window: int, time_scale: float, engines: 
     write_questions(qpath, questions)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=1024 * 2**20)
+    # the same roots in flight whatever the number of engines
     config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],
-                          engine={"window": window // engines, "cache_size": 0, "actors": engines,  # the same roots in flight in all
-                                  "actor_cpus": 0})
+                          engine={"window": window // engines, "cache_size": 0, "actors": engines, "actor_cpus": 0})
     model = {"time_scale": time_scale}
     gen = [ray.remote(SimulatedReplica).options(num_cpus=0, max_concurrency=1000).remote(model)
            for _ in range(replicas)]
