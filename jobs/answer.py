@@ -76,9 +76,10 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
         return previous_metrics(config.output) or {"exactly_once": check, "shards_resumed": len(skip)}
     if skip:
         log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
-    questions = question_rows(config.questions, config.input.read_batch_rows, config.limit,
-                              shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
-                              max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
+    # how the questions still to answer are read: here, or by each engine actor (every n-th of them)
+    read = dict(uri=config.questions, batch_rows=config.input.read_batch_rows, limit=config.limit,
+                shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
+                max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
 
     stages_from_config = stages is None
     split = config.engine.actors > 1
@@ -98,9 +99,6 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
 
     try:
         if split:
-            read = dict(uri=config.questions, batch_rows=config.input.read_batch_rows, limit=config.limit,
-                        shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
-                        max_chars=config.input.max_question_chars, null_id_prefix=plan.null_id_prefix)
             # each engine actor opens the disk cache itself (SQLite in WAL mode takes several writers); the
             # memory part is per engine
             engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
@@ -112,7 +110,7 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
             cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
             engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
                             progress_every_s=progress.every_s, log=log, cache=cache)
-            engine.run(questions, config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
+            engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
             engine_metrics, roots_done = engine.metrics(), engine.roots_done
     finally:
         progress.close()

@@ -181,9 +181,10 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
 
 
 def in_placement_group(pool: Pool) -> dict:
-    """Actor options that start one replica in a placement group of its own: the actor in the first bundle
-    (its CPUs and custom resources come from the bundle), vLLM's Ray workers, which it starts as child
-    tasks, in the rest. A restarted replica comes back in the same group, on the devices kept for it."""
+    """Actor options that start one replica in a placement group of its own, which reserves every device
+    of its vLLM workers: the actor runs in the first bundle (reserving nothing more itself), and vLLM's
+    ray executor, which finds the group it runs in, starts a worker in each device bundle. A restarted
+    replica comes back in the same group, on the devices kept for it."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
