@@ -147,6 +147,17 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
     values: dict = {"generator": {"model": config.generator.model}}
     if config.judge is not None:
         values["judge"] = {"model": config.judge.model}
+    # so do the trained judges and the ranker: RA-ISF's thresholds are on their scores when they judge, and
+    # MIGRES's delta is on the ranker's (without them in the file, a trained M_know's 0.76 would be applied
+    # to the generator's P('yes'))
+    raisf = {key: getattr(config.raisf, key) for key in ("judges", "know_judge", "relevance_judge")
+             if getattr(config.raisf, key) != type(config.raisf).model_fields[key].default}
+    if raisf:
+        values["raisf"] = raisf
+    if config.raisf.know_by == "trained":
+        values["know"] = {"model": config.know.model}
+    if config.reranker.model:
+        values["reranker"] = {"model": config.reranker.model}
     for field, result in chosen.items():
         section, key = field.split(".")
         values.setdefault(section, {})[key] = result["value"]

@@ -128,6 +128,25 @@ def test_the_calibrated_config_names_the_models_its_thresholds_were_measured_wit
     assert values["calibration"]["questions_sha256"] == "f" * 64 and values["calibration"]["n"] == 166
     no_judge = config_values(base.model_copy(update={"judge": None}), chosen, "f" * 64, 166)
     assert "judge" not in no_judge and no_judge["calibration"]["judge"] is None
+    # the default judges: nothing more to name than the thresholds
+    assert not {"know", "reranker"} & set(no_judge) and set(no_judge["raisf"]) == {"relevance_threshold"}
+
+
+def test_the_calibrated_config_carries_the_trained_judges_and_the_ranker_its_thresholds_are_on(tmp_path):
+    """A config calibrated with trained judges, passed alone with --config, judged with the generator's
+    P('yes') against thresholds chosen on M_know's and M_rel's scores."""
+    import yaml
+
+    from schemas.config import load_config
+
+    chosen = {"raisf.know_threshold": {"value": 0.76}, "migres.relevance_threshold": {"value": -1.35}}
+    base = AnswerConfig.model_validate({"questions": "calib.parquet", "raisf": {"judges": "trained"},
+                                        "know": {"model": "runs/m_know"}, "reranker": {"model": "runs/m_rel"}})
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(config_values(base, chosen, "f" * 64, 166)))
+    loaded = load_config(AnswerConfig, str(tmp_path / "calibrated.yaml"), [], questions="q", output="o")
+    assert (loaded.raisf.know_by, loaded.raisf.relevance_by) == ("trained", "trained")
+    assert loaded.know.model == "runs/m_know" and loaded.reranker.model == "runs/m_rel"
+    assert loaded.raisf.know_threshold == 0.76 and loaded.migres.relevance_threshold == -1.35
 
 
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
