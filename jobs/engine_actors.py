@@ -16,9 +16,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
+from engine.cache import RequestCache
 from engine.loop import Engine
 from jobs.io import question_rows
+from jobs.request_cache import open_cache
 from schemas.config import EngineConfig
 
 REPORT_S = 0.5  # how often an actor sends its rows and status back
@@ -52,16 +55,12 @@ class EngineActor:
 
     def __init__(self, stages: dict, strategies: dict, config: EngineConfig, share: float, cache_config=None,
                  cache_on_disk: bool = False):
-        from engine.cache import RequestCache
-        from jobs.request_cache import open_cache
-
         for stage in stages.values():
             stage.share = share
         cache = open_cache(cache_config, disk=cache_on_disk) if cache_config else RequestCache(config.cache_size)
         # filled on the engine's thread, emptied by the streaming call's
         self.rows: queue.Queue = queue.Queue()
         self.lines: queue.Queue = queue.Queue()
-        self.status: dict = {}
         self.engine = Engine(stages, strategies, config, self.rows.put, on_progress=self._report,
                              progress_every_s=REPORT_S, log=self.lines.put, cache=cache)
         self.status = status(self.engine)
@@ -125,8 +124,6 @@ class View:
 
 class _StageView:
     def __init__(self, parts: list[dict]):
-        from types import SimpleNamespace
-
         self.queue = range(sum(p["queued"] for p in parts))
         self.inflight = [sum(column) for column in zip(*(p["inflight"] for p in parts))]
         self.restarting = set().union(*(p["restarting"] for p in parts))
