@@ -5,14 +5,18 @@ then train the sub-modules), written as plain model directories that ragsift's a
         --exclude results/slices/eval.txt --exclude data/demo/sample_questions.parquet
     ragsift train know --labels runs/labels --output models/m_know --exclude ...
 
+    # mine where the index is, train where the GPU is (the cross-encoder wants a GPU's steps)
+    ragsift train relevance --questions dev.parquet --index-dir idx --output pairs --mine-only --exclude ...
+    ragsift train relevance --pairs pairs/pairs.parquet --architecture cross-encoder --bf16 --output models/m_rel_ce
+
 relevance (M_rel)  (question, passage) -> relevant, from the offline MiniLM; positives are the
                    questions' gold passages, negatives the non-gold passages BM25 and dense
                    retrieval rank highest (hard negatives) and one easy one. By default MiniLM is
                    fine-tuned as a bi-encoder and a logistic fit turns its cosine into a logit
                    (``relevance_logit.json``); ``--architecture cross-encoder`` trains a
                    CrossEncoder instead (a new head: it needs more steps than a CPU gives, see
-                   BENCHMARKS.md). Either serves as ``reranker.model`` (the ranker stage) and
-                   RA-ISF's relevance judge.
+                   BENCHMARKS.md; on a GPU it learns in minutes and ranks best). Either serves
+                   as ``reranker.model`` (the ranker stage) and RA-ISF's relevance judge.
 know (M_know)      question -> will this generator answer correctly closed-book: logistic
                    regression on the embedder's question vectors, from ``ragsift label``'s
                    know / unknown labels; written as a CrossEncoder-free classifier directory.
@@ -111,9 +115,19 @@ def auc(labels: list[float], scores: list[float]) -> float:
     return float(roc_auc_score(labels, scores))
 
 
-def train_relevance(args: argparse.Namespace, log) -> dict:
-    import torch
+PAIRS = "pairs.parquet"  # what `--mine-only` writes and `--pairs` reads
 
+
+def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
+    """The training pairs and where they came from: mined from ``--questions`` over ``--index-dir``, or
+    read back from a ``--mine-only`` run (``--pairs``), whose provenance travels in the file."""
+    if args.pairs:
+        table = read_table(args.pairs)
+        source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
+        log(f"{args.pairs}: {table.num_rows} pairs mined earlier")
+        return table.select(["id", "question", "passage", "label"]).to_pylist(), source
+    if not (args.questions and args.index_dir):
+        raise ValueError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
     skip = excluded_ids(args.exclude)
     rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
@@ -130,11 +144,37 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
         raise ValueError(f"{args.questions}: no question with gold passages left to train on")
     started = time.perf_counter()
     pairs = mine_pairs(rows, args.index_dir, args.negatives, args.random_negatives, seed=args.seed)
-    mined_s = time.perf_counter() - started
+    source = {"questions": args.questions, "index": args.index_dir, "excluded": args.exclude,
+              "excluded_questions": len(skip), "questions_used": len(rows),
+              "datasets": dict(collections.Counter(r["dataset"] for r in rows)),
+              "mining": {"negatives": args.negatives, "random_negatives": args.random_negatives, "seed": args.seed},
+              "mine_s": round(time.perf_counter() - started, 1)}
+    log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) "
+        f"in {source['mine_s']:.0f} s")
+    return pairs, source
+
+
+def write_pairs(pairs: list[dict], source: dict, output: str) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(output) / PAIRS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(pairs).replace_schema_metadata({"ragsift": json.dumps(source)})
+    pq.write_table(table, path, compression="zstd")
+    return str(path)
+
+
+def train_relevance(args: argparse.Namespace, log) -> dict:
+    import torch
+
+    pairs, source = collect_pairs(args, log)
+    if args.mine_only:
+        log(f"wrote {write_pairs(pairs, source, args.output)}: train from it with --pairs (on a GPU, say)")
+        return source
     train = [p for p in pairs if not held_out(p["id"], args.held_out)]
     test = [p for p in pairs if held_out(p["id"], args.held_out)]
-    log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) in {mined_s:.0f} s; "
-        f"{len(train)} to train, {len(test)} held out")
+    log(f"{len(train)} pairs to train, {len(test)} held out")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one
@@ -154,17 +194,18 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
                "train_loss_last": losses[-1] if losses else None,
                "train_examples": examples, "train_examples_per_s": round(examples * args.epochs / train_s, 1),
                "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
-               "mine_s": round(mined_s, 1), "train_s": round(train_s, 1), "device": device}
+               "mine_s": source.get("mine_s"), "train_s": round(train_s, 1), "device": device}
     model.save_pretrained(args.output)
     if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
         fitted, fitted_scores = (test, scores) if test else (train, relevance_scores(model, train, bi))
         (Path(args.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
     card = {"model": f"relevance (M_rel) {args.architecture}", "architecture": args.architecture, "base": args.base,
-            "questions": args.questions, "index": args.index_dir, "excluded": args.exclude,
-            "excluded_questions": len(skip), "questions_used": len(rows), "pairs": len(pairs),
-            "positives": int(sum(p["label"] for p in pairs)), "held_out_share": args.held_out,
-            "settings": {k: getattr(args, k) for k in ("negatives", "random_negatives", "epochs", "batch_size",
-                                                       "learning_rate", "max_length", "seed", "bf16")},
+            **{k: source.get(k) for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
+                                          "datasets", "mining")},
+            "pairs_file": args.pairs, "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
+            "held_out_share": args.held_out,
+            "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "learning_rate", "max_length", "seed",
+                                                       "bf16")},
             "metrics": metrics,
             "input": ("(question, passage) -> cosine of their vectors -> logit of relevant (scale * cosine + bias, "
                       f"{LOGIT})") if bi else "(question, 'title: text' or 'text') -> logit of relevant"}
@@ -337,9 +378,12 @@ def write_card(output: str, card: dict) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="judge", required=True)
     rel = sub.add_parser("relevance", help="M_rel: a bi-encoder (or cross-encoder) from gold passages and hard negatives")
-    rel.add_argument("--questions", required=True, help="questions Parquet with gold_passage_ids")
-    rel.add_argument("--index-dir", required=True, help="the index the negatives are mined from")
+    rel.add_argument("--questions", help="questions Parquet with gold_passage_ids")
+    rel.add_argument("--index-dir", help="the index the negatives are mined from")
     rel.add_argument("--output", required=True, help="model directory to write")
+    rel.add_argument("--mine-only", action="store_true",
+                     help=f"mine the pairs, write <output>/{PAIRS} and stop: train where the GPU is with --pairs")
+    rel.add_argument("--pairs", help=f"train from a --mine-only run's {PAIRS} (no questions or index needed)")
     rel.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
     rel.add_argument("--base", default="all-minilm-l6-v2", help="model to start from (alias, path or hub name)")
     rel.add_argument("--architecture", choices=["bi-encoder", "cross-encoder"], default="bi-encoder",

@@ -71,11 +71,16 @@ def test_the_default_relevance_model_is_a_bi_encoder_with_a_fitted_logit_and_a_c
     fit = json.loads((tmp / "m_rel" / "relevance_logit.json").read_text())
     assert card["architecture"] == "bi-encoder" and fit["scale"] > 0  # a higher cosine is likelier relevant
     assert ranker_class(str(tmp / "m_rel")) is BiEncoderRanker
+    # mined where the index is, trained elsewhere (a GPU machine) from the pairs file alone
     ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
-            "--output", tmp / "m_rel_ce", "--architecture", "cross-encoder", "--limit", "40", "--held-out", "0.25",
-            "--negatives", "1", "--batch-size", "16", "--max-length", "128")
+            "--output", tmp / "mined", "--mine-only", "--limit", "40", "--negatives", "1")
+    assert sorted(p.name for p in (tmp / "mined").iterdir()) == ["pairs.parquet"]  # mined, nothing trained
+    ragsift("train", "relevance", "--pairs", tmp / "mined" / "pairs.parquet", "--output", tmp / "m_rel_ce",
+            "--architecture", "cross-encoder", "--held-out", "0.25", "--batch-size", "16", "--max-length", "128")
     ce = json.loads((tmp / "m_rel_ce" / "card.json").read_text())
     assert ce["architecture"] == "cross-encoder" and ce["metrics"]["train_loss_first"] is not None
+    # the card names the questions and index the pairs came from, not only the pairs file
+    assert ce["questions_used"] == 40 and ce["index"] == str(tmp / "idx") and ce["mining"]["negatives"] == 1
     assert ranker_class(str(tmp / "m_rel_ce")) is CrossEncoderRanker
 
 
