@@ -81,6 +81,13 @@ def test_the_default_relevance_model_is_a_bi_encoder_with_a_fitted_logit_and_a_c
     assert ce["architecture"] == "cross-encoder" and ce["metrics"]["train_loss_first"] is not None
     # the card names the questions and index the pairs came from, not only the pairs file
     assert ce["questions_used"] == 40 and ce["index"] == str(tmp / "idx") and ce["mining"]["negatives"] == 1
+    # a question excluded at training time is dropped from mined pairs too
+    first = pq.read_table(tmp / "mined" / "pairs.parquet")["id"][0].as_py()
+    (tmp / "drop.txt").write_text(first + "\n")
+    ragsift("train", "relevance", "--pairs", tmp / "mined" / "pairs.parquet", "--output", tmp / "m_rel_ce2",
+            "--architecture", "cross-encoder", "--exclude", tmp / "drop.txt", "--epochs", "0.1", "--max-length", "64")
+    again = json.loads((tmp / "m_rel_ce2" / "card.json").read_text())
+    assert again["pairs_excluded"] >= 1 and again["pairs"] == ce["pairs"] - again["pairs_excluded"]
     assert ranker_class(str(tmp / "m_rel_ce")) is CrossEncoderRanker
 
 
