@@ -8,6 +8,8 @@
 #   - each setting in SETTINGS is trained, the one with the best held-out AUC (on the pairs' own
 #     held-out questions, never a reported slice) is sent back as fp16, tarred and split in 15 MB parts.
 # Usage there: CARRY=.devcarry bash benchmarks/train_relevance_gpu.sh
+# Back here: cat <files_at>/model.tar.part-* | tar -C runs/models/m_rel_ce -xf - &&
+#            python benchmarks/cast_weights.py runs/models/m_rel_ce runs/models/m_rel_ce float32
 set -uo pipefail
 CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-runs/gpu_out}
@@ -19,17 +21,9 @@ if [ -d "$WHEELS" ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 - "$CARRY/base16" /tmp/base32 <<'PY'
-import shutil, sys
-import torch
-from safetensors.torch import load_file, save_file
-src, dst = sys.argv[1:]
-shutil.copytree(src, dst, dirs_exist_ok=True)
-weights = load_file(f"{src}/model.safetensors")
-save_file({k: v.to(torch.float32) for k, v in weights.items()}, f"{dst}/model.safetensors", metadata={"format": "pt"})
-import sentence_transformers, transformers
-print("torch", torch.__version__, "transformers", transformers.__version__, "sentence-transformers", sentence_transformers.__version__)
-PY
+python3 benchmarks/cast_weights.py "$CARRY/base16" /tmp/base32 float32 || exit 1
+python3 -c 'import torch, transformers, sentence_transformers as st
+print("torch", torch.__version__, "transformers", transformers.__version__, "sentence-transformers", st.__version__)'
 for setting in $SETTINGS; do
   lr=${setting%%:*}; epochs=${setting##*:}
   start=$(date +%s)
@@ -38,19 +32,18 @@ for setting in $SETTINGS; do
       --batch-size 32 --max-length 256 2>&1 | grep -v -E "it/s\]|s/it\]" | tail -5
   echo "setting lr=$lr epochs=$epochs: $(( $(date +%s) - start )) s"
 done
-python3 - "$OUT" <<'PY'
-import glob, json, os, subprocess, sys
-import torch
-from safetensors.torch import load_file, save_file
+best=$(python3 - "$OUT" <<'PY'
+import glob, json, os, sys
 out = sys.argv[1]
 cards = {d: json.load(open(f"{d}/card.json")) for d in sorted(glob.glob("/tmp/ce_*")) if os.path.exists(f"{d}/card.json")}
 json.dump(cards, open(f"{out}/cards.json", "w"), indent=2)
 if not cards:
     sys.exit("no setting finished")
 best = max(cards, key=lambda d: cards[d]["metrics"]["held_out_auc"])
-print("best", best, cards[best]["metrics"])
-weights = load_file(f"{best}/model.safetensors")
-save_file({k: v.to(torch.float16) for k, v in weights.items()}, f"{best}/model.safetensors", metadata={"format": "pt"})
-subprocess.run(f"tar -C {best} -cf - . | split -b 15m - {out}/model.tar.part-", shell=True, check=True)
+print("best", best, cards[best]["metrics"], file=sys.stderr)
+print(best)
 PY
+) || exit 1
+python3 benchmarks/cast_weights.py "$best" "$best" float16 || exit 1
+tar -C "$best" -cf - . | split -b 15m - "$OUT/model.tar.part-"
 ls -la "$OUT"

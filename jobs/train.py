@@ -121,12 +121,13 @@ PAIRS = "pairs.parquet"  # what `--mine-only` writes and `--pairs` reads
 def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
     """The training pairs and where they came from: mined from ``--questions`` over ``--index-dir``, or
     read back from a ``--mine-only`` run (``--pairs``), whose provenance travels in the file."""
+    skip = excluded_ids(args.exclude)
     if args.pairs:
         if args.mine_only:
             raise ValueError("--mine-only mines pairs; --pairs trains from pairs mined earlier: give one of them")
         table = read_table(args.pairs)
         source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
-        skip = excluded_ids(args.exclude)  # a question excluded now is dropped, whatever the mining excluded
+        # a question excluded now is dropped, whatever the mining excluded
         pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist() if p["id"] not in skip]
         if args.exclude:
             source = {**source, "excluded_when_training": args.exclude, "pairs_excluded": table.num_rows - len(pairs)}
@@ -134,7 +135,6 @@ def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
         return pairs, source
     if not (args.questions and args.index_dir):
         raise ValueError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
-    skip = excluded_ids(args.exclude)
     rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
     if args.per_dataset:
@@ -206,9 +206,8 @@ def train_relevance(args: argparse.Namespace, log) -> dict:
         fitted, fitted_scores = (test, scores) if test else (train, relevance_scores(model, train, bi))
         (Path(args.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
     card = {"model": f"relevance (M_rel) {args.architecture}", "architecture": args.architecture, "base": args.base,
-            **{k: source.get(k) for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
-                                          "datasets", "mining", "excluded_when_training", "pairs_excluded")
-               if k in source},
+            **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
+                                      "datasets", "mining", "excluded_when_training", "pairs_excluded") if k in source},
             "pairs_file": args.pairs, "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
             "held_out_share": args.held_out,
             "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "learning_rate", "max_length", "seed",
