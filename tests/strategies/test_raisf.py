@@ -69,6 +69,17 @@ def test_answers_from_the_relevant_passages_only():
     assert "T1: text 1" in read_prompt and "T3: text 3" in read_prompt and "T0:" not in read_prompt
 
 
+@pytest.mark.parametrize("answer_prompt, instruction", [
+    ("rag", "Answer the question in a few words, using the passages below."),
+    ("paper", "Using the knowledge from the relevant paragraphs, give the answer to the question."),
+])
+def test_the_answer_from_passages_reads_with_rags_instruction_unless_the_papers_is_asked(answer_prompt, instruction):
+    log = []
+    drive(RAISF(RaisfConfig(answer_prompt=answer_prompt)), "Q", Script(relevant={"Q": {"p1"}}), log=log)
+    read_prompt = log[-1][1].messages[-1][1]
+    assert read_prompt.startswith(instruction) and "T1: text 1" in read_prompt and read_prompt.endswith("Question: Q\nAnswer:")
+
+
 def test_decomposes_and_synthesizes_from_sub_answers_in_order():
     script = Script(subs={"Q": ["A?", "B?"]}, know={"A?": 0.9}, relevant={"B?": {"p0"}})
     log = []
