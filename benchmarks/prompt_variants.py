@@ -45,10 +45,9 @@ VARIANTS = {
                                 "{passages}\n\nAnswer the question in a few words, using the passages above. If they "
                                 "do not contain the answer, answer from your own knowledge.\nQuestion: {question}\n"
                                 "Answer:"),
-    # RA-ISF's answer from passages, its paper's Appendix G instruction (strategies/prompts/raisf/answer_passages.txt)
+    # RA-ISF's answer from passages, its paper's Appendix G instruction: the shipped prompt file itself
     "raisf_paper": ("answer_system", "Question: {question}\nAnswer:",
-                    "Using the knowledge from the relevant paragraphs, give the answer to the question.\n\n{passages}\n\n"
-                    "Question: {question}\nAnswer:"),
+                    (variants.ROOT / "strategies/prompts/raisf/answer_passages.txt").read_text().strip()),
 }
 FEW_SHOT = {f"few_shot_{n}": n for n in (3, 6)}  # direct's current prompt after n solved examples
 

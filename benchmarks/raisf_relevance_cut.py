@@ -5,8 +5,8 @@ This asks the question that matters for the answers: reading only the passages a
 are they? A cut keeps the passages whose relevance score is at least t, which is always the top m
 by score for some m, so answering once per m (m = 1..k, kept in retrieval order as RA-ISF reads them)
 scores every cut. A question that keeps nothing goes to decomposition, which this does not run: its
-value is counted as the decomposed answers' measured mean (``--empty-value``, default 0.0: on the
-evaluation slice RA-ISF's decomposed questions scored 9.7 F1 against rag's 27.4, see results/README).
+value is ``--empty-value`` (default 0.0, near what decomposition gave: on the evaluation slice RA-ISF's
+decomposed questions scored 9.7 F1 against rag's 27.4, see results/README).
 
 Input: a ``ragsift calibrate`` output (its probe rows hold each question's top k and their scores
 from the judge it ran with). Both RA-ISF's answer prompt (``raisf/answer_passages``) and rag's are
@@ -49,7 +49,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from engine.steps import Item
-    from jobs.calibrate import candidates
+    from jobs.calibrate import candidates, quality
     from schemas.config import AnswerFormConfig
     from strategies.base import format_passages, prompt
     from strategies.forms import final_answer, final_request, form_of
@@ -88,20 +88,18 @@ def main() -> None:
             scores[name][m] = variants.score(answers[name][m], qs)
             print(name, m, scores[name][m], flush=True)
 
-    from jobs.calibrate import quality
-
     # every cut t: each question reads the passages scoring >= t (m of them), or keeps none
-    all_scores = [s for i in ids for s in probes[i]["relevance_p_yes"]]
+    judged = [probes[i]["relevance_p_yes"] for i in ids]
+    cuts = candidates([s for row in judged for s in row])
     calibrated = yaml.safe_load(open(f"{args.probe_run}/calibrated.yaml"))["raisf"]["relevance_threshold"]
     curves = {}
     for name in PROMPTS:
         value = {m: [quality(a, q["answers"]) for a, q in zip(answers[name][m], qs)] for m in answers[name]}
-        curve = [cut_value(t, [probes[i]["relevance_p_yes"] for i in ids], value, args.empty_value)
-                 for t in candidates(all_scores)]
+        curve = [cut_value(t, judged, value, args.empty_value) for t in cuts]
         curves[name] = {"best": max(curve, key=lambda c: (c["value"], -c["t"])), "keep_all": curve[0],
                         "calibrated_by_passage_f1": next(c for c in curve if c["t"] >= calibrated),
                         "curve": thinned(curve)}
-        print(name, {k: v for k, v in curves[name].items() if k != "curve"}, flush=True)
+        print(name, {key: c for key, c in curves[name].items() if key != "curve"}, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"questions": args.questions, "probe_run": args.probe_run, "n": len(ids),
