@@ -1,5 +1,5 @@
-"""A run's progress, as a person reads it: pairs done of the total, an ETA from the recent rate,
-tokens/s over the last minute, and each stage's queue. A live display on a terminal; one plain line
+"""A run's progress, as a person reads it: pairs done of the total, an ETA from the rate of the last
+ten minutes, pairs/min and tokens/s over the last minute, and each stage's queue. A live display on a terminal; one plain line
 per interval otherwise (logs, Ray jobs)."""
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ from collections import deque
 
 from engine.loop import Engine
 
-RECENT_S = 60.0  # rates (and so the ETA) are measured over this much of the recent past
+RECENT_S = 60.0  # the rates shown are measured over this much of the recent past
+# The ETA's rate is measured over a longer past: with continuous batching, pairs finish in waves (a
+# long Self-Reasoning trajectory holds its question while short requests stream past), and over one
+# minute the rate swung between 0 ("ETA ?") and bursts, so the ETA of one 1.5B-model run read
+# 10h38m, 2h39m, ? and 9h42m within half an hour.
+ETA_S = 600.0
 
 
 class Progress:
@@ -34,7 +39,7 @@ class Progress:
     def __call__(self, engine: Engine) -> None:
         now = time.perf_counter()
         self.samples.append((now, engine.roots_done, engine.tokens))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= RECENT_S:
+        while len(self.samples) > 2 and now - self.samples[1][0] >= ETA_S:
             self.samples.popleft()
         line = self.line(engine, now)
         if self.display is not None:
@@ -44,13 +49,15 @@ class Progress:
             self.log(line)
 
     def line(self, engine: Engine, now: float) -> str:
-        t0, done0, tokens0 = self.samples[0]
+        t0, done0, tokens0 = self._since(RECENT_S, now)
         span = now - t0
         done = engine.roots_done
         pairs_s = (done - done0) / span if span > 0 else 0.0
         tok_s = (engine.tokens - tokens0) / span if span > 0 else 0.0
         if self.total:
-            eta = _duration((self.total - done) / pairs_s) if pairs_s > 0 else "?"
+            t_eta, done_eta, _ = self._since(ETA_S, now)
+            eta_rate = (done - done_eta) / (now - t_eta) if now > t_eta else 0.0
+            eta = _duration((self.total - done) / eta_rate) if eta_rate > 0 else "?"
             head = f"{done}/{self.total} pairs ({100 * done / self.total:.0f}%) ETA {eta}"
         else:
             head = f"{done} pairs"
@@ -59,6 +66,15 @@ class Progress:
                           for name, s in engine.stages.items())
         return (f"{head} | {pairs_s * 60:.0f} pairs/min, {tok_s:.0f} tok/s over the last {min(span, RECENT_S):.0f} s"
                 f" | in flight {engine.roots_in_flight} | {stages}")
+
+    def _since(self, horizon: float, now: float) -> tuple[float, int, int]:
+        """The newest sample at least ``horizon`` old (the oldest one while the run is younger)."""
+        anchor = self.samples[0]
+        for sample in self.samples:
+            if now - sample[0] < horizon:
+                break
+            anchor = sample
+        return anchor
 
     def close(self) -> None:
         if self.display is not None:

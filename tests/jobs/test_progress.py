@@ -21,8 +21,30 @@ def test_the_progress_line_says_pairs_done_of_the_total_and_an_eta_from_the_rece
     # 200 pairs in 60 s: 800 left at 200 pairs/min is 4 minutes
     assert lines[-1].startswith("200/1000 pairs (20%) ETA 4m00s | 200 pairs/min, 1000 tok/s over the last 60 s")
     assert "generator[queued=3 running=1]" in lines[-1]
-    progress(engine(200, 60_000))  # stalled for 30 s: the rate of the last minute halves, the ETA doubles
-    assert lines[-1].startswith("200/1000 pairs (20%) ETA 8m00s | 100 pairs/min")
+    progress(engine(200, 60_000))  # stalled for 30 s: the rate of the last minute halves; the ETA's rate
+    # is that of the last ten minutes (here the whole run: 200 pairs in 90 s), so 800 left take 6 minutes
+    assert lines[-1].startswith("200/1000 pairs (20%) ETA 6m00s | 100 pairs/min")
+
+
+def test_when_pairs_finish_in_waves_the_eta_stays_put_between_them(monkeypatch):
+    """Continuous batching with long trajectories: 40 pairs finish every 3 minutes, none in between.
+    The rate of the last minute is 0 between waves; the ETA must not turn into "?" or swing with it."""
+    now = [0.0]
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: now[0])
+    lines = []
+    progress = Progress(lines.append, total=1000, live=False, every_s=0.0)
+    finishes = []  # when each report says the run will end: now + ETA
+    for step in range(0, 61):  # 30 minutes, a report every 30 s
+        now[0] = 30.0 * step
+        progress(engine(40 * (step // 6), 0))
+        eta = lines[-1].split(" ETA ")[1].split(" |")[0]
+        assert eta != "?" or step < 6  # nothing had finished yet
+        if now[0] >= 600:
+            h, _, m = eta.rpartition("h") if "h" in eta else ("0", "", eta)
+            finishes.append(now[0] + 3600 * int(h) + 60 * int(m.split("m")[0]) + int(m.split("m")[1].rstrip("s") or 0))
+    assert " 0 pairs/min" in lines[-2]  # between waves, the last minute saw nothing
+    # at the true pace (40 pairs / 3 min) the 1000 pairs end at 4,500 s; every report says so within 25%
+    assert all(0.75 * 4500 <= end <= 1.25 * 4500 for end in finishes), finishes
 
 
 def test_without_a_terminal_progress_is_one_plain_line_per_interval(monkeypatch):
