@@ -1,6 +1,6 @@
 """A run's progress, as a person reads it: pairs done of the total, an ETA from the rate of the last
-ten minutes, pairs/min and tokens/s over the last minute, and each stage's queue. A live display on a terminal; one plain line
-per interval otherwise (logs, Ray jobs)."""
+ten minutes, pairs/min and tokens/s over the last minute, and each stage's queue. A live display on a
+terminal; one plain line per interval otherwise (logs, Ray jobs)."""
 
 from __future__ import annotations
 
