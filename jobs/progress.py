@@ -49,14 +49,10 @@ class Progress:
             self.log(line)
 
     def line(self, engine: Engine, now: float) -> str:
-        t0, done0, tokens0 = self._since(RECENT_S, now)
-        span = now - t0
         done = engine.roots_done
-        pairs_s = (done - done0) / span if span > 0 else 0.0
-        tok_s = (engine.tokens - tokens0) / span if span > 0 else 0.0
+        pairs_s, tok_s, span = self._rates(RECENT_S, now, done, engine.tokens)
         if self.total:
-            t_eta, done_eta, _ = self._since(ETA_S, now)
-            eta_rate = (done - done_eta) / (now - t_eta) if now > t_eta else 0.0
+            eta_rate = self._rates(ETA_S, now, done, engine.tokens)[0]
             eta = _duration((self.total - done) / eta_rate) if eta_rate > 0 else "?"
             head = f"{done}/{self.total} pairs ({100 * done / self.total:.0f}%) ETA {eta}"
         else:
@@ -67,14 +63,18 @@ class Progress:
         return (f"{head} | {pairs_s * 60:.0f} pairs/min, {tok_s:.0f} tok/s over the last {min(span, RECENT_S):.0f} s"
                 f" | in flight {engine.roots_in_flight} | {stages}")
 
-    def _since(self, horizon: float, now: float) -> tuple[float, int, int]:
-        """The newest sample at least ``horizon`` old (the oldest one while the run is younger)."""
-        anchor = self.samples[0]
-        for sample in self.samples:
-            if now - sample[0] < horizon:
+    def _rates(self, horizon: float, now: float, done: int, tokens: int) -> tuple[float, float, float]:
+        """(pairs/s, tokens/s, span s) since the newest sample at least ``horizon`` old (the oldest one
+        while the run is younger)."""
+        t0, done0, tokens0 = self.samples[0]
+        for t, d, k in self.samples:
+            if now - t < horizon:
                 break
-            anchor = sample
-        return anchor
+            t0, done0, tokens0 = t, d, k
+        span = now - t0
+        if span <= 0:
+            return 0.0, 0.0, span
+        return (done - done0) / span, (tokens - tokens0) / span, span
 
     def close(self) -> None:
         if self.display is not None:

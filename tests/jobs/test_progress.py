@@ -1,5 +1,6 @@
 """The progress a person reads while a run works (jobs/progress.py)."""
 
+import re
 from types import SimpleNamespace
 
 from jobs.progress import Progress
@@ -40,8 +41,8 @@ def test_when_pairs_finish_in_waves_the_eta_stays_put_between_them(monkeypatch):
         eta = lines[-1].split(" ETA ")[1].split(" |")[0]
         assert eta != "?" or step < 6  # nothing had finished yet
         if now[0] >= 600:
-            h, _, m = eta.rpartition("h") if "h" in eta else ("0", "", eta)
-            finishes.append(now[0] + 3600 * int(h) + 60 * int(m.split("m")[0]) + int(m.split("m")[1].rstrip("s") or 0))
+            h, m, s = re.fullmatch(r"(?:(\d+)h)?(\d+)m(?:(\d+)s)?", eta).groups(default="0")
+            finishes.append(now[0] + 3600 * int(h) + 60 * int(m) + int(s))
     assert " 0 pairs/min" in lines[-2]  # between waves, the last minute saw nothing
     # at the true pace (40 pairs / 3 min) the 1000 pairs end at 4,500 s; every report says so within 25%
     assert all(0.75 * 4500 <= end <= 1.25 * 4500 for end in finishes), finishes
