@@ -54,9 +54,9 @@ def main() -> None:
 
     from engine.loop import Engine
     from jobs.demo import QUESTIONS, ensure_index
-    from jobs.io import question_rows
     from jobs.models import ragsift_home
     from jobs.pools import build_stages
+    from jobs.questions import question_rows
     from jobs.ray_session import init_ray
     from schemas.config import load_config
     from schemas.records import Generate

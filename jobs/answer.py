@@ -16,14 +16,15 @@ from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, run_identity, run_metadata
-from jobs.inputs import materialize_questions
-from jobs.io import filesystem, plan_input, question_rows, redact
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
 from jobs.progress import Progress
+from jobs.question_sources import materialize_questions
+from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
+from jobs.storage import filesystem, redact
 from schemas.config import load_config
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.inputs import to_arrow
+from jobs.question_sources import to_arrow
 
 
 class Session:

@@ -13,7 +13,7 @@ import sys
 
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
-from jobs.io import question_columns
+from jobs.questions import question_columns
 from strategies.registry import ANSWERING
 
 

@@ -16,7 +16,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import yaml
 
-from jobs.io import file_sha256, filesystem, redact
+from jobs.storage import file_sha256, filesystem, redact
 
 KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
 PROMPTS = {"self_knowledge": ["raisf/know.txt", "raisf/answer.txt"], "relevance": ["raisf/relevance.txt"],

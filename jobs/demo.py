@@ -15,8 +15,8 @@ from pathlib import Path
 from jobs.answer import answer
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
-from jobs.io import file_sha256, filesystem
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
+from jobs.storage import file_sha256, filesystem
 from schemas.config import load_config
 from strategies.registry import AnswerConfig
 

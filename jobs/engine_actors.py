@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 from engine.cache import RequestCache
 from engine.loop import Engine
-from jobs.io import question_rows
+from jobs.questions import question_rows
 from jobs.request_cache import open_cache
 from schemas.config import EngineConfig
 

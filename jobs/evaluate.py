@@ -14,7 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from jobs import metrics as M
-from jobs.io import filesystem, open_parquet, question_columns, read_table
+from jobs.questions import question_columns
+from jobs.storage import filesystem, open_parquet, read_table
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
            "cite P / R (n)", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "tokens/correct",

@@ -23,7 +23,7 @@ import uuid
 import pyarrow.parquet as pq
 
 from jobs.evaluate import answer_files
-from jobs.io import filesystem, open_parquet, redact
+from jobs.storage import filesystem, open_parquet, redact
 
 
 def batch_line(row: dict, model: str) -> dict:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.io import filesystem, redact
+from jobs.storage import filesystem, redact
 
 SUFFIXES = (".jsonl", ".json", ".csv")
 

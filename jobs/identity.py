@@ -12,8 +12,8 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 
 from jobs.index import manifest_sha256
-from jobs.io import InputPlan
 from jobs.pools import entailment_name, judges_name, ranker_name
+from jobs.questions import InputPlan
 from schemas.config import speed_setting
 from strategies.registry import AnswerConfig
 

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.io import file_sha256, filesystem, hash_ids, open_parquet, redact
 from jobs.models import loadable
+from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 

@@ -30,7 +30,8 @@ from jobs import metrics as M
 from jobs.dataset_card import push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
-from jobs.io import filesystem, question_columns, read_table, redact
+from jobs.questions import question_columns
+from jobs.storage import filesystem, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.records import Passage
 from schemas.tables import LABELS

@@ -18,7 +18,7 @@ import time
 
 import pyarrow.fs as pafs
 
-from jobs.io import filesystem, redact
+from jobs.storage import filesystem, redact
 from schemas.config import ConfigError
 
 LEASE = "_lease.json"

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.io import InputPlan, file_sha256, filesystem, hash_ids, question_rows, redact
+from jobs.questions import InputPlan, question_rows
+from jobs.storage import file_sha256, filesystem, hash_ids, redact
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 

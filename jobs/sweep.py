@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
-from jobs.io import filesystem
 from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
 from jobs.request_cache import open_cache
+from jobs.storage import filesystem
 from schemas.config import ConfigError, parse_override
 from strategies.registry import make_strategy
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from actors.reranker import LOGIT
-from jobs.io import read_table
+from jobs.storage import read_table
 
 
 def excluded_ids(sources: list[str]) -> set[str]:

@@ -288,7 +288,7 @@ class EngineConfig(Section):
 
 
 class InputConfig(Section):
-    """How questions are read (row policy: jobs/io.py)."""
+    """How questions are read (row policy: jobs/questions.py)."""
 
     read_batch_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
     max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 # Questions: `id` and `question` are required; the rest is optional (used by `evaluate`).
-# text or bytes: a question that is not valid UTF-8 becomes an error row (jobs/io.py), not a schema error
+# text or bytes: a question that is not valid UTF-8 becomes an error row (jobs/questions.py), not a schema error
 QUESTION_REQUIRED = {"id": pa.string(), "question": pa.binary()}
 QUESTION_OPTIONAL = {
     "answers": pa.list_(pa.string()),

@@ -1,4 +1,4 @@
-"""Writes bad_questions.parquet: one row per bad-row case of the input policy (jobs/io.py).
+"""Writes bad_questions.parquet: one row per bad-row case of the input policy (jobs/questions.py).
 
     python tests/data/make_bad_questions.py
 """

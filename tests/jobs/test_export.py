@@ -9,7 +9,7 @@ import pytest
 from engine.stages import GeneratorStage
 from jobs.answer import answer
 from jobs.export import export
-from jobs.inputs import materialize_questions
+from jobs.question_sources import materialize_questions
 from schemas.config import StageBatching
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeGenerator

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.formats import read
-from jobs.inputs import materialize_questions
-from jobs.io import plan_input
+from jobs.question_sources import materialize_questions
+from jobs.questions import plan_input
 
 pytestmark = pytest.mark.timeout(120)
 

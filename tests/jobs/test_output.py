@@ -2,8 +2,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.io import plan_input
 from jobs.output import ShardedOutput
+from jobs.questions import plan_input
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 

@@ -1,4 +1,5 @@
-"""Reading question tables through pyarrow's filesystems (local paths, s3://, gs://, ...).
+"""The question table, read row by row: its schema checked, duplicate ids found before the run, each
+row a ``Question`` (or an error row) in its input shard.
 
 Row policy (schema problems raise SchemaError; a bad row never stops the others):
 
@@ -16,72 +17,25 @@ duplicate id                the first occurrence (by row order) is answered; lat
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from jobs.storage import filesystem, hash_ids, open_parquet, redact
 from schemas.records import Question
 from schemas.tables import (
     QUESTION_OPTIONAL,
     QUESTION_REQUIRED,
-    SchemaError,
     check_schema,
 )
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowInvalid, ValueError):  # a plain relative path
-        return pafs.LocalFileSystem(), uri
-
-
-def redact(uri: str) -> str:
-    """A URI without credentials (``s3://key:secret@bucket`` -> ``s3://***@bucket``), for logs and manifests."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
-
-
-def open_parquet(uri: str) -> pq.ParquetFile:
-    fs, path = filesystem(uri)
-    try:
-        return pq.ParquetFile(fs.open_input_file(path))
-    except FileNotFoundError:
-        raise SchemaError(f"{redact(uri)}: file not found") from None
-    except (pa.ArrowInvalid, OSError) as err:
-        raise SchemaError(f"{redact(uri)}: not a readable Parquet file ({err})") from None
-
-
-def file_sha256(fs, path: str) -> str:
-    """sha256 of a file on any pyarrow filesystem, read a MiB at a time."""
-    digest = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
-    return open_parquet(uri).read(columns=columns)
-
-
-def hash_ids(ids) -> np.ndarray:
-    """Stable 64-bit hashes of ids (the same in every process), for exactly-once checks."""
-    return pd.util.hash_array(np.asarray(ids, dtype=object))
 
 
 NULL_ID_PREFIX = "<row "

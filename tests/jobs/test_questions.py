@@ -4,7 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.io import plan_input, question_columns, question_rows, redact
+from jobs.questions import plan_input, question_columns, question_rows
+from jobs.storage import redact
 from schemas.tables import SchemaError
 from tests.conftest import SAMPLE_QUESTIONS
 

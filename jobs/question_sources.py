@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from jobs.formats import is_foreign
 from jobs.formats import read as read_foreign
-from jobs.io import filesystem, read_table, redact
+from jobs.storage import filesystem, read_table, redact
 
 
 def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
