@@ -61,6 +61,13 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
         line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(message)).split())
         print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        # Ctrl-C is how a long run is paused: say what survives instead of a traceback from Ray's wait
+        print(f"ragsift {name}: interrupted; what was committed is kept, and the same command resumes from it "
+              "(answer, compare, calibrate, label, sweep, index)", file=sys.stderr)
+        return 130
 
 
 def run_job(name: str, argv: list[str] | None = None) -> int:

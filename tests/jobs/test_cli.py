@@ -1,0 +1,34 @@
+"""The ``ragsift`` command's handling of what goes wrong around a job."""
+
+import argparse
+import types
+
+import pytest
+
+from jobs.cli import _execute
+
+
+def job_that_raises(error):
+    def run(args):
+        raise error
+    return types.SimpleNamespace(run=run)
+
+
+def test_ctrl_c_ends_a_job_with_one_line_saying_the_same_command_resumes(capsys):
+    code = _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=False))
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("ragsift answer: interrupted") and "same command resumes" in err
+
+
+def test_ctrl_c_with_debug_keeps_the_traceback():
+    with pytest.raises(KeyboardInterrupt):
+        _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=True))
+
+
+def test_a_user_error_is_one_line_and_exit_code_2(capsys):
+    code = _execute("index", job_that_raises(FileNotFoundError("corpus.parquet: no such file")),
+                    argparse.Namespace(debug=False))
+    assert code == 2
+    assert capsys.readouterr().err == "ragsift index: error: corpus.parquet: no such file\n"
