@@ -122,24 +122,28 @@ class ShardedOutput:
                 if e.type == pafs.FileType.Directory]
 
     def _valid(self, path: str) -> bool:
-        """A part of this run that is whole: its checksum matches, its footer reads, its identity agrees."""
+        """A part of this run that is whole: its checksum matches, its footer reads, its identity agrees.
+        A read that fails for another reason (a storage service's 503, a permission) raises: deleting a
+        part because the store hiccupped would answer its shard again for nothing."""
+        name = f"{redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}"
         try:
             with self.fs.open_input_stream(checksum_path(path)) as f:
                 recorded = json.loads(f.read())
         except FileNotFoundError:
             recorded = None  # written before parts had checksums: the footer check below is all there is
-        except (OSError, ValueError):
-            recorded = {}
+        except ValueError:
+            recorded = {}  # not JSON: a damaged checksum file, so the part is not known to be whole
+        if recorded is not None and file_sha256(self.fs, path) != (recorded or {}).get("sha256"):
+            self.log(f"damaged part {name} (its checksum does not match): answering its shard again")
+            return False
         try:
-            if recorded is not None and file_sha256(self.fs, path) != recorded.get("sha256"):
-                self.log(f"damaged part {redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]} "
-                         "(its checksum does not match): answering its shard again")
-                return False
             with self.fs.open_input_file(path) as f:
                 meta = pq.ParquetFile(f).schema_arrow.metadata or {}
-            return not changed_fields(json.loads(meta.get(b"ragsift", b"{}")), self.identity, self.defaults)
-        except (OSError, pa.ArrowInvalid, ValueError):
+            previous = json.loads(meta.get(b"ragsift", b"{}"))
+        except ValueError:  # pa.ArrowInvalid is one: not a Parquet file, or its metadata is not ours
+            self.log(f"damaged part {name} (its footer does not read): answering its shard again")
             return False
+        return not changed_fields(previous, self.identity, self.defaults)
 
     def skip_shards(self) -> frozenset[int]:
         """Input shards that every strategy has committed already."""

@@ -2,6 +2,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jobs import output as output_module
 from jobs.output import ShardedOutput
 from jobs.questions import plan_input
 from schemas.config import ConfigError
@@ -65,6 +66,35 @@ def test_a_part_damaged_inside_is_named_and_answered_again(tmp_path):
     assert again.committed == {("rag", 1)} and again.todo("rag", 0)
     assert any("damaged part" in line and "rag/part-00000.parquet" in line for line in log)
     assert not part.exists() and not (tmp_path / "rag" / "_part-00000.parquet.sha256").exists()
+
+
+class FlakyStore:
+    """A filesystem whose reads of checksum files fail as a storage service does under load."""
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def open_input_stream(self, path):
+        if path.endswith(".sha256"):
+            raise OSError("When reading information for key 'rag/_part-00000.parquet.sha256': AWS Error SLOW_DOWN")
+        return self.fs.open_input_stream(path)
+
+
+def test_a_storage_error_while_checking_a_part_stops_the_resume_and_deletes_nothing(tmp_path, monkeypatch):
+    """Before, any OSError reading a part's checksum counted as damage and the part was deleted."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    real = output_module.filesystem
+    monkeypatch.setattr(output_module, "filesystem", lambda uri: (FlakyStore(real(uri)[0]), real(uri)[1]))
+    with pytest.raises(OSError, match="SLOW_DOWN"):
+        ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    monkeypatch.undo()
+    assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3).committed == {("rag", 0)}
 
 
 def test_a_different_run_is_refused_unless_forced(tmp_path):
