@@ -4,7 +4,8 @@ Two drivers on one ``--output`` (a job submitted twice, a retry loop, a colleagu
 the work and delete each other's unfinished parts. The lease names its owner (host, pid, start) and
 carries a heartbeat that a thread renews; a second driver is refused with one line naming the owner.
 A lease whose owner is gone (same host and its pid is dead, or no heartbeat for ``stale_s``) is
-taken over. On a local disk the lease is created atomically (``O_EXCL``); object stores offer no
+taken over, and a driver that finds its lease taken over stops renewing it. On a local disk the lease
+is created atomically and whole (written beside, then hard-linked into place); object stores offer no
 such create through pyarrow, so there the check is best effort (read, then write).
 """
 
@@ -65,9 +66,7 @@ class Lease:
         self._stop.set()
         if self._thread:
             self._thread.join()
-        held = self._read()
-        if held and (held.get("host"), held.get("pid"), held.get("started")) == (
-                self.owner["host"], self.owner["pid"], self.owner["started"]):
+        if self._mine(self._read()):
             self.fs.delete_file(self.path)
 
     # --- internals ------------------------------------------------------------------------------
@@ -78,12 +77,17 @@ class Lease:
     def _create(self) -> bool:
         """Create the lease if there is none; False when one exists."""
         if isinstance(self.fs, pafs.LocalFileSystem):
+            # written whole beside it, then linked into place: the lease appears with its record in it,
+            # so a second driver never reads a half-written one
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(self._record())
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                os.link(tmp, self.path)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(self._record())
+            finally:
+                os.unlink(tmp)
             return True
         if self.fs.get_file_info(self.path).type == pafs.FileType.File:
             return False
@@ -102,7 +106,9 @@ class Lease:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {}  # unreadable (written half-way): stale, since it has no heartbeat
+            # unreadable: as fresh as the file itself, so a lease being written is not taken over
+            mtime = self.fs.get_file_info(self.path).mtime  # None once the file is gone
+            return {"heartbeat": mtime.timestamp() if mtime else 0}
 
     def _stale(self, held: dict) -> bool:
         if time.time() - held.get("heartbeat", 0) > self.stale_s:
@@ -116,9 +122,17 @@ class Lease:
                 return False
         return False
 
+    def _mine(self, held: dict | None) -> bool:
+        return bool(held) and all(held.get(k) == self.owner[k] for k in ("host", "pid", "started"))
+
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
+                held = self._read()
+                if not self._mine(held):  # taken over while this driver stalled: never write over the new owner
+                    self.log(f"lost the lease of {redact(self.output)} to pid {(held or {}).get('pid')} on "
+                             f"{(held or {}).get('host')}; no more heartbeats from this driver")
+                    return
                 self._write()
             except OSError as err:  # a missed heartbeat is not fatal; a long outage makes the lease stale
                 self.log(f"lease heartbeat failed: {err}")

@@ -42,6 +42,29 @@ def test_a_lease_whose_owner_is_gone_is_taken_over(tmp_path):
         assert "taking over" in log[0] and str(held["pid"]) in log[0]
 
 
+def test_a_lease_file_without_a_readable_record_yet_is_not_taken_over(tmp_path):
+    """Before, a lease read while being written counted as stale (no heartbeat) and was taken over."""
+    (tmp_path / LEASE).write_text("")
+    with pytest.raises(OutputInUse):
+        Lease(str(tmp_path)).acquire()
+    os.utime(tmp_path / LEASE, (time.time() - 3600, time.time() - 3600))
+    with Lease(str(tmp_path), log=lambda *_: None):  # an old unreadable lease is stale
+        assert json.loads((tmp_path / LEASE).read_text())["pid"] == os.getpid()
+
+
+def test_a_driver_whose_lease_was_taken_over_stops_writing_its_heartbeat(tmp_path):
+    log = []
+    first = Lease(str(tmp_path), heartbeat_s=0.05, log=log.append)
+    first.acquire()
+    successor = {"host": "elsewhere", "pid": 7, "started": 1.0, "heartbeat": time.time()}
+    (tmp_path / LEASE).write_text(json.dumps(successor))
+    time.sleep(0.3)
+    assert json.loads((tmp_path / LEASE).read_text()) == successor
+    assert any("lost the lease" in line and "pid 7" in line for line in log)
+    first.release()
+    assert json.loads((tmp_path / LEASE).read_text()) == successor  # release leaves the new owner's lease
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(240)
 def test_a_second_answer_on_a_running_output_exits_2_and_the_first_finishes_exactly_once(tmp_path, capsys):
