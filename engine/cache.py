@@ -31,6 +31,9 @@ from schemas.records import (
 
 RESPONSES = {cls.__name__: cls for cls in (Generation, Judgment, Retrieval, Ranking, Entailment)}
 WRITE_EVERY = 256  # responses buffered before one transaction (a commit per response would cost more than the lookup saves)
+# ...or this many seconds, whichever comes first: a slow model (a 1.5B trajectory takes minutes on a CPU)
+# fills 256 in hours, and a driver killed without cleanup (kill -9, a lost node) loses what is buffered
+WRITE_AFTER_S = 10.0
 
 
 class RequestCache:
@@ -40,6 +43,7 @@ class RequestCache:
         self.path = Path(path).expanduser() if path else None
         self.namespaces = namespaces or {}
         self.pending: list[tuple[str, str, str, float]] = []
+        self.flushed_at = time.monotonic()
         self._db: sqlite3.Connection | None = None
 
     def get(self, request: Request) -> tuple[Response | None, str | None]:
@@ -62,11 +66,13 @@ class RequestCache:
         self._remember(request, response)
         if self.path is not None and request.stage in self.namespaces:
             self.pending.append((self.key(request), request.stage, encode(response), time.time()))
-            if len(self.pending) >= WRITE_EVERY:
+            if len(self.pending) >= WRITE_EVERY or time.monotonic() - self.flushed_at >= WRITE_AFTER_S:
                 self.flush()
 
     def flush(self) -> None:
-        """Write the buffered responses (the engine calls this when a run ends, and every WRITE_EVERY)."""
+        """Write the buffered responses (the engine calls this when a run ends; ``put`` every WRITE_EVERY
+        responses or WRITE_AFTER_S seconds)."""
+        self.flushed_at = time.monotonic()
         if self.pending:
             with self.db:  # one transaction
                 self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)

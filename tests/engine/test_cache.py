@@ -63,6 +63,20 @@ def test_a_response_is_found_only_under_the_same_pool_and_request_and_never_an_e
     assert sqlite3.connect(path).execute("SELECT count(*) FROM responses").fetchone() == (1,)
 
 
+def test_a_response_reaches_disk_within_seconds_even_when_responses_come_slowly(tmp_path, monkeypatch):
+    """Before, responses were written 256 at a time only: a slow model's hours of work sat in memory,
+    lost to a driver killed without cleanup."""
+    clock = [1000.0]
+    monkeypatch.setattr("engine.cache.time.monotonic", lambda: clock[0])
+    cache = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
+    (first, answer), (second, judgment) = PAIRS[:2]
+    cache.put(first, answer)
+    clock[0] += 11  # the next response comes 11 s later: both are written with it, no flush() called
+    cache.put(second, judgment)
+    rerun = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
+    assert rerun.get(first) == (answer, "disk") and rerun.get(second) == (judgment, "disk")
+
+
 def test_without_a_path_it_is_a_bounded_memory_cache_that_writes_nothing(tmp_path):
     cache = RequestCache(2)
     for i in range(3):
