@@ -366,7 +366,6 @@ class Engine:
                     child = Node(Item(question, depth=node.item.depth + 1), root, node, index)
                     self._step(child, self._call_strategy(child, "start"))
                 return
-            assert isinstance(step, Ask), f"strategy returned {step!r}"
             node.slots, node.missing, node.asked = [None] * len(step.requests), len(step.requests), step.requests
             for slot, request in enumerate(step.requests):
                 self._count_request(node.root, request)
@@ -415,10 +414,14 @@ class Engine:
         return self._call_strategy(node, "resume", responses)
 
     def _call_strategy(self, node: Node, method: str, *args):
+        where = f"strategy {node.root.strategy.name}.{method}"
         try:
-            return getattr(node.root.strategy, method)(node.item, *args)
+            step = getattr(node.root.strategy, method)(node.item, *args)
         except Exception as err:  # noqa: BLE001 - a strategy bug fails one question, not the run
-            return Done("", "error", error=f"strategy {node.root.strategy.name}.{method}: {_describe(err)}")
+            return Done("", "error", error=f"{where}: {_describe(err)}")
+        if not isinstance(step, (Ask, Done, Spawn)):  # e.g. a solve() that ends without returning a Done
+            return Done("", "error", error=f"{where} returned {type(step).__name__}, not Ask / Spawn / Done")
+        return step
 
     def _fill(self, node: Node, slot: int, response: Response) -> None:
         node.slots[slot] = response

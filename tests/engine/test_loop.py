@@ -177,17 +177,21 @@ class Fragile:
         return Ask([Generate((("user", item.question),))])
 
     def resume(self, item, responses):
+        if item.question == "silent":
+            return None  # a solve() that falls off its end
         return Done(responses[0].text, "leaf")
 
 
-def test_a_strategy_exception_fails_one_question_only(ray_session):
+def test_a_strategy_exception_or_a_step_that_is_not_one_fails_one_question_only(ray_session):
     rows = []
     gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
     engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"fragile": Fragile()},
                     EngineConfig(), rows.append)
-    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok")], ["fragile"])
+    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok"), Question("d", "silent")],
+               ["fragile"])
     by_id = {r["id"]: r for r in rows}
     assert "fragile.start: ValueError: bad state" in by_id["b"]["error"]
+    assert by_id["d"]["error"] == "strategy fragile.resume returned NoneType, not Ask / Spawn / Done"
     assert by_id["a"]["answer"] == "echo:fine" and by_id["c"]["error"] is None
 
 
