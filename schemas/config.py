@@ -444,12 +444,19 @@ class ConfigError(ValueError):
     pass
 
 
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers/bools/lists work)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like dotted.key=value")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: its value is not valid YAML ({_one_line(err)})") from None
 
 
 def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides: list[str] = (),
@@ -460,7 +467,10 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
         path = Path(file)
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         data.update(loaded)

@@ -42,6 +42,17 @@ def test_missing_file_and_malformed_override(tmp_path):
         load_config(AnswerConfig, None, ["no-equals-sign"])
 
 
+def test_a_config_file_or_override_that_is_not_yaml_is_a_config_error_naming_it(tmp_path):
+    """Before, a YAML typo ended the CLI with a traceback from the YAML parser."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("retrieval: {k: 7\ngenerator: model: x\n")
+    with pytest.raises(ConfigError, match=r"config file .*bad\.yaml is not valid YAML: .*line") as err:
+        load_config(AnswerConfig, bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"override 'retrieval.k=\[3': its value is not valid YAML"):
+        load_config(AnswerConfig, None, ["retrieval.k=[3"])
+
+
 @pytest.mark.parametrize("key, speed", [
     ("generator.replicas", True), ("generator.cpu_threads_bind", True), ("judge.num_gpus", True),
     ("embedder.batch_size", True), ("reranker.replicas", True), ("know.device", True), ("ray.address", True),
