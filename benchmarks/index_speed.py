@@ -52,9 +52,9 @@ def main() -> None:
     args = p.parse_args()
     import pyarrow.parquet as pq
 
-    from jobs.index import passage_text
+    from jobs.index import embedding_text
 
-    texts = [passage_text(r["title"], r["text"]) for r in pq.read_table(args.corpus, columns=["title", "text"]).to_pylist()]
+    texts = [embedding_text(r["title"], r["text"]) for r in pq.read_table(args.corpus, columns=["title", "text"]).to_pylist()]
     rows = []
     for threads in args.threads:
         plain, job = plain_encode_s(texts, threads), index_job_s(args.corpus, threads)

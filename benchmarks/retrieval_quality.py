@@ -44,7 +44,6 @@ def main() -> int:
     from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
     from jobs.index import read_manifest
     from jobs.models import resolve
-    from jobs.train import passage_text
     from schemas.config import RetrievalConfig
     from schemas.records import Rank
 
@@ -85,7 +84,7 @@ def main() -> int:
         ranker, ranker_name = encoder, f"bi-encoder-cosine:{manifest['embedder']} (fallback)"
     started = time.perf_counter()
     # passages as RA-ISF's relevance judge and `ragsift train relevance` show them: with their title
-    rankings = ranker.rank([Rank(q, tuple(passage_text(p.title, p.text) for p in h), len(h)) for q, h in zip(texts, hybrid)])
+    rankings = ranker.rank([Rank(q, tuple(p.shown for p in h), len(h)) for q, h in zip(texts, hybrid)])
     timings["rerank_s"] = time.perf_counter() - started
     reranked = [[h[i] for i in r.indices] for h, r in zip(hybrid, rankings)]
 

@@ -59,7 +59,7 @@ def manifest_sha256(index_dir: str | Path) -> str | None:
     return hashlib.sha256(json.dumps(read_manifest(index_dir), sort_keys=True).encode()).hexdigest()
 
 
-def passage_text(title: str | None, text: str) -> str:
+def embedding_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
@@ -164,7 +164,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
                 builders[shard].skipped[problem] += 1
                 continue
             rows.append((shard, {"id": pid, "title": title or "", "text": text}))
-        texts = [passage_text(r["title"], r["text"]) for _, r in rows]
+        texts = [embedding_text(r["title"], r["text"]) for _, r in rows]
         ref = encoders[len(in_flight) % len(encoders)].encode.remote(texts) if texts else None
         in_flight.append((row, rows, ref))
         drain(2 * len(encoders))
@@ -292,7 +292,7 @@ class _ShardBuilder:
             from actors.bm25 import build_bm25
 
             table = pq.read_table(self.path / "passages.parquet", columns=["title", "text"])
-            texts = [passage_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+            texts = [embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
             del table
             build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
         info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "factory": factory,

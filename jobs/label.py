@@ -73,7 +73,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
                 if pid not in passages or p_yes is None:
                     continue
-                text = f"{passages[pid].title}: {passages[pid].text}"
+                text = passages[pid].shown
                 out["relevance"].append({
                     "id": row["id"], "question": q, "passage_id": pid, "passage": text, "p_yes": p_yes,
                     "label": "relevant" if relevant else "irrelevant",

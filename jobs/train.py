@@ -59,11 +59,6 @@ def held_out(qid: str, share: float) -> bool:
     return int(hashlib.sha256(f"held-out:{qid}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
-def passage_text(title: str | None, text: str) -> str:
-    """How a passage is shown to the relevance model (also how RA-ISF shows it)."""
-    return f"{title}: {text}" if title else text
-
-
 def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negatives: int = 0, depth: int = 30,
                seed: int = 0) -> list[dict]:
     """(question, passage, label) pairs: every gold passage, per retrieval method the ``negatives``
@@ -90,7 +85,7 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
     pairs = []
 
     def shown(p) -> str:  # with its title or without, at random: the ranker stage also scores bare texts
-        return passage_text(p.title, p.text) if rng.random() < 0.5 else p.text
+        return p.shown if rng.random() < 0.5 else p.text
 
     for row, d, b in zip(rows, dense, bm25):
         gold = set(row["gold_passage_ids"])

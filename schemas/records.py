@@ -116,12 +116,21 @@ class Judgment:
         return float(self.label == choice)
 
 
+def shown_text(title: str | None, text: str) -> str:
+    """A passage as every prompt and judge model sees it (``title: text``; the text alone when it has no title)."""
+    return f"{title}: {text}" if title else text
+
+
 @dataclass
 class Passage:
     id: str
     title: str
     text: str
     score: float
+
+    @property
+    def shown(self) -> str:
+        return shown_text(self.title, self.text)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 from engine.steps import Ask, Done, Item, Spawn, Step
 from schemas.config import AnswerFormConfig
-from schemas.records import Generate, Generation, Passage, Request
+from schemas.records import Generate, Passage, Request
 
 T = TypeVar("T")
 Solve = Generator[Any, Any, Done]
@@ -144,11 +144,7 @@ def answer_messages(user: str, system: str | None = "answer_system"):
 
 
 def format_passages(passages: list[Passage]) -> str:
-    return "\n\n".join(f"[{i}] {p.title}: {p.text}" for i, p in enumerate(passages, 1))
-
-
-def text_of(response: Generation) -> str:
-    return response.text
+    return "\n\n".join(f"[{i}] {p.shown}" for i, p in enumerate(passages, 1))
 
 
 _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)

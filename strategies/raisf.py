@@ -207,7 +207,7 @@ def know_request(question: str, config: RaisfConfig) -> Judge | Classify:
 
 def relevance_requests(question: str, passages: list[Passage], config: RaisfConfig) -> list[Judge | Rank]:
     """M_rel(p) for each passage: one cross-encoder ranking of them all, or one judgment each."""
-    shown = [f"{p.title}: {p.text}" for p in passages]
+    shown = [p.shown for p in passages]
     if not passages:
         return []
     if config.relevance_by == "trained":

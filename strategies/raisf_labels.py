@@ -70,7 +70,7 @@ class RaisfLabels(Routine):
         item.passages = retrieval.passages
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
         judgments = yield Lenient([judge_request(prompt("raisf/relevance").format(
-            question=item.question, passage=f"{p.title}: {p.text}"), "relevance") for p in retrieval.passages])
+            question=item.question, passage=p.shown), "relevance") for p in retrieval.passages])
         # a failed judgment is no label: None, skipped by the label job
         scores = [None if j.error else round(p_yes(j, self.config.judge_by), 4) for j in judgments]
         item.trace.append({"step": "relevance", "p_yes": scores,

@@ -171,7 +171,7 @@ def answer_prompt(chosen: list[str], question: str) -> str:
 def context_pool(passages, config: ThinkActConfig) -> list[str]:
     """What the ranker picks D from: the passages' sentences, or the passages."""
     if config.context == "passages":
-        return [f"{p.title}: {p.text}" for p in passages]
+        return [p.shown for p in passages]
     return [s for p in passages for s in sentences(p.text)]
 
 

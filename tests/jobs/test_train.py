@@ -105,9 +105,8 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
     from engine.loop import Engine
     from engine.stages import KnowStage, RankerStage
     from jobs.models import resolve
-    from jobs.train import passage_text
     from schemas.config import EngineConfig, StageBatching
-    from schemas.records import Classify, Question, Rank
+    from schemas.records import Classify, Question, Rank, shown_text
 
     tmp, rows = trained
     ray = ray_session
@@ -126,7 +125,7 @@ def test_the_trained_models_serve_through_the_actor_pools(trained, ray_session):
             row = next(r for r in test if r["question"] == item.question)
             gold = [corpus[g] for g in row["gold_passage_ids"] if g in corpus][:1]
             other = [p for p in corpus.values() if p["id"] not in row["gold_passage_ids"]][len(item.question) % 500]
-            item.state["texts"] = [passage_text(p["title"], p["text"]) for p in gold + [other]]
+            item.state["texts"] = [shown_text(p["title"], p["text"]) for p in gold + [other]]
             return Ask([Rank(item.question, tuple(item.state["texts"]), 2), Classify(item.question)])
 
         def resume(self, item, responses):

@@ -1,5 +1,6 @@
 from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
-from strategies.base import Ask, Done, Item, StrategySettings, clean_answer
+from strategies.base import Ask, Done, Item, StrategySettings, clean_answer, prompt
+from strategies.raisf import RaisfConfig, relevance_requests
 from strategies.registry import STRATEGIES
 
 
@@ -27,6 +28,20 @@ def test_rag_retrieves_k_then_reads_the_passages_in_order_and_cites_nothing():
     # the reader cites nothing: its passages are the retrieval (retrieved_ids), not citations
     assert done.answer == "Paris" and done.resolved_by == "passages" and done.citations == []
     assert item.passages == passages
+
+
+def test_a_passage_without_a_title_is_shown_as_its_text_alone_in_every_prompt():
+    """Before, an untitled corpus's passages reached the reader and the judges as ": text"."""
+    untitled = Passage("p1", "", "Paris is the capital.", 0.9)
+    s = STRATEGIES["rag"](StrategySettings(k=1))
+    item = Item("capital of France?")
+    s.start(item)
+    read = s.resume(item, [Retrieval([untitled])]).requests[0].messages[-1][1]
+    assert "[1] Paris is the capital." in read
+    judged = relevance_requests("capital of France?", [untitled], RaisfConfig())
+    (judge,) = judged
+    assert judge.messages[-1][1] == prompt("raisf/relevance").format(question="capital of France?",
+                                                                    passage="Paris is the capital.")
 
 
 def test_errors_become_error_results():
