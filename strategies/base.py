@@ -104,7 +104,7 @@ class Routine:
 
 
 def structured(item: Item, request: Generate, parse: Callable[[str], tuple[T, bool]], step: str):
-    """``value, response = yield from structured(...)``: a structured output under guided decoding.
+    """``value, ok, response = yield from structured(...)``: a structured output under guided decoding.
 
     ``parse(text) -> (value, ok)``. An output that does not parse was cut off by the token budget
     (guided decoding allows nothing else): it is counted, kept in the trace and asked once more with

@@ -24,7 +24,7 @@ def test_accuracy_is_containment_on_word_boundaries():
     assert M.accuracy("Obamacare", ["Obama"]) == 0.0
 
 
-def test_yes_no():
+def test_a_yes_no_gold_is_recognised_and_an_answer_is_read_as_yes_no_or_neither():
     assert M.is_yes_no(["yes"]) and not M.is_yes_no(["Paris"])
     assert M.yes_no("No, it is not.") == "no"
     assert M.yes_no("maybe") is None

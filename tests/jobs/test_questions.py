@@ -50,7 +50,7 @@ def test_bad_rows_become_error_rows(tmp_path):
     assert [r.error for r in rows] == [None, "empty question", "null id", "empty question"]
 
 
-def test_row_policy(tmp_path):
+def test_each_bad_row_becomes_its_error_row_a_later_duplicate_is_dropped_and_the_rest_are_answered(tmp_path):
     f = tmp_path / "q.parquet"
     questions = pa.array([b"fine?", b"\xff\xfe bad utf8", b"tab\tand\x00nul\x07?", b"\x01\x02", b"x" * 5000,
                           b"dup first", b"dup second"], pa.binary()).cast(pa.string(), safe=False)

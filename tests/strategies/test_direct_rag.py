@@ -55,6 +55,6 @@ def test_errors_become_error_results():
     assert direct.resume(item, [Generation("", error="too long")]).resolved_by == "error"
 
 
-def test_clean_answer():
+def test_an_answer_loses_its_answer_prefix_quotes_and_surrounding_blank_lines():
     assert clean_answer('  \n"Final answer: Paris"\n') == "Paris"
     assert clean_answer("") == ""

@@ -134,7 +134,7 @@ def test_no_assessment_switch_and_errors():
     assert done.error == "judge down"
 
 
-def test_sentence_split():
+def test_sentences_split_at_end_punctuation_before_a_capital_or_a_digit_not_a_lowercase_word():
     assert sentences("One. Two! 3 three? four.") == ["One.", "Two!", "3 three? four."]
 
 
