@@ -7,7 +7,7 @@ fifth of the questions held out by the same salted hash. Reports the held-out AU
 MiniLM's cosine, then of the trained model, overall and per dataset:
 
     cross  a CrossEncoder from MiniLM (BinaryCrossEntropyLoss, positives weighted up to the negatives),
-           as `ragsift train relevance --architecture cross-encoder` trains it (jobs/train.py)
+           as `ragsift train relevance --architecture cross-encoder` trains it (jobs/train_relevance.py)
     bi     MiniLM itself fine-tuned as a bi-encoder (MultipleNegativesRankingLoss on (question, gold,
            hard negative) triplets), as `ragsift train relevance` trains it; its cosine is the score
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def per_dataset_auc(test: list[dict], scores, dataset_of: dict) -> dict:
-    from jobs.train import auc
+    from jobs.train_data import auc
 
     labels = [p["label"] for p in test]
     out = {"ALL": round(auc(labels, list(map(float, scores))), 3)}
@@ -60,7 +60,9 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from jobs.models import resolve
-    from jobs.train import fit_bi_encoder, fit_cross_encoder, held_out, mine_pairs, relevance_scores
+    from jobs.relevance_pairs import mine_pairs
+    from jobs.train_data import held_out
+    from jobs.train_relevance import fit_bi_encoder, fit_cross_encoder, relevance_scores
 
     torch.set_num_threads(args.threads)
     rows = [r for r in pq.read_table(args.slice).to_pylist() if r["gold_passage_ids"]]

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.train import auc, held_out
+from jobs.train_data import auc, held_out
 from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]

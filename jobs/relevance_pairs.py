@@ -1,0 +1,115 @@
+"""M_rel's training pairs: (question, passage, label) from the questions' gold passages and the
+non-gold passages BM25 and dense retrieval rank highest; mined where the index is, written to a
+Parquet file that training elsewhere (a GPU) reads back with its provenance."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+
+from jobs.storage import read_table
+from jobs.train_data import excluded_ids
+
+
+def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negatives: int = 0, depth: int = 30,
+               seed: int = 0) -> list[dict]:
+    """(question, passage, label) pairs: every gold passage, per retrieval method the ``negatives``
+    best-ranked non-gold passages of the top ``depth`` (hard negatives), and ``random_negatives``
+    passages that other questions retrieved (easy ones: the model also learns what is off topic)."""
+    import random
+
+    from actors.bm25 import BM25Shard
+    from actors.encoder import Encoder
+    from actors.retriever import ShardRetriever, merge_topk
+    from jobs.index import read_manifest
+    from jobs.label import passages_by_id
+    from jobs.models import resolve
+
+    manifest = read_manifest(index_dir)
+    dirs = [str(Path(index_dir) / s["dir"]) for s in manifest["shards"]]
+    texts = [r["question"] for r in rows]
+    vectors = Encoder(resolve(manifest["embedder"])).encode(texts)
+    dense = merge_topk([ShardRetriever(d).search(vectors, depth) for d in dirs], depth)
+    bm25 = merge_topk([BM25Shard(d).search(texts, depth) for d in dirs], depth)
+    rng = random.Random(seed)
+    pool = [p for hits in dense + bm25 for p in hits]  # candidate easy negatives: other questions' hits
+    gold_passages = passages_by_id(index_dir, {g for r in rows for g in r["gold_passage_ids"]})
+    pairs = []
+
+    def shown(p) -> str:  # with its title or without, at random: the ranker stage also scores bare texts
+        return p.shown if rng.random() < 0.5 else p.text
+
+    for row, d, b in zip(rows, dense, bm25):
+        gold = set(row["gold_passage_ids"])
+        for pid in gold & set(gold_passages):
+            p = gold_passages[pid]
+            pairs.append({"id": row["id"], "question": row["question"], "passage": shown(p), "label": 1.0})
+        retrieved = {p.id for p in b} | {p.id for p in d}
+        easy = [p for p in rng.sample(pool, min(len(pool), 4 * random_negatives + 4))
+                if p.id not in gold and p.id not in retrieved][:random_negatives]
+        seen = set(gold)
+        for picked in ([p for p in b if p.id not in gold][:negatives], [p for p in d if p.id not in gold][:negatives],
+                       easy):
+            for p in [p for p in picked if p.id not in seen]:
+                seen.add(p.id)
+                pairs.append({"id": row["id"], "question": row["question"], "passage": shown(p), "label": 0.0})
+    return pairs
+
+
+PAIRS = "pairs.parquet"  # what `--mine-only` writes and `--pairs` reads
+
+
+def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
+    """The training pairs and where they came from: mined from ``--questions`` over ``--index-dir``, or
+    read back from a ``--mine-only`` run (``--pairs``), whose provenance travels in the file."""
+    skip = excluded_ids(args.exclude)
+    if args.pairs:
+        if args.mine_only:
+            raise ValueError("--mine-only mines pairs; --pairs trains from pairs mined earlier: give one of them")
+        table = read_table(args.pairs)
+        source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
+        # a question excluded now is dropped, whatever the mining excluded
+        pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist() if p["id"] not in skip]
+        if args.exclude:
+            source = {**source, "excluded_when_training": args.exclude, "pairs_excluded": table.num_rows - len(pairs)}
+        log(f"{args.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
+        return pairs, source
+    if not (args.questions and args.index_dir):
+        raise ValueError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
+    rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
+            if r["gold_passage_ids"] and r["id"] not in skip]
+    if args.per_dataset:
+        seen, kept = collections.Counter(), []
+        for r in rows:
+            seen[r["dataset"]] += 1
+            if seen[r["dataset"]] <= args.per_dataset:
+                kept.append(r)
+        rows = kept
+    if args.limit:
+        rows = rows[: args.limit]
+    if not rows:
+        raise ValueError(f"{args.questions}: no question with gold passages left to train on")
+    started = time.perf_counter()
+    pairs = mine_pairs(rows, args.index_dir, args.negatives, args.random_negatives, seed=args.seed)
+    source = {"questions": args.questions, "index": args.index_dir, "excluded": args.exclude,
+              "excluded_questions": len(skip), "questions_used": len(rows),
+              "datasets": dict(collections.Counter(r["dataset"] for r in rows)),
+              "mining": {"negatives": args.negatives, "random_negatives": args.random_negatives, "seed": args.seed},
+              "mine_s": round(time.perf_counter() - started, 1)}
+    log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) "
+        f"in {source['mine_s']:.0f} s")
+    return pairs, source
+
+
+def write_pairs(pairs: list[dict], source: dict, output: str) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(output) / PAIRS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(pairs).replace_schema_metadata({"ragsift": json.dumps(source)})
+    pq.write_table(table, path, compression="zstd")
+    return str(path)
