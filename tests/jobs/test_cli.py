@@ -32,3 +32,12 @@ def test_a_user_error_is_one_line_and_exit_code_2(capsys):
                     argparse.Namespace(debug=False))
     assert code == 2
     assert capsys.readouterr().err == "ragsift index: error: corpus.parquet: no such file\n"
+
+
+def test_a_held_out_share_that_leaves_nothing_to_train_on_is_refused_before_training(tmp_path, capsys):
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "know", "--labels", str(tmp_path), "--output", str(tmp_path / "m"), "--held-out", "1"])
+    assert exit_.value.code == 2
+    assert "argument --held-out: 1 is not a share in [0, 1)" in capsys.readouterr().err
