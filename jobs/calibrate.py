@@ -40,7 +40,7 @@ import yaml
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
-from jobs.pools import ranker_name
+from jobs.identity import ranker_name
 from jobs.questions import question_columns
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from strategies.think_act import CONTEXTS

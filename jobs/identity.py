@@ -11,8 +11,9 @@ import hashlib
 import json
 from importlib.metadata import PackageNotFoundError, version
 
+from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import manifest_sha256
-from jobs.pools import entailment_name, judges_name, ranker_name
+from jobs.models import resolve
 from jobs.questions import InputPlan
 from schemas.config import speed_setting
 from strategies.registry import AnswerConfig
@@ -67,3 +68,31 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
         "calibration": config.calibration.model_dump() if config.calibration else None,
         "packages": packages,
     }
+
+
+def entailment_name(config: AnswerConfig) -> str | None:
+    """What verifies MIGRES's extracted statements, for the run metadata."""
+    if "migres" not in config.strategies:
+        return None
+    return f"nli-cross-encoder:{config.nli.model}" if config.nli.model else "judge: P('yes') to an entailment prompt"
+
+
+def judges_name(config: AnswerConfig) -> dict | None:
+    """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
+    if not {"raisf", "calibration_probe"} & set(config.strategies):
+        return None
+    judge = f"P('yes') of {(config.judge or config.generator).model}"
+    return {"self_knowledge": f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge,
+            "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
+                          if config.raisf.relevance_by == "trained" else judge)}
+
+
+def ranker_name(config: AnswerConfig) -> str:
+    """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
+    if config.reranker.model:
+        return f"{ranker_kind(config.reranker.model)}:{config.reranker.model}"
+    return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
+
+
+def ranker_kind(model: str) -> str:
+    return "bi-encoder" if ranker_class(resolve(model)) is BiEncoderRanker else "cross-encoder"

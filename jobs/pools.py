@@ -17,7 +17,7 @@ from actors.endpoint_generator import EndpointGenerator
 from actors.generator import Generator
 from actors.know import KnowClassifier, embedder_of
 from actors.nli import NLICrossEncoder
-from actors.reranker import BiEncoderRanker, ranker_class
+from actors.reranker import ranker_class
 from actors.retriever import ShardRetriever
 from actors.streaming_generator import StreamingGenerator
 from engine.stages import (
@@ -29,7 +29,7 @@ from engine.stages import (
     StreamingGeneratorStage,
 )
 from jobs.index import read_manifest
-from jobs.models import embedding_dims, loadable, resolve
+from jobs.models import embedding_dims, loadable
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
@@ -199,31 +199,3 @@ def llm_stage(replicas: list, pool: Pool, batching, name: str, max_tokens: int) 
     if pool.actor in (StreamingGenerator, EndpointGenerator):
         return StreamingGeneratorStage(replicas, batching, name, default_max_tokens=max_tokens)
     return GeneratorStage(replicas, batching, name)
-
-
-def entailment_name(config: AnswerConfig) -> str | None:
-    """What verifies MIGRES's extracted statements, for the run metadata."""
-    if "migres" not in config.strategies:
-        return None
-    return f"nli-cross-encoder:{config.nli.model}" if config.nli.model else "judge: P('yes') to an entailment prompt"
-
-
-def judges_name(config: AnswerConfig) -> dict | None:
-    """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
-    if not {"raisf", "calibration_probe"} & set(config.strategies):
-        return None
-    judge = f"P('yes') of {(config.judge or config.generator).model}"
-    return {"self_knowledge": f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge,
-            "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
-                          if config.raisf.relevance_by == "trained" else judge)}
-
-
-def ranker_name(config: AnswerConfig) -> str:
-    """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
-    if config.reranker.model:
-        return f"{ranker_kind(config.reranker.model)}:{config.reranker.model}"
-    return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
-
-
-def ranker_kind(model: str) -> str:
-    return "bi-encoder" if ranker_class(resolve(model)) is BiEncoderRanker else "cross-encoder"

@@ -50,7 +50,7 @@ def test_single_output_models_are_read_as_a_sigmoid_probability(tmp_path):
 
 
 def test_run_metadata_names_what_verified_entailment():
-    from jobs.pools import entailment_name
+    from jobs.identity import entailment_name
     from strategies.registry import AnswerConfig
 
     assert entailment_name(AnswerConfig(strategies=["rag"])) is None

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from actors.reranker import CrossEncoderRanker
-from jobs.pools import ranker_name
+from jobs.identity import ranker_name
 from schemas.records import Rank
 from strategies.registry import AnswerConfig
 
