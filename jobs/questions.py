@@ -32,6 +32,7 @@ from schemas.records import Question
 from schemas.tables import (
     QUESTION_OPTIONAL,
     QUESTION_REQUIRED,
+    SchemaError,
     check_schema,
 )
 
@@ -78,10 +79,22 @@ class InputPlan:
                 for s in range(-(-self.rows // shard_rows))}
 
 
+def _check_questions(schema: pa.Schema, optional: dict, uri: str) -> list[str]:
+    """check_schema, and where a required column is missing, how to name the file's own column for it."""
+    try:
+        return check_schema(schema, QUESTION_REQUIRED, optional, redact(uri))
+    except SchemaError as err:
+        missing = [c for c in QUESTION_REQUIRED if c not in schema.names]
+        if not missing:
+            raise
+        mapping = ", ".join(f"{c}: <yours>" for c in missing)
+        raise SchemaError(f"{err}; if the file names it otherwise, map it: --set 'input.columns={{{mapping}}}'") from None
+
+
 def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
     """The questions file, schema-checked, and how many of its rows are in play."""
     pf = open_parquet(uri)
-    check_schema(pf.schema_arrow, QUESTION_REQUIRED, {}, redact(uri))
+    _check_questions(pf.schema_arrow, {}, uri)
     return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
 
 
@@ -189,4 +202,4 @@ def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str
 
 def question_columns(uri: str) -> list[str]:
     """The optional gold columns a question file carries (for evaluation)."""
-    return check_schema(open_parquet(uri).schema_arrow, QUESTION_REQUIRED, QUESTION_OPTIONAL, redact(uri))
+    return _check_questions(open_parquet(uri).schema_arrow, QUESTION_OPTIONAL, uri)

@@ -112,3 +112,13 @@ def test_any_rows_give_one_question_each_and_never_raise(tmp_path, rows):
         if q.error is None:
             assert q.question.strip() and len(q.question) <= 30
             assert not any(ord(c) < 32 and c not in "\t\n" for c in q.question)
+
+
+def test_a_question_file_without_the_question_column_is_told_how_to_map_its_own(tmp_path):
+    f = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "query": ["x?"]}), f)
+    with pytest.raises(SchemaError, match=r"missing required column 'question' \(has \['id', 'query'\]\); .*"
+                                          r"--set 'input.columns=\{question: <yours>\}'"):
+        plan_input(str(f))
+    with pytest.raises(SchemaError, match="input.columns"):
+        question_columns(str(f))
