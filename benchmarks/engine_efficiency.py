@@ -46,6 +46,10 @@ def main() -> None:
     p.add_argument("--serving", default="async,batch", help="replica kinds to measure the engine with")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-sequential", action="store_true")
+    p.add_argument("--interleave", action="store_true",
+                   help="keep the batch replica (the raw limit) beside the async one and alternate raw and engine "
+                        "passes within each repeat, so that each efficiency divides two adjacent passes (a box's "
+                        "drift over minutes otherwise lands on one side of the ratio)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an answer config field")
     p.add_argument("--out", default="runs/bench_efficiency/report.json")
     args = p.parse_args()
@@ -68,8 +72,11 @@ def main() -> None:
     questions = all_q[:: max(1, len(all_q) // args.n)][: args.n]  # spread over all six datasets
 
     def config_for(serving: str):
+        # interleaved, two replicas share the box: Ray's CPU count would hold the second back forever
+        both = ["generator.num_cpus=0"] if args.interleave else []
         return load_config(AnswerConfig, None, [f"index.path={index_dir}", f"generator.model={args.generator}",
-                                                f"generator.serving={serving}", *args.set], strategies=[args.strategy])
+                                                f"generator.serving={serving}", *both, *args.set],
+                           strategies=[args.strategy])
 
     config = config_for("batch")
     init_ray(config.ray)
@@ -131,8 +138,29 @@ def main() -> None:
     passes = report["passes"]
     prompts: list = []
     answers = {}
+    if args.interleave:
+        kinds = [s for s in args.serving.split(",") if s != "batch"]
+        if len(kinds) != 1 or "batch" in args.serving.split(","):
+            raise SystemExit("--interleave compares one streaming kind with the raw limit: --serving async")
+        batch_stage, report["startup_s"]["batch"] = start_generator("batch")
+        stages["generator"] = batch_stage
+        engine_pass(config.engine, record=prompts)  # the engine's own requests, recorded once
+        other, report["startup_s"][kinds[0]] = start_generator(kinds[0])
+        for r in range(args.repeats):
+            stages["generator"] = batch_stage
+            passes.setdefault("raw_batched", []).append(raw_pass(prompts, one_call=True))
+            stages["generator"] = other
+            result, rows = engine_pass(config.engine)
+            passes.setdefault(f"engine_{kinds[0]}", []).append(result)
+            answers[kinds[0]] = {row["id"]: row["answer"] for row in rows}
+            if not args.skip_sequential:
+                stages["generator"] = batch_stage
+                passes.setdefault("raw_sequential", []).append(raw_pass(prompts, one_call=False))
+                stages["generator"] = other
+                passes.setdefault(f"engine_{kinds[0]}_sequential", []).append(engine_pass(sequential)[0])
+        report["interleaved"] = True
     # the batch kind first: its replica is also the raw LLM.generate limit
-    for serving in ["batch", *[s for s in args.serving.split(",") if s != "batch"]]:
+    for serving in [] if args.interleave else ["batch", *[s for s in args.serving.split(",") if s != "batch"]]:
         stages["generator"], report["startup_s"][serving] = start_generator(serving)
         for r in range(args.repeats):
             if serving == "batch":
