@@ -66,8 +66,11 @@ class Lease:
         self._stop.set()
         if self._thread:
             self._thread.join()
-        if self._mine(self._read()):
-            self.fs.delete_file(self.path)
+        try:
+            if self._mine(self._read()):
+                self.fs.delete_file(self.path)
+        except OSError as err:  # the run itself is done: the lease goes stale without heartbeats
+            self.log(f"could not release the lease of {redact(self.output)} ({err}); it lapses in {self.stale_s:.0f} s")
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -84,14 +87,25 @@ class Lease:
                 f.write(self._record())
             try:
                 os.link(tmp, self.path)
+                return True
             except FileExistsError:
                 return False
+            except OSError:  # no hard links here (some FUSE / SMB mounts): an exclusive create, filled after
+                return self._create_exclusive()
             finally:
                 os.unlink(tmp)
-            return True
         if self.fs.get_file_info(self.path).type == pafs.FileType.File:
             return False
         self._write()
+        return True
+
+    def _create_exclusive(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._record())
         return True
 
     def _write(self) -> None:
@@ -100,13 +114,14 @@ class Lease:
         self.fs.move(self.path + ".tmp", self.path)
 
     def _read(self) -> dict | None:
+        """The lease's record; None when there is none. A storage error raises: it says nothing of the owner."""
         try:
             with self.fs.open_input_stream(self.path) as f:
                 return json.loads(f.read())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
-            # unreadable: as fresh as the file itself, so a lease being written is not taken over
+        except ValueError:
+            # not a record (yet): as fresh as the file itself, so a lease being written is not taken over
             mtime = self.fs.get_file_info(self.path).mtime  # None once the file is gone
             return {"heartbeat": mtime.timestamp() if mtime else 0}
 

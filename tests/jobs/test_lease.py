@@ -65,6 +65,48 @@ def test_a_driver_whose_lease_was_taken_over_stops_writing_its_heartbeat(tmp_pat
     assert json.loads((tmp_path / LEASE).read_text()) == successor  # release leaves the new owner's lease
 
 
+class FlakyReads:
+    """A filesystem whose reads fail for a while, as a storage service's do under load."""
+
+    def __init__(self, fs):
+        self.fs, self.failing = fs, True
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def open_input_stream(self, path):
+        if self.failing:
+            raise OSError("AWS Error SLOW_DOWN")
+        return self.fs.open_input_stream(path)
+
+
+def test_a_storage_error_while_renewing_is_retried_and_the_lease_is_kept(tmp_path):
+    log = []
+    lease = Lease(str(tmp_path), heartbeat_s=0.05, log=log.append)
+    lease.acquire()
+    lease.fs = store = FlakyReads(lease.fs)
+    time.sleep(0.2)
+    store.failing = False
+    before = json.loads((tmp_path / LEASE).read_text())["heartbeat"]
+    time.sleep(0.3)
+    assert json.loads((tmp_path / LEASE).read_text())["heartbeat"] > before  # renewed again
+    assert any("heartbeat failed" in line for line in log) and not any("lost the lease" in line for line in log)
+    lease.release()
+    assert not (tmp_path / LEASE).exists()
+
+
+def test_where_hard_links_are_not_allowed_the_lease_is_still_exclusive(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("jobs.lease.os.link", no_links)
+    with Lease(str(tmp_path)):
+        assert json.loads((tmp_path / LEASE).read_text())["pid"] == os.getpid()
+        with pytest.raises(OutputInUse):
+            Lease(str(tmp_path)).acquire()
+    assert not list(tmp_path.iterdir())  # no temporary file left
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(240)
 def test_a_second_answer_on_a_running_output_exits_2_and_the_first_finishes_exactly_once(tmp_path, capsys):
