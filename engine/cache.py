@@ -66,12 +66,19 @@ class RequestCache:
         self._remember(request, response)
         if self.path is not None and request.stage in self.namespaces:
             self.pending.append((self.key(request), request.stage, encode(response), time.time()))
-            if len(self.pending) >= WRITE_EVERY or time.monotonic() - self.flushed_at >= WRITE_AFTER_S:
+            if len(self.pending) >= WRITE_EVERY:
                 self.flush()
+            else:
+                self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """Write what is buffered once WRITE_AFTER_S have passed since the last write."""
+        if self.pending and time.monotonic() - self.flushed_at >= WRITE_AFTER_S:
+            self.flush()
 
     def flush(self) -> None:
-        """Write the buffered responses (the engine calls this when a run ends; ``put`` every WRITE_EVERY
-        responses or WRITE_AFTER_S seconds)."""
+        """Write the buffered responses (the engine calls this when a run ends and, through
+        ``flush_if_due``, every WRITE_AFTER_S seconds; ``put`` every WRITE_EVERY responses)."""
         self.flushed_at = time.monotonic()
         if self.pending:
             with self.db:  # one transaction

@@ -128,6 +128,7 @@ class Engine:
             if now - last_watch >= WATCH_S:
                 last_watch = now
                 self._count_all_deaths()
+            self.cache.flush_if_due()  # a batch's responses all arrive at once: put() alone would hold its tail
             if self.on_progress and now - last_progress >= self.progress_every_s:
                 self.on_progress(self)
                 last_progress = now

@@ -75,6 +75,11 @@ def test_a_response_reaches_disk_within_seconds_even_when_responses_come_slowly(
     cache.put(second, judgment)
     rerun = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
     assert rerun.get(first) == (answer, "disk") and rerun.get(second) == (judgment, "disk")
+    (third, retrieval) = PAIRS[2]
+    cache.put(third, retrieval)  # the tail of a batch, with nothing after it: the engine's loop asks
+    clock[0] += 11
+    cache.flush_if_due()
+    assert RequestCache(100, tmp_path / "c.sqlite", NAMESPACES).get(third) == (retrieval, "disk")
 
 
 def test_without_a_path_it_is_a_bounded_memory_cache_that_writes_nothing(tmp_path):
