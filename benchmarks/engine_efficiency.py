@@ -49,7 +49,8 @@ def main() -> None:
     p.add_argument("--interleave", action="store_true",
                    help="keep the batch replica (the raw limit) beside the async one and alternate raw and engine "
                         "passes within each repeat, so that each efficiency divides two adjacent passes (a box's "
-                        "drift over minutes otherwise lands on one side of the ratio)")
+                        "drift over minutes otherwise lands on one side of the ratio); on a GPU give each replica "
+                        "half the memory (--set generator.gpu_memory_utilization=0.45)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an answer config field")
     p.add_argument("--out", default="runs/bench_efficiency/report.json")
     args = p.parse_args()

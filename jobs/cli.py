@@ -26,6 +26,9 @@ JOBS = {
     "models": ("jobs.models", "list or prepare the offline models"),
 }
 
+# Jobs whose output is committed as it goes and picked up by the same command run again
+RESUMABLE = {"demo", "index", "answer", "compare", "calibrate", "sweep", "label"}
+
 # Failures that are the user's input or environment (a path, a bucket, a model that is not there),
 # not a bug: one line, exit 2, the traceback only with --debug.
 USER_ERRORS = (ConfigError, SchemaError, OSError, KeyError, ValueError)
@@ -65,8 +68,8 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             raise
         # Ctrl-C is how a long run is paused: say what survives instead of a traceback from Ray's wait
-        print(f"ragsift {name}: interrupted; what was committed is kept, and the same command resumes from it "
-              "(answer, compare, calibrate, label, sweep, index)", file=sys.stderr)
+        resumes = "; what was committed is kept, and the same command resumes from it" if name in RESUMABLE else ""
+        print(f"ragsift {name}: interrupted{resumes}", file=sys.stderr)
         return 130
 
 

@@ -133,14 +133,17 @@ class ShardedOutput:
             recorded = None  # written before parts had checksums: the footer check below is all there is
         except ValueError:
             recorded = {}  # not JSON: a damaged checksum file, so the part is not known to be whole
-        if recorded is not None and file_sha256(self.fs, path) != (recorded or {}).get("sha256"):
+        if recorded is not None and file_sha256(self.fs, path) != (recorded.get("sha256") if isinstance(recorded, dict)
+                                                                    else None):
             self.log(f"damaged part {name} (its checksum does not match): answering its shard again")
             return False
-        try:
-            with self.fs.open_input_file(path) as f:
+        with self.fs.open_input_file(path) as f:  # a storage error opening it raises
+            try:
                 meta = pq.ParquetFile(f).schema_arrow.metadata or {}
-            previous = json.loads(meta.get(b"ragsift", b"{}"))
-        except ValueError:  # pa.ArrowInvalid is one: not a Parquet file, or its metadata is not ours
+                previous = json.loads(meta.get(b"ragsift", b"{}"))
+            except (OSError, ValueError):  # pyarrow: ArrowInvalid, or OSError "Couldn't deserialize thrift"
+                previous = None
+        if previous is None:
             self.log(f"damaged part {name} (its footer does not read): answering its shard again")
             return False
         return not changed_fields(previous, self.identity, self.defaults)

@@ -88,7 +88,8 @@ def _check_questions(schema: pa.Schema, optional: dict, uri: str) -> list[str]:
         if not missing:
             raise
         mapping = ", ".join(f"{c}: <yours>" for c in missing)
-        raise SchemaError(f"{err}; if the file names it otherwise, map it: --set 'input.columns={{{mapping}}}'") from None
+        raise SchemaError(f"{err}; if the file names it otherwise, map it (answer, compare, label, calibrate): "
+                          f"--set 'input.columns={{{mapping}}}'") from None
 
 
 def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:

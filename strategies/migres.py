@@ -197,7 +197,9 @@ class MIGRES(Routine):
         asks = []
         for q, ps in zip(queries, knowledge):
             if ps:
-                listing = "\n\n".join(f"Passage {i}: (Title: {p.title}) {p.text}" for i, p in enumerate(ps))
+                # the paper's listing (Appendix prompts): "(Title: ...)" only where the corpus has titles
+                listing = "\n\n".join(f"Passage {i}: " + (f"(Title: {p.title}) {p.text}" if p.title else p.text)
+                                      for i, p in enumerate(ps))
                 asks.append(Generate(answer_messages(prompt("migres/leaf").format(passages=listing, question=q),
                                                      system=None), max_tokens=200, json_schema=leaf_schema(len(ps)),
                                      step="leaf"))

@@ -22,6 +22,11 @@ def test_ctrl_c_ends_a_job_with_one_line_saying_the_same_command_resumes(capsys)
     assert err.startswith("ragsift answer: interrupted") and "same command resumes" in err
 
 
+def test_ctrl_c_of_a_job_that_does_not_resume_says_only_that_it_was_interrupted(capsys):
+    assert _execute("evaluate", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=False)) == 130
+    assert capsys.readouterr().err == "ragsift evaluate: interrupted\n"
+
+
 def test_ctrl_c_with_debug_keeps_the_traceback():
     with pytest.raises(KeyboardInterrupt):
         _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=True))
