@@ -14,6 +14,7 @@ from typing import Any
 
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
+from schemas.errors import UserError
 from schemas.records import (
     Classify,
     Entail,
@@ -415,7 +416,7 @@ class RetrieverStage(Stage):
             if m not in ("dense", "bm25", "hybrid"):
                 raise ValueError(f"unknown retrieval method {m!r} (dense, bm25 or hybrid)")
             if m != "dense" and not self.bm25:
-                raise ValueError(f"{m} retrieval needs an index built with BM25 (index.bm25=true)")
+                raise UserError(f"{m} retrieval needs an index built with BM25 (index.bm25=true)")
         dense = [i for i, m in enumerate(methods) if m != "bm25"]
         sparse = [i for i, m in enumerate(methods) if m != "dense"]
         depth = max(max(r.k, self.retrieval.fusion_candidates) if m == "hybrid" else r.k

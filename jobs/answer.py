@@ -26,6 +26,7 @@ from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, redact
 from schemas.config import load_config
+from schemas.errors import UserError
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
@@ -39,7 +40,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     by default it is the disk cache of ``config``'s pools, or memory only where ``stages`` are given.
     """
     if not config.questions or not config.output:
-        raise ValueError("answer needs `questions` and `output` (pass --questions and --output)")
+        raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))

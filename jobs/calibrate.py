@@ -43,6 +43,7 @@ from jobs.evaluate import answer_files
 from jobs.identity import ranker_name
 from jobs.questions import question_columns
 from jobs.storage import file_sha256, filesystem, read_table, redact
+from schemas.errors import UserError
 from strategies.think_act import CONTEXTS
 
 PROBE = "calibration_probe"
@@ -99,10 +100,10 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
             continue
         probes.append((steps[0], g))
     if not probes:
-        raise ValueError("no probe row could be scored: the calibration questions need gold `answers`")
+        raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
-        raise ValueError("these probe rows were written by an older ragsift (no Think-then-Act split branch): "
-                         "rerun calibrate with --force or into a new --output")
+        raise UserError("these probe rows were written by an older ragsift (no Think-then-Act split branch): "
+                        "rerun calibrate with --force or into a new --output")
 
     def value(field, p, g):
         return quality(p[field], g["answers"])
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     config = config.model_copy(update={"strategies": [PROBE]})
     cols = question_columns(config.questions)
     if "answers" not in cols:
-        raise ValueError(f"{config.questions}: calibration needs gold `answers`")
+        raise UserError(f"{config.questions}: calibration needs gold `answers`")
     answer_job.answer(config, log=log, force=args.force)
     gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                                       if c in cols]]).to_pylist()}

@@ -8,8 +8,7 @@ import importlib
 import re
 import sys
 
-from schemas.config import ConfigError
-from schemas.tables import SchemaError
+from schemas.errors import UserError
 
 JOBS = {
     "demo": ("jobs.demo", "index the embedded sample, answer it with direct and rag, evaluate"),
@@ -29,9 +28,10 @@ JOBS = {
 # Jobs whose output is committed as it goes and picked up by the same command run again
 RESUMABLE = {"demo", "index", "answer", "compare", "calibrate", "sweep", "label"}
 
-# Failures that are the user's input or environment (a path, a bucket, a model that is not there),
-# not a bug: one line, exit 2, the traceback only with --debug.
-USER_ERRORS = (ConfigError, SchemaError, OSError, KeyError, ValueError)
+# Failures that are the user's input or environment (a path, a bucket, a model that is not there): one
+# line, exit 2, the traceback only with --debug. Anything else is a bug and keeps its traceback: a
+# KeyError or ValueError from ragsift's own code printed as one line would read as the user's fault.
+USER_ERRORS = (UserError, OSError)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,9 +59,8 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
     except USER_ERRORS as err:
         if getattr(args, "debug", False):
             raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
-        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(message)).split())
+        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(err)).split())
         print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from pathlib import Path
 from jobs import metrics as M
 from jobs.questions import question_columns
 from jobs.storage import filesystem, open_parquet, read_table
+from schemas.errors import UserError
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
            "cite P / R (n)", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "tokens/correct",
@@ -72,7 +73,7 @@ def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], li
     """Answer rows joined with their gold question, grouped by (strategy, dataset) plus (strategy, ALL)."""
     cols = question_columns(questions)
     if "answers" not in cols:
-        raise ValueError(f"{questions}: no `answers` column to evaluate against")
+        raise UserError(f"{questions}: no `answers` column to evaluate against")
     gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]])
     gold_by_id = {r["id"]: r for r in gold.to_pylist()}
 

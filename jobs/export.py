@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from jobs.evaluate import answer_files
 from jobs.storage import filesystem, open_parquet, redact
+from schemas.errors import UserError
 
 
 def batch_line(row: dict, model: str) -> dict:
@@ -57,10 +58,10 @@ def export(answers: str, to: str, form: str, strategy: str | None = None) -> int
     if strategy:
         files = [f for f in files if strategy_of(f) == strategy]
         if not files:
-            raise ValueError(f"no answers of strategy {strategy!r} in {redact(answers)}")
+            raise UserError(f"no answers of strategy {strategy!r} in {redact(answers)}")
     elif form == "openai-batch" and len(set(map(strategy_of, files))) > 1:
-        raise ValueError(f"{redact(answers)} holds several strategies: pick one with --strategy "
-                         "(an OpenAI batch file has one response per custom_id)")
+        raise UserError(f"{redact(answers)} holds several strategies: pick one with --strategy "
+                        "(an OpenAI batch file has one response per custom_id)")
     fs, path = filesystem(to)
     lines = 0
     with fs.open_output_stream(path) as out:

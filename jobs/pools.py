@@ -30,6 +30,7 @@ from engine.stages import (
 )
 from jobs.index import read_manifest
 from jobs.models import embedding_dims, loadable
+from schemas.errors import UserError
 from strategies.registry import AnswerConfig, retrieval_methods
 
 
@@ -89,9 +90,9 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         # the query encoder must be the model the index was built with; the ranker may share the pool
         model = loadable(manifest["embedder"] if manifest else e.model)
         if manifest and manifest.get("dims") and embedding_dims(model) not in (None, manifest["dims"]):
-            raise ValueError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
-                             f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
-                             "with `ragsift index`")
+            raise UserError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
+                            f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
+                            "with `ragsift index`")
         plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas,
                                e.resources)
         if manifest:
@@ -128,8 +129,8 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
     """One actor per shard: its FAISS index, and its BM25 index when this run retrieves with BM25."""
     bm25 = _bm25(config)
     if bm25 and not manifest.get("bm25"):
-        raise ValueError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
-                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
+        raise UserError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
+                        "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, 0,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25)
                       for s in manifest["shards"]), config.retrieval.shard_resources)

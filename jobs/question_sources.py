@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign
 from jobs.formats import read as read_foreign
 from jobs.storage import filesystem, read_table, redact
+from schemas.errors import UserError
 
 
 def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
@@ -37,7 +38,7 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
     renames = {theirs: ours for ours, theirs in (columns or {}).items()}
     missing = [c for c in renames if c not in table.column_names]
     if missing:
-        raise KeyError(f"columns {missing} are not in the questions (they have {table.column_names})")
+        raise UserError(f"columns {missing} are not in the questions (they have {table.column_names})")
     table = table.rename_columns([renames.get(c, c) for c in table.column_names])
     if "id" not in table.column_names:
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
@@ -59,7 +60,7 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
         try:
             loaded = datasets.load_dataset(uri[3:], split=split or "train")
         except Exception as err:  # noqa: BLE001 - offline hub names, bad splits...: one clear CLI error
-            raise ValueError(f"{uri}: datasets.load_dataset failed: {type(err).__name__}: {err}") from None
+            raise UserError(f"{uri}: datasets.load_dataset failed: {type(err).__name__}: {err}") from None
         table = to_arrow(loaded, columns)
     elif is_datasets_dir(uri):
         import datasets
@@ -69,7 +70,7 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
             if split is None and len(loaded) == 1:
                 split = next(iter(loaded))
             if split not in loaded:
-                raise ValueError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
+                raise UserError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
             loaded = loaded[split]
         table = to_arrow(loaded, columns)
     elif is_foreign(uri):

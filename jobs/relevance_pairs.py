@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jobs.storage import read_table
 from jobs.train_data import excluded_ids
+from schemas.errors import UserError
 
 
 def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negatives: int = 0, depth: int = 30,
@@ -68,7 +69,7 @@ def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
     skip = excluded_ids(args.exclude)
     if args.pairs:
         if args.mine_only:
-            raise ValueError("--mine-only mines pairs; --pairs trains from pairs mined earlier: give one of them")
+            raise UserError("--mine-only mines pairs; --pairs trains from pairs mined earlier: give one of them")
         table = read_table(args.pairs)
         source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
         # a question excluded now is dropped, whatever the mining excluded
@@ -78,7 +79,7 @@ def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
         log(f"{args.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
     if not (args.questions and args.index_dir):
-        raise ValueError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
+        raise UserError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
     rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
     if args.per_dataset:
@@ -91,7 +92,7 @@ def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
     if args.limit:
         rows = rows[: args.limit]
     if not rows:
-        raise ValueError(f"{args.questions}: no question with gold passages left to train on")
+        raise UserError(f"{args.questions}: no question with gold passages left to train on")
     started = time.perf_counter()
     pairs = mine_pairs(rows, args.index_dir, args.negatives, args.random_negatives, seed=args.seed)
     source = {"questions": args.questions, "index": args.index_dir, "excluded": args.exclude,

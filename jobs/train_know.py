@@ -10,6 +10,7 @@ from pathlib import Path
 
 from jobs.storage import read_table
 from jobs.train_data import auc, excluded_ids, held_out, write_card
+from schemas.errors import UserError
 
 
 def train_know(args: argparse.Namespace, log) -> dict:
@@ -24,11 +25,11 @@ def train_know(args: argparse.Namespace, log) -> dict:
     source = str(Path(args.labels) / "labels" / "self_knowledge.parquet")
     rows = [r for r in read_table(source, ["id", "question", "label"]).to_pylist() if r["id"] not in skip]
     if not rows:
-        raise ValueError(f"{source}: no self-knowledge label left to train on")
+        raise UserError(f"{source}: no self-knowledge label left to train on")
     train = [r for r in rows if not held_out(r["id"], args.held_out)]
     test = [r for r in rows if held_out(r["id"], args.held_out)]
     if {r["label"] for r in train} != {"know", "unknown"}:
-        raise ValueError(f"{source}: the training labels need both know and unknown examples")
+        raise UserError(f"{source}: the training labels need both know and unknown examples")
     encoder = SentenceTransformer(resolve(args.embedder), device="cpu")
     started = time.perf_counter()
     vectors = encoder.encode([r["question"] for r in rows], batch_size=64, normalize_embeddings=True,

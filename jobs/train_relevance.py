@@ -12,6 +12,7 @@ from pathlib import Path
 from actors.reranker import LOGIT
 from jobs.relevance_pairs import collect_pairs, write_pairs
 from jobs.train_data import auc, held_out, write_card
+from schemas.errors import UserError
 
 
 def train_relevance(args: argparse.Namespace, log) -> dict:
@@ -97,7 +98,7 @@ def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
             data["positive"].append(p["passage"])
             data["negative"].append(rng.choice(negatives[p["id"]]))
     if not data["anchor"]:
-        raise ValueError("no training question has both a gold passage and a negative to learn from")
+        raise UserError("no training question has both a gold passage and a negative to learn from")
     training = SentenceTransformerTrainingArguments(
         output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",

@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.errors import UserError
+
 DEFAULT_GENERATOR = "qwen2.5-coder-0.5b-instruct"  # offline aliases (jobs/models.py prepares them)
 DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 
@@ -440,8 +442,8 @@ def speed_setting(model: type[BaseModel], key: str) -> bool:
     return False
 
 
-class ConfigError(ValueError):
-    pass
+class ConfigError(UserError):
+    """A setting that is not valid, named by its field."""
 
 
 def _one_line(err: Exception) -> str:

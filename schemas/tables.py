@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from schemas.errors import UserError
+
 # Questions: `id` and `question` are required; the rest is optional (used by `evaluate`).
 # text or bytes: a question that is not valid UTF-8 becomes an error row (jobs/questions.py), not a schema error
 QUESTION_REQUIRED = {"id": pa.string(), "question": pa.binary()}
@@ -59,7 +61,7 @@ LABELS = {
 }
 
 
-class SchemaError(ValueError):
+class SchemaError(UserError):
     """An input file whose columns do not match what a job needs."""
 
 

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from pydantic import Field, create_model, field_validator, model_validator
 
 from schemas.config import RunConfig
+from schemas.errors import UserError
 from strategies.calibration_probe import CalibrationProbe
 from strategies.direct import Direct
 from strategies.least_to_most import LeastToMost
@@ -37,7 +38,7 @@ def _discover() -> dict[str, type]:
     for entry in entry_points(group=ENTRY_POINTS):
         cls = entry.load()
         if cls.name in found and found[cls.name] is not cls:
-            raise ValueError(f"strategy {cls.name!r} from entry point {entry.value} is already registered")
+            raise UserError(f"strategy {cls.name!r} from entry point {entry.value} is already registered")
         found[cls.name] = cls
     return found
 
@@ -50,7 +51,7 @@ ANSWERING = tuple(name for name, cls in STRATEGIES.items() if cls.answers)
 def _known(cls, value: list[str]) -> list[str]:
     unknown = [s for s in value if s not in STRATEGIES]
     if unknown or not value:
-        raise ValueError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
+        raise UserError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
     return value
 
 

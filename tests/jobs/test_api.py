@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.api import answer_table, to_arrow
+from schemas.errors import UserError
 
 
 def test_inputs_of_every_kind_become_one_arrow_table_with_our_names():
@@ -21,7 +22,7 @@ def test_inputs_of_every_kind_become_one_arrow_table_with_our_names():
 
 
 def test_bad_inputs_are_clear_errors():
-    with pytest.raises(KeyError, match=r"\['query'\] are not in the questions"):
+    with pytest.raises(UserError, match=r"\['query'\] are not in the questions"):
         to_arrow(pa.table({"question": ["q"]}), {"question": "query"})
     with pytest.raises(TypeError, match="pandas DataFrame, Arrow table"):
         to_arrow("questions.parquet")

@@ -6,6 +6,8 @@ import types
 import pytest
 
 from jobs.cli import _execute
+from schemas.config import ConfigError
+from schemas.errors import UserError
 
 
 def job_that_raises(error):
@@ -37,6 +39,19 @@ def test_a_user_error_is_one_line_and_exit_code_2(capsys):
                     argparse.Namespace(debug=False))
     assert code == 2
     assert capsys.readouterr().err == "ragsift index: error: corpus.parquet: no such file\n"
+
+
+@pytest.mark.parametrize("error", [UserError("q.parquet: no rows"), ConfigError("retrieval.k: must be > 0")])
+def test_what_the_user_can_fix_is_one_line_whichever_kind_of_user_error(error, capsys):
+    assert _execute("answer", job_that_raises(error), argparse.Namespace(debug=False)) == 2
+    assert capsys.readouterr().err == f"ragsift answer: error: {error}\n"
+
+
+@pytest.mark.parametrize("bug", [KeyError("n_llm_calls"), ValueError("too many values to unpack")])
+def test_a_key_or_value_error_from_ragsifts_own_code_is_a_bug_and_keeps_its_traceback(bug):
+    # printed as "error: 'n_llm_calls'" with exit 2 it read as the user's mistake, with nothing to act on
+    with pytest.raises(type(bug)):
+        _execute("answer", job_that_raises(bug), argparse.Namespace(debug=False))
 
 
 def test_a_held_out_share_that_leaves_nothing_to_train_on_is_refused_before_training(tmp_path, capsys):

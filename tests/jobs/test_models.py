@@ -1,6 +1,7 @@
 import pytest
 
 from jobs import models
+from schemas.errors import UserError
 
 
 def test_resolve_passes_hub_names_and_paths_through(tmp_path):
@@ -15,7 +16,7 @@ def test_unprepared_alias_says_how_to_prepare(monkeypatch, tmp_path):
 
 
 def test_unknown_alias_is_refused():
-    with pytest.raises(KeyError, match="unknown offline model"):
+    with pytest.raises(UserError, match="unknown offline model"):
         models.prepare("gpt-17")
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from jobs import answer as answer_job
 from jobs.cli import main
+from schemas.errors import UserError
 
 ROWS = [{"qid": "a", "query": "Who?", "golds": ["x"]}, {"qid": "b", "query": "What?", "golds": ["y"]}]
 COLUMNS = "input.columns={id: qid, question: query, answers: golds}"
@@ -47,7 +48,7 @@ def test_parquet_is_read_in_place_unless_columns_are_renamed(tmp_path):
     assert config_for(tmp_path / "q.parquet", tmp_path / "out").questions == str(tmp_path / "q.parquet")
     renamed = config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: query}")
     assert pq.read_table(renamed.questions).select(["question", "id"]).to_pylist()[0] == {"question": "Who?", "id": "0"}
-    with pytest.raises(KeyError, match=r"\['nope'\] are not in the questions"):
+    with pytest.raises(UserError, match=r"\['nope'\] are not in the questions"):
         config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: nope}")
 
 
