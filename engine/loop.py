@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 
 from engine.cache import RequestCache
 from engine.stages import Launched, Stage
 from engine.steps import Ask, Done, Item, Spawn, Strategy
+from engine.supervision import Supervisor, death_cause
 from schemas.config import EngineConfig
 from schemas.records import Generation, Judgment, Question, Request, Response
-
-WATCH_S = 5.0  # how often Ray is asked how many times each replica's actor restarted
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Engine:
                  aliases: dict[str, str] | None = None, log: Callable[[str], None] | None = None,
                  cache: RequestCache | None = None):
         self.stages = stages
-        self.log = log or (lambda line: None)  # what a person should know at once (a replica died, and why)
+        self.supervisor = Supervisor(stages, log or (lambda line: None))
         # a request for a stage that has no pool of its own runs on the aliased pool (judge -> generator)
         self.routes = {**{a: stages[t] for a, t in (aliases or {"judge": "generator"}).items() if t in stages},
                        **stages}
@@ -73,14 +72,12 @@ class Engine:
         self.cache_hits: dict[str, dict[str, int]] = {}  # by request stage, then "memory" / "disk"
         self.waiters: dict[Request, list[tuple[Node, int]]] = {}
         self.launched: dict[Any, Launched] = {}  # ref -> its batch
-        self.probes: dict[Any, tuple[Stage, int]] = {}  # ref of a readiness call -> the replica it waits for
         self.roots_in_flight = 0
         self.peak_in_flight = 0
         self.roots_done = 0
         self.requests_deduped = 0
         self.batch_failures = 0
         self.batch_splits = 0
-        self.replica_restarts = 0
         self.empty_answers = 0
         self.trees_capped = 0
         self.parse_failures = 0
@@ -102,12 +99,9 @@ class Engine:
     def _run(self, questions: Iterable[Question], strategy_names: list[str],
              todo: Callable[[str, Question], bool] | None) -> None:
         pending = ((q, s) for q in questions for s in strategy_names if todo is None or todo(s, q))
-        probing = set(self.probes.values())
-        for stage in self.stages.values():  # replicas that take work only once they said they are ready
-            for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
-                self._probe(stage, replica)
+        self.supervisor.probe_restarting()
         exhausted = False
-        last_progress = last_watch = 0.0
+        last_progress = 0.0
         while True:
             while not exhausted and self.roots_in_flight < self.config.window:
                 nxt = next(pending, None)
@@ -118,23 +112,21 @@ class Engine:
             self._dispatch(flush=not self.launched)
             if exhausted and self.roots_in_flight == 0 and not self.launched:
                 break  # a replica still starting does not hold up a run that needs nothing more (all cached)
-            if not self.launched and not self.probes:
+            if not self.launched and not self.supervisor.probes:
                 if not any(s.pending() for s in self.stages.values()):
                     raise RuntimeError("engine stalled: items wait but no request is queued or running")
                 self._rest()
                 continue
             self._wait_and_route()
             now = time.perf_counter()
-            if now - last_watch >= WATCH_S:
-                last_watch = now
-                self._count_all_deaths()
+            self.supervisor.watch(now)
             self.cache.flush_if_due()  # a batch's responses all arrive at once: put() alone would hold its tail
             if self.on_progress and now - last_progress >= self.progress_every_s:
                 self.on_progress(self)
                 last_progress = now
         # a replica that died and came back since the last look (a short run may never get to one) is
         # counted too, so replica_restarts covers the whole run
-        self._count_all_deaths()
+        self.supervisor.watch(time.perf_counter(), force=True)
         if self.on_progress:
             self.on_progress(self)
 
@@ -170,13 +162,13 @@ class Engine:
         timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
         if self.on_progress:  # wake up to report even while one long batch runs
             timeout = min(timeout, self.progress_every_s)
-        refs = [*self.launched, *self.probes]
+        refs = [*self.launched, *self.supervisor.probes]
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is done too
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
-            if ref in self.probes:
-                self._probe_answered(ref)
+            if ref in self.supervisor.probes:
+                self.supervisor.answered(ref)
                 continue
             if self.launched[ref].stage.streaming:
                 self._stream_chunk(ref)
@@ -198,56 +190,10 @@ class Engine:
             if launched is not overdue:
                 stage.retry.appendleft((launched.remaining(), launched.attempts))
         stage.restart(replica)
-        self._await_restart(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it")
+        self.supervisor.died(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it")
         waited = "waited for a result" if stage.streaming else "ran"
         self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
                            TimeoutError(f"batch of {len(overdue.batch)} {waited} over {stage.batching.timeout_s} s"))
-
-    def _await_restart(self, stage: Stage, replica: int, why: str) -> None:
-        """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
-        actor fails at once, so batches sent meanwhile would count as failing again: split, run alone,
-        and the stage would lose its batching for the rest of the run."""
-        if replica in stage.restarting:
-            return
-        self.replica_restarts += 1
-        stage.deaths[replica] += 1
-        self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
-                 f"(death {stage.deaths[replica]} of this replica in this run)")
-        self._probe(stage, replica)
-
-    def _count_all_deaths(self) -> None:
-        for stage in self.stages.values():
-            for replica in range(len(stage.replicas)):
-                self._count_deaths(stage, replica)
-
-    def _count_deaths(self, stage: Stage, replica: int) -> None:
-        """Deaths no call saw: Ray holds the calls to an actor that dies while it starts and runs them
-        once it is back, so a replica killed at every start (out of memory) would leave the run
-        waiting in silence."""
-        restarts = stage.ray_restarts(replica)
-        if restarts is None or restarts <= stage.deaths[replica]:
-            return
-        self.replica_restarts += restarts - stage.deaths[replica]
-        stage.deaths[replica] = restarts
-        self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
-                 "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
-                 "killed the replica for memory")
-
-    def _probe(self, stage: Stage, replica: int) -> None:
-        stage.restarting.add(replica)
-        self.probes[stage.probe(replica)] = (stage, replica)
-
-    def _probe_answered(self, ref) -> None:
-        stage, replica = self.probes.pop(ref)
-        stage.restarting.discard(replica)
-        try:
-            stage.ready(replica, ray.get(ref))
-        except ActorUnavailableError:  # still restarting; each try takes Ray ~2 s to answer
-            self._probe(stage, replica)
-        except RayActorError as err:  # dead for good (out of restarts, or its constructor fails)
-            why = ("its actors cannot start" if err.actor_init_failed
-                   else "its actors died and are out of restarts (engine.replica_max_restarts)")
-            stage.retire(replica, err, why)  # raises when the stage has no replica left
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
@@ -314,7 +260,7 @@ class Engine:
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
-            self._await_restart(stage, replica, death_cause(err))
+            self.supervisor.died(stage, replica, death_cause(err))
         stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
@@ -488,7 +434,7 @@ class Engine:
             "requests_deduped": self.requests_deduped,
             "batch_failures": self.batch_failures,
             "batch_splits": self.batch_splits,
-            "replica_restarts": self.replica_restarts,
+            "replica_restarts": self.supervisor.restarts,
             "empty_answers": self.empty_answers,
             "trees_capped": self.trees_capped,
             "parse_failures": self.parse_failures,
@@ -526,16 +472,6 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
         return [(batch, 1)]
     half = len(batch) // 2
     return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
-
-
-def death_cause(err: BaseException) -> str:
-    """Why a replica's actor died, in a few words (Ray's message runs to many lines)."""
-    text = str(err)
-    if "low on memory" in text or "memory pressure" in text:
-        return ("Ray killed it because the machine ran low on memory: use fewer or smaller replicas, a smaller "
-                "KV cache (generator.cpu_kvcache_gib / gpu_memory_utilization) or a bigger machine")
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("\t")]
-    return lines[-1][:300] if lines else type(err).__name__
 
 
 def _describe(err: BaseException) -> str:

@@ -1,0 +1,91 @@
+"""Which replicas may take work. A replica whose actor died takes none until it answers a readiness
+call, and a death that no call saw (an actor killed while it starts or idles) is found by asking Ray
+how often each actor restarted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from engine.stages import Stage
+
+WATCH_S = 5.0  # how often Ray is asked how many times each replica's actor restarted
+
+
+class Supervisor:
+    def __init__(self, stages: dict[str, Stage], log: Callable[[str], None]):
+        self.stages = stages
+        self.log = log  # what a person should know at once (a replica died, and why)
+        self.probes: dict[Any, tuple[Stage, int]] = {}  # ref of a readiness call -> the replica it waits for
+        self.restarts = 0
+        self.last_watch = 0.0
+
+    def probe_restarting(self) -> None:
+        """At the start of a run: replicas left restarting by an earlier run take work once they answer."""
+        probing = set(self.probes.values())
+        for stage in self.stages.values():
+            for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
+                self._probe(stage, replica)
+
+    def died(self, stage: Stage, replica: int, why: str) -> None:
+        """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
+        actor fails at once, so batches sent meanwhile would count as failing again: split, run alone,
+        and the stage would lose its batching for the rest of the run."""
+        if replica in stage.restarting:
+            return
+        self.restarts += 1
+        stage.deaths[replica] += 1
+        self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
+                 f"(death {stage.deaths[replica]} of this replica in this run)")
+        self._probe(stage, replica)
+
+    def answered(self, ref) -> None:
+        """A readiness call returned: the replica is back, still restarting, or gone for good."""
+        stage, replica = self.probes.pop(ref)
+        stage.restarting.discard(replica)
+        try:
+            stage.ready(replica, ray.get(ref))
+        except ActorUnavailableError:  # still restarting; each try takes Ray ~2 s to answer
+            self._probe(stage, replica)
+        except RayActorError as err:  # dead for good (out of restarts, or its constructor fails)
+            why = ("its actors cannot start" if err.actor_init_failed
+                   else "its actors died and are out of restarts (engine.replica_max_restarts)")
+            stage.retire(replica, err, why)  # raises when the stage has no replica left
+
+    def watch(self, now: float, force: bool = False) -> None:
+        """Count the deaths no call saw, every ``WATCH_S`` (or now, with ``force``)."""
+        if not force and now - self.last_watch < WATCH_S:
+            return
+        self.last_watch = now
+        for stage in self.stages.values():
+            for replica in range(len(stage.replicas)):
+                self._count_deaths(stage, replica)
+
+    def _count_deaths(self, stage: Stage, replica: int) -> None:
+        """Ray holds the calls to an actor that dies while it starts and runs them once it is back, so a
+        replica killed at every start (out of memory) would leave the run waiting in silence."""
+        restarts = stage.ray_restarts(replica)
+        if restarts is None or restarts <= stage.deaths[replica]:
+            return
+        self.restarts += restarts - stage.deaths[replica]
+        stage.deaths[replica] = restarts
+        self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
+                 "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
+                 "killed the replica for memory")
+
+    def _probe(self, stage: Stage, replica: int) -> None:
+        stage.restarting.add(replica)
+        self.probes[stage.probe(replica)] = (stage, replica)
+
+
+def death_cause(err: BaseException) -> str:
+    """Why a replica's actor died, in a few words (Ray's message runs to many lines)."""
+    text = str(err)
+    if "low on memory" in text or "memory pressure" in text:
+        return ("Ray killed it because the machine ran low on memory: use fewer or smaller replicas, a smaller "
+                "KV cache (generator.cpu_kvcache_gib / gpu_memory_utilization) or a bigger machine")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("\t")]
+    return lines[-1][:300] if lines else type(err).__name__
