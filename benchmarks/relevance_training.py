@@ -63,6 +63,7 @@ def main() -> None:
     from jobs.relevance_pairs import mine_pairs
     from jobs.train_data import held_out
     from jobs.train_relevance import fit_bi_encoder, fit_cross_encoder, relevance_scores
+    from schemas.training import RelevanceTraining
 
     torch.set_num_threads(args.threads)
     rows = [r for r in pq.read_table(args.slice).to_pylist() if r["gold_passage_ids"]]
@@ -78,9 +79,9 @@ def main() -> None:
     result = {"model": args.model, "questions": len(picked), "pairs": len(pairs), "held_out_pairs": len(test),
               "base_cosine_auc": per_dataset_auc(test, relevance_scores(base, test, bi=True), dataset_of)}
     print(json.dumps(result), flush=True)
-    settings = argparse.Namespace(base="all-minilm-l6-v2", epochs=args.epochs, learning_rate=args.learning_rate,
-                                  batch_size=args.batch_size or (16 if args.model == "cross" else 32), max_length=256,
-                                  seed=0, bf16=args.bf16)
+    settings = RelevanceTraining(output="/tmp/relevance_training", questions=args.slice, index_dir=args.index_dir,
+                                 epochs=args.epochs, learning_rate=args.learning_rate, bf16=args.bf16,
+                                 batch_size=args.batch_size or (16 if args.model == "cross" else 32))
     fit = fit_cross_encoder if args.model == "cross" else fit_bi_encoder
     started = time.perf_counter()
     model, trainer, examples = fit(train, settings, "cpu", Path("/tmp/relevance_training"))
@@ -89,7 +90,8 @@ def main() -> None:
     result.update(trained_auc=per_dataset_auc(test, scores, dataset_of), train_examples=examples,
                   train_s=round(train_s, 1), examples_per_s=round(examples * args.epochs / train_s, 1),
                   losses=[round(h["loss"], 3) for h in trainer.state.log_history if "loss" in h],
-                  settings={**vars(settings), "threads": args.threads})
+                  settings={**settings.model_dump(include={"base", "epochs", "batch_size", "learning_rate",
+                                                           "max_length", "seed", "bf16"}), "threads": args.threads})
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -4,7 +4,6 @@ Parquet file that training elsewhere (a GPU) reads back with its provenance."""
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from jobs.storage import read_table
 from jobs.train_data import excluded_ids
 from schemas.errors import UserError
+from schemas.training import RelevanceTraining
 
 
 def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negatives: int = 0, depth: int = 30,
@@ -63,42 +63,38 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
 PAIRS = "pairs.parquet"  # what `--mine-only` writes and `--pairs` reads
 
 
-def collect_pairs(args: argparse.Namespace, log) -> tuple[list[dict], dict]:
+def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
     """The training pairs and where they came from: mined from ``--questions`` over ``--index-dir``, or
     read back from a ``--mine-only`` run (``--pairs``), whose provenance travels in the file."""
-    skip = excluded_ids(args.exclude)
-    if args.pairs:
-        if args.mine_only:
-            raise UserError("--mine-only mines pairs; --pairs trains from pairs mined earlier: give one of them")
-        table = read_table(args.pairs)
+    skip = excluded_ids(settings.exclude)
+    if settings.pairs:
+        table = read_table(settings.pairs)
         source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
         # a question excluded now is dropped, whatever the mining excluded
         pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist() if p["id"] not in skip]
-        if args.exclude:
-            source = {**source, "excluded_when_training": args.exclude, "pairs_excluded": table.num_rows - len(pairs)}
-        log(f"{args.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
+        if settings.exclude:
+            source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
+        log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
-    if not (args.questions and args.index_dir):
-        raise UserError("train relevance needs --questions and --index-dir (to mine pairs) or --pairs")
-    rows = [r for r in read_table(args.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
+    rows = [r for r in read_table(settings.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
-    if args.per_dataset:
+    if settings.per_dataset:
         seen, kept = collections.Counter(), []
         for r in rows:
             seen[r["dataset"]] += 1
-            if seen[r["dataset"]] <= args.per_dataset:
+            if seen[r["dataset"]] <= settings.per_dataset:
                 kept.append(r)
         rows = kept
-    if args.limit:
-        rows = rows[: args.limit]
+    if settings.limit:
+        rows = rows[: settings.limit]
     if not rows:
-        raise UserError(f"{args.questions}: no question with gold passages left to train on")
+        raise UserError(f"{settings.questions}: no question with gold passages left to train on")
     started = time.perf_counter()
-    pairs = mine_pairs(rows, args.index_dir, args.negatives, args.random_negatives, seed=args.seed)
-    source = {"questions": args.questions, "index": args.index_dir, "excluded": args.exclude,
+    pairs = mine_pairs(rows, settings.index_dir, settings.negatives, settings.random_negatives, seed=settings.seed)
+    source = {"questions": settings.questions, "index": settings.index_dir, "excluded": settings.exclude,
               "excluded_questions": len(skip), "questions_used": len(rows),
               "datasets": dict(collections.Counter(r["dataset"] for r in rows)),
-              "mining": {"negatives": args.negatives, "random_negatives": args.random_negatives, "seed": args.seed},
+              "mining": {"negatives": settings.negatives, "random_negatives": settings.random_negatives, "seed": settings.seed},
               "mine_s": round(time.perf_counter() - started, 1)}
     log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) "
         f"in {source['mine_s']:.0f} s")

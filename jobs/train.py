@@ -32,69 +32,52 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs.cli import add_config_arguments
 from jobs.relevance_pairs import PAIRS
 from jobs.train_know import train_know
 from jobs.train_relevance import train_relevance
+from schemas.config import load_config
+from schemas.training import KnowTraining, RelevanceTraining
+
+# Flags are shortcuts for the fields of the same name (schemas/training.py holds the defaults, the
+# checks and the help): --config FILE and --set field=value layer beneath them, as in every job.
+SETTINGS = {"relevance": RelevanceTraining, "know": KnowTraining}
+SWITCHES = {"mine_only", "bf16"}
 
 
-def share(text: str) -> float:
-    """A held-out share: at least 0 and below 1, so something is left to train on."""
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a share in [0, 1)")
-    return value
-
-
-def positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not above 0")
-    return value
+def _flags(p: argparse.ArgumentParser, section: type, required: set[str] = frozenset()) -> None:
+    add_config_arguments(p)
+    for name, field in section.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name in SWITCHES:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+        elif name == "exclude":
+            p.add_argument(flag, action="append", default=None, help=field.description)
+        else:
+            p.add_argument(flag, default=None, required=name in required, help=field.description)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="judge", required=True)
-    rel = sub.add_parser("relevance", help="M_rel: a bi-encoder (or cross-encoder) from gold passages and hard negatives")
-    rel.add_argument("--questions", help="questions Parquet with gold_passage_ids")
-    rel.add_argument("--index-dir", help="the index the negatives are mined from")
-    rel.add_argument("--output", required=True, help="model directory to write")
-    rel.add_argument("--mine-only", action="store_true",
-                     help=f"mine the pairs, write <output>/{PAIRS} and stop: train where the GPU is with --pairs")
-    rel.add_argument("--pairs", help=f"train from a --mine-only run's {PAIRS} (no questions or index needed)")
-    rel.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
-    rel.add_argument("--base", default="all-minilm-l6-v2", help="model to start from (alias, path or hub name)")
-    rel.add_argument("--architecture", choices=["bi-encoder", "cross-encoder"], default="bi-encoder",
-                     help="bi-encoder: fine-tune the embedder's cosine (learns in CPU time); cross-encoder: a "
-                          "CrossEncoder with a new head (needs a GPU's worth of steps)")
-    rel.add_argument("--negatives", type=int, default=3, help="hard negatives per question and retrieval method")
-    rel.add_argument("--random-negatives", type=int, default=1,
-                     help="easy negatives per question: passages other questions retrieved")
-    rel.add_argument("--epochs", type=positive, default=1.0)
-    rel.add_argument("--batch-size", type=int, default=32)
-    rel.add_argument("--learning-rate", type=positive, default=5e-5)
-    rel.add_argument("--max-length", type=int, default=256)
-    rel.add_argument("--held-out", type=share, default=0.1, help="share of questions kept out of training")
-    rel.add_argument("--per-dataset", type=int, help="at most N questions of each dataset (in file order), so that "
-                     "one large dataset does not make the whole training set")
-    rel.add_argument("--limit", type=int, help="only the first N questions (quick runs)")
-    rel.add_argument("--seed", type=int, default=0)
-    rel.add_argument("--threads", type=int, help="torch threads on CPU (default: every core)")
-    rel.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False,
-                     help="train in bfloat16 mixed precision (GPUs, and CPUs with AVX512-BF16 / AMX)")
+    _flags(sub.add_parser("relevance", help=f"M_rel: a bi-encoder (or cross-encoder) from gold passages and hard "
+                                            f"negatives; --mine-only writes <output>/{PAIRS}, --pairs trains from it"),
+           RelevanceTraining, required={"output"})
+    _flags(sub.add_parser("know", help="M_know: a classifier from `ragsift label` know / unknown labels"),
+           KnowTraining, required={"labels", "output"})
 
 
-    know = sub.add_parser("know", help="M_know: a classifier from `ragsift label` know / unknown labels")
-    know.add_argument("--labels", required=True, help="a `ragsift label` output directory")
-    know.add_argument("--output", required=True, help="model directory to write")
-    know.add_argument("--exclude", action="append", default=[], help="id list or question Parquet never trained on")
-    know.add_argument("--embedder", default="all-minilm-l6-v2", help="question vectors (alias, path or hub name)")
-    know.add_argument("--c", type=positive, default=1.0, help="inverse regularisation strength")
-    know.add_argument("--held-out", type=share, default=0.1, help="share of questions kept out of training")
+def settings(args: argparse.Namespace) -> RelevanceTraining | KnowTraining:
+    """The typed settings: defaults, then --config, then --set, then the flags (a bad value is a
+    ConfigError naming its field)."""
+    section = SETTINGS[args.judge]
+    flags = {name: getattr(args, name) for name in section.model_fields}
+    return load_config(section, args.config, args.set, **flags)
 
 
 def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
-    (train_relevance if args.judge == "relevance" else train_know)(args, log)
+    config = settings(args)
+    (train_relevance if args.judge == "relevance" else train_know)(config, log)
     return 0
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -11,9 +10,10 @@ from pathlib import Path
 from jobs.storage import read_table
 from jobs.train_data import auc, excluded_ids, held_out, write_card
 from schemas.errors import UserError
+from schemas.training import KnowTraining
 
 
-def train_know(args: argparse.Namespace, log) -> dict:
+def train_know(settings: KnowTraining, log) -> dict:
     """M_know: logistic regression on the embedder's normalised question vectors (actors/know.py)."""
     from sentence_transformers import SentenceTransformer
     from sklearn.linear_model import LogisticRegression
@@ -21,23 +21,23 @@ def train_know(args: argparse.Namespace, log) -> dict:
     from actors.know import WEIGHTS
     from jobs.models import resolve
 
-    skip = excluded_ids(args.exclude)
-    source = str(Path(args.labels) / "labels" / "self_knowledge.parquet")
+    skip = excluded_ids(settings.exclude)
+    source = str(Path(settings.labels) / "labels" / "self_knowledge.parquet")
     rows = [r for r in read_table(source, ["id", "question", "label"]).to_pylist() if r["id"] not in skip]
     if not rows:
         raise UserError(f"{source}: no self-knowledge label left to train on")
-    train = [r for r in rows if not held_out(r["id"], args.held_out)]
-    test = [r for r in rows if held_out(r["id"], args.held_out)]
+    train = [r for r in rows if not held_out(r["id"], settings.held_out)]
+    test = [r for r in rows if held_out(r["id"], settings.held_out)]
     if {r["label"] for r in train} != {"know", "unknown"}:
         raise UserError(f"{source}: the training labels need both know and unknown examples")
-    encoder = SentenceTransformer(resolve(args.embedder), device="cpu")
+    encoder = SentenceTransformer(resolve(settings.embedder), device="cpu")
     started = time.perf_counter()
     vectors = encoder.encode([r["question"] for r in rows], batch_size=64, normalize_embeddings=True,
                              show_progress_bar=False)
     encode_s = time.perf_counter() - started
     index = {r["id"]: i for i, r in enumerate(rows)}
     x_train, y_train = vectors[[index[r["id"]] for r in train]], [r["label"] == "know" for r in train]
-    classifier = LogisticRegression(C=args.c, class_weight="balanced", max_iter=2000)
+    classifier = LogisticRegression(C=settings.c, class_weight="balanced", max_iter=2000)
     started = time.perf_counter()
     classifier.fit(x_train, y_train)
     fit_s = time.perf_counter() - started
@@ -47,16 +47,16 @@ def train_know(args: argparse.Namespace, log) -> dict:
         metrics["held_out_auc"] = round(auc([r["label"] == "know" for r in test],
                                             classifier.predict_proba(x_test)[:, 1].tolist()), 4)
     metrics.update(encode_questions_per_s=round(len(rows) / encode_s, 1), fit_s=round(fit_s, 2))
-    out = Path(args.output)
+    out = Path(settings.output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / WEIGHTS).write_text(json.dumps({"embedder": args.embedder, "coef": classifier.coef_[0].tolist(),
+    (out / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
                                            "intercept": float(classifier.intercept_[0])}))
-    card = {"model": "self-knowledge (M_know) classifier", "embedder": args.embedder, "labels": source,
-            "excluded": args.exclude, "examples": len(rows), "train": len(train), "held_out": len(test),
+    card = {"model": "self-knowledge (M_know) classifier", "embedder": settings.embedder, "labels": source,
+            "excluded": settings.exclude, "examples": len(rows), "train": len(train), "held_out": len(test),
             "know_share": round(sum(r["label"] == "know" for r in rows) / len(rows), 4),
-            "settings": {"C": args.c, "class_weight": "balanced", "held_out_share": args.held_out},
+            "settings": {"C": settings.c, "class_weight": "balanced", "held_out_share": settings.held_out},
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
-    write_card(args.output, card)
-    log(f"wrote {args.output}: {len(train)} training labels ({card['know_share']:.1%} know), "
+    write_card(settings.output, card)
+    log(f"wrote {settings.output}: {len(train)} training labels ({card['know_share']:.1%} know), "
         f"held-out AUC {metrics.get('held_out_auc')}")
     return card

@@ -3,7 +3,6 @@ logit of relevant) or a cross-encoder, scored on held-out questions against the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -13,63 +12,64 @@ from actors.reranker import LOGIT
 from jobs.relevance_pairs import collect_pairs, write_pairs
 from jobs.train_data import auc, held_out, write_card
 from schemas.errors import UserError
+from schemas.training import RelevanceTraining
 
 
-def train_relevance(args: argparse.Namespace, log) -> dict:
+def train_relevance(settings: RelevanceTraining, log) -> dict:
     import torch
 
-    pairs, source = collect_pairs(args, log)
-    if args.mine_only:
-        log(f"wrote {write_pairs(pairs, source, args.output)}: train from it with --pairs (on a GPU, say)")
+    pairs, source = collect_pairs(settings, log)
+    if settings.mine_only:
+        log(f"wrote {write_pairs(pairs, source, settings.output)}: train from it with --pairs (on a GPU, say)")
         return source
-    train = [p for p in pairs if not held_out(p["id"], args.held_out)]
-    test = [p for p in pairs if held_out(p["id"], args.held_out)]
+    train = [p for p in pairs if not held_out(p["id"], settings.held_out)]
+    test = [p for p in pairs if held_out(p["id"], settings.held_out)]
     log(f"{len(train)} pairs to train, {len(test)} held out")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    bi = args.architecture == "bi-encoder"
-    work = Path(args.output) / "_checkpoints"
+    torch.set_num_threads(settings.threads or os.cpu_count() or 1)
+    bi = settings.architecture == "bi-encoder"
+    work = Path(settings.output) / "_checkpoints"
     started = time.perf_counter()
-    model, trainer, examples = (fit_bi_encoder if bi else fit_cross_encoder)(train, args, device, work)
+    model, trainer, examples = (fit_bi_encoder if bi else fit_cross_encoder)(train, settings, device, work)
     train_s = time.perf_counter() - started
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     started = time.perf_counter()
     scores = relevance_scores(model, test, bi)
     predict_s = time.perf_counter() - started
     metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if test else None,
-               "held_out_auc_base_cosine": base_cosine_auc(args.base, test) if test else None,
+               "held_out_auc_base_cosine": base_cosine_auc(settings.base, test) if test else None,
                "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
                "train_loss_last": losses[-1] if losses else None,
-               "train_examples": examples, "train_examples_per_s": round(examples * args.epochs / train_s, 1),
+               "train_examples": examples, "train_examples_per_s": round(examples * settings.epochs / train_s, 1),
                "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
                "mine_s": source.get("mine_s"), "train_s": round(train_s, 1), "device": device}
-    model.save_pretrained(args.output)
+    model.save_pretrained(settings.output)
     if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
         fitted, fitted_scores = (test, scores) if test else (train, relevance_scores(model, train, bi))
-        (Path(args.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
-    card = {"model": f"relevance (M_rel) {args.architecture}", "architecture": args.architecture, "base": args.base,
+        (Path(settings.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
+    card = {"model": f"relevance (M_rel) {settings.architecture}", "architecture": settings.architecture, "base": settings.base,
             **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
                                       "datasets", "mining", "excluded_when_training", "pairs_excluded") if k in source},
-            "pairs_file": args.pairs, "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
-            "held_out_share": args.held_out,
-            "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "learning_rate", "max_length", "seed",
-                                                       "bf16")},
+            "pairs_file": settings.pairs, "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
+            "held_out_share": settings.held_out,
+            "settings": settings.model_dump(include={"epochs", "batch_size", "learning_rate", "max_length", "seed",
+                                                     "bf16"}),
             "metrics": metrics,
             "input": ("(question, passage) -> cosine of their vectors -> logit of relevant (scale * cosine + bias, "
                       f"{LOGIT})") if bi else "(question, 'title: text' or 'text') -> logit of relevant"}
-    write_card(args.output, card)
+    write_card(settings.output, card)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
-    log(f"wrote {args.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
+    log(f"wrote {settings.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
         f"{metrics['held_out_auc_base_cosine']}), loss {metrics['train_loss_first']} -> "
         f"{metrics['train_loss_last']}, {metrics['train_examples_per_s']} examples/s training")
     return card
 
 
-def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
+def fit_bi_encoder(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
     """MiniLM fine-tuned as a bi-encoder: MultipleNegativesRankingLoss on (question, gold passage, one of
     its hard negatives) triplets, the other passages of the batch as further negatives. It starts from
     the cosine it is measured against and improves at once, where a cross-encoder's random head needs
@@ -84,9 +84,9 @@ def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
 
     from jobs.models import resolve
 
-    model = SentenceTransformer(resolve(args.base), device=device)
-    model.max_seq_length = args.max_length
-    rng = random.Random(args.seed)
+    model = SentenceTransformer(resolve(settings.base), device=device)
+    model.max_seq_length = settings.max_length
+    rng = random.Random(settings.seed)
     negatives = defaultdict(list)
     for p in train:
         if not p["label"]:
@@ -100,9 +100,9 @@ def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
     if not data["anchor"]:
         raise UserError("no training question has both a gold passage and a negative to learn from")
     training = SentenceTransformerTrainingArguments(
-        output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, len(data["anchor"]) // args.batch_size // 20), use_cpu=device == "cpu", bf16=args.bf16,
+        output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
+        logging_steps=max(1, len(data["anchor"]) // settings.batch_size // 20), use_cpu=device == "cpu", bf16=settings.bf16,
         batch_sampler=BatchSamplers.NO_DUPLICATES)  # a question's own gold is never an in-batch "negative"
     trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
                                          loss=MultipleNegativesRankingLoss(model))
@@ -110,7 +110,7 @@ def fit_bi_encoder(train: list[dict], args, device: str, work: Path):
     return model, trainer, len(data["anchor"])
 
 
-def fit_cross_encoder(train: list[dict], args, device: str, work: Path):
+def fit_cross_encoder(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
     """A CrossEncoder from the base model (a random head), BinaryCrossEntropyLoss with positives weighted
     up to the negatives; for GPUs, where it can have the steps it needs."""
     import torch
@@ -120,14 +120,14 @@ def fit_cross_encoder(train: list[dict], args, device: str, work: Path):
 
     from jobs.models import resolve
 
-    model = CrossEncoder(resolve(args.base), num_labels=1, max_length=args.max_length, device=device)
+    model = CrossEncoder(resolve(settings.base), num_labels=1, max_length=settings.max_length, device=device)
     columns = {"question": [p["question"] for p in train], "passage": [p["passage"] for p in train],
                "label": [p["label"] for p in train]}
     training = CrossEncoderTrainingArguments(
-        output_dir=str(work), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, len(train) // args.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu",
-        bf16=args.bf16)
+        output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
+        logging_steps=max(1, len(train) // settings.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu",
+        bf16=settings.bf16)
     # positives are a minority: weigh them as the negatives per positive, so the loss is balanced
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))

@@ -52,12 +52,3 @@ def test_a_key_or_value_error_from_ragsifts_own_code_is_a_bug_and_keeps_its_trac
     # printed as "error: 'n_llm_calls'" with exit 2 it read as the user's mistake, with nothing to act on
     with pytest.raises(type(bug)):
         _execute("answer", job_that_raises(bug), argparse.Namespace(debug=False))
-
-
-def test_a_held_out_share_that_leaves_nothing_to_train_on_is_refused_before_training(tmp_path, capsys):
-    from jobs.cli import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(["train", "know", "--labels", str(tmp_path), "--output", str(tmp_path / "m"), "--held-out", "1"])
-    assert exit_.value.code == 2
-    assert "argument --held-out: 1 is not a share in [0, 1)" in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""``ragsift train``'s settings: typed, layered like every job's (defaults, --config, --set, flags), and
+refused before anything is read or trained when a value is not valid."""
+
+import yaml
+
+from jobs import train
+from jobs.cli import _parser, main
+from jobs.train import settings
+
+
+def parse(argv: list[str]):
+    return _parser("train", train).parse_args(argv)
+
+
+def test_flags_override_set_which_overrides_the_config_file_which_overrides_the_defaults(tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"epochs": 3, "batch_size": 8, "held_out": 0.2}))
+    got = settings(parse(["relevance", "--pairs", "p.parquet", "--output", "m", "--config", str(config),
+                          "--set", "batch_size=16", "--set", "held_out=0.3", "--held-out", "0.25",
+                          "--exclude", "a.txt", "--exclude", "b.txt", "--bf16"]))
+    assert (got.epochs, got.batch_size, got.held_out) == (3.0, 16, 0.25)
+    assert got.exclude == ["a.txt", "b.txt"] and got.bf16 is True
+    assert (got.learning_rate, got.architecture, got.mine_only) == (5e-5, "bi-encoder", False)  # defaults
+
+
+def test_a_held_out_share_that_leaves_nothing_to_train_on_is_one_line_naming_the_field(tmp_path, capsys):
+    code = main(["train", "know", "--labels", str(tmp_path), "--output", str(tmp_path / "m"), "--held-out", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "held_out" in err and "less than 1" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_mining_and_training_from_mined_pairs_are_one_or_the_other(tmp_path, capsys):
+    assert main(["train", "relevance", "--pairs", "p.parquet", "--mine-only", "--output", str(tmp_path / "m")]) == 2
+    assert "mine_only mines pairs" in capsys.readouterr().err
+    assert main(["train", "relevance", "--questions", "q.parquet", "--output", str(tmp_path / "m")]) == 2
+    assert "give questions and index_dir" in capsys.readouterr().err
+
+
+def test_an_unknown_architecture_or_a_mistyped_setting_is_refused_naming_it(tmp_path, capsys):
+    base = ["train", "relevance", "--pairs", "p.parquet", "--output", str(tmp_path / "m")]
+    assert main([*base, "--architecture", "t5"]) == 2
+    assert "architecture" in capsys.readouterr().err
+    assert main([*base, "--set", "epoch=2"]) == 2
+    assert "epoch" in capsys.readouterr().err and not (tmp_path / "m").exists()
