@@ -49,12 +49,15 @@ def _flags(p: argparse.ArgumentParser, section: type, required: set[str] = froze
     add_config_arguments(p)
     for name, field in section.model_fields.items():
         flag = "--" + name.replace("_", "-")
+        default = field.get_default(call_default_factory=True)
+        shown = not field.is_required() and default not in (None, [])
+        help_ = " ".join(filter(None, [field.description, f"(default: {default})" if shown else ""]))
         if name in SWITCHES:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif name == "exclude":
-            p.add_argument(flag, action="append", default=None, help=field.description)
+            p.add_argument(flag, action="append", default=None, help=help_)
         else:
-            p.add_argument(flag, default=None, required=name in required, help=field.description)
+            p.add_argument(flag, default=None, required=name in required, help=help_)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
