@@ -139,44 +139,41 @@ def main() -> None:
     passes = report["passes"]
     prompts: list = []
     answers = {}
+    def repeat(serving: str, engine_stage, raw_stage=None) -> None:
+        """One repeat: each raw pass (on ``raw_stage``, the batch replica) right before the engine pass
+        it is divided by, so that the box's drift between passes does not land in the ratio."""
+        for one_by_one in [False] if args.skip_sequential else [False, True]:
+            if raw_stage is not None:
+                stages["generator"] = raw_stage
+                passes.setdefault("raw_sequential" if one_by_one else "raw_batched", []).append(
+                    raw_pass(prompts, one_call=not one_by_one))
+            if serving in args.serving.split(","):
+                stages["generator"] = engine_stage
+                result, rows = engine_pass(sequential if one_by_one else config.engine)
+                passes.setdefault(f"engine_{serving}" + ("_sequential" if one_by_one else ""), []).append(result)
+                if not one_by_one:
+                    answers[serving] = {row["id"]: row["answer"] for row in rows}
+
     if args.interleave:
-        kinds = [s for s in args.serving.split(",") if s != "batch"]
-        if len(kinds) != 1 or "batch" in args.serving.split(","):
+        kinds = args.serving.split(",")
+        if len(kinds) != 1 or kinds[0] == "batch":
             raise SystemExit("--interleave compares one streaming kind with the raw limit: --serving async")
         batch_stage, report["startup_s"]["batch"] = start_generator("batch")
         stages["generator"] = batch_stage
         engine_pass(config.engine, record=prompts)  # the engine's own requests, recorded once
         other, report["startup_s"][kinds[0]] = start_generator(kinds[0])
-        for r in range(args.repeats):
-            stages["generator"] = batch_stage
-            passes.setdefault("raw_batched", []).append(raw_pass(prompts, one_call=True))
-            stages["generator"] = other
-            result, rows = engine_pass(config.engine)
-            passes.setdefault(f"engine_{kinds[0]}", []).append(result)
-            answers[kinds[0]] = {row["id"]: row["answer"] for row in rows}
-            if not args.skip_sequential:
-                stages["generator"] = batch_stage
-                passes.setdefault("raw_sequential", []).append(raw_pass(prompts, one_call=False))
-                stages["generator"] = other
-                passes.setdefault(f"engine_{kinds[0]}_sequential", []).append(engine_pass(sequential)[0])
+        for _ in range(args.repeats):
+            repeat(kinds[0], other, raw_stage=batch_stage)
         report["interleaved"] = True
-    # the batch kind first: its replica is also the raw LLM.generate limit
-    for serving in [] if args.interleave else ["batch", *[s for s in args.serving.split(",") if s != "batch"]]:
-        stages["generator"], report["startup_s"][serving] = start_generator(serving)
-        for r in range(args.repeats):
+    else:  # one replica at a time, the batch kind first: its replica is also the raw LLM.generate limit
+        for serving in ["batch", *[s for s in args.serving.split(",") if s != "batch"]]:
+            stage, report["startup_s"][serving] = start_generator(serving)
+            stages["generator"] = stage
             if serving == "batch":
-                if not prompts:  # the engine's own requests, recorded once
-                    engine_pass(config.engine, record=prompts)
-                passes.setdefault("raw_batched", []).append(raw_pass(prompts, one_call=True))
-                if not args.skip_sequential:
-                    passes.setdefault("raw_sequential", []).append(raw_pass(prompts, one_call=False))
-            if serving in args.serving.split(","):
-                result, rows = engine_pass(config.engine)
-                passes.setdefault(f"engine_{serving}", []).append(result)
-                answers[serving] = {row["id"]: row["answer"] for row in rows}
-                if not args.skip_sequential:
-                    passes.setdefault(f"engine_{serving}_sequential", []).append(engine_pass(sequential)[0])
-        ray.kill(stages["generator"].replicas[0])
+                engine_pass(config.engine, record=prompts)
+            for _ in range(args.repeats):
+                repeat(serving, stage, raw_stage=stage if serving == "batch" else None)
+            ray.kill(stage.replicas[0])
 
     raw = [x["tok_s"] for x in passes["raw_batched"]]
     for serving in args.serving.split(","):
