@@ -8,9 +8,13 @@ On the same questions, real model, same prompts:
   2. share of the raw batching gain kept: (engine batched / engine sequential - 1) /
      (raw batched / raw sequential - 1), tokens/s throughout               (issue 19: >= 0.8)
 Each pass runs ``--repeats`` times (min / median / max). The prefix cache is reset before each pass so
-every pass starts cold; model start-up is excluded (and reported). One replica kind runs at a time.
+every pass starts cold; model start-up is excluded (and reported). One replica kind runs at a time
+(the batch kind first: its raw passes are the limit every kind is divided by), or with
+``--interleave`` the batch replica stays up beside the one measured and each raw pass runs right
+before the engine pass it is divided by.
 
     python benchmarks/engine_efficiency.py --n 30 --strategy raisf --repeats 3
+    python benchmarks/engine_efficiency.py --n 30 --strategy raisf --repeats 3 --serving async --interleave
 """
 
 from __future__ import annotations
@@ -140,8 +144,8 @@ def main() -> None:
     prompts: list = []
     answers = {}
     def repeat(serving: str, engine_stage, raw_stage=None) -> None:
-        """One repeat: each raw pass (on ``raw_stage``, the batch replica) right before the engine pass
-        it is divided by, so that the box's drift between passes does not land in the ratio."""
+        """One repeat of ``serving``'s engine passes, each after the raw pass on ``raw_stage`` (the batch
+        replica, when it is up) that it is divided by: adjacent, the box's drift stays out of the ratio."""
         for one_by_one in [False] if args.skip_sequential else [False, True]:
             if raw_stage is not None:
                 stages["generator"] = raw_stage

@@ -115,7 +115,7 @@ class Stage:
         self.inflight = [0] * len(replicas)
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
-        self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine._await_restart)
+        self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine/supervision.py)
         self.deaths = [0] * len(replicas)  # times each replica's actor died during this run
         self.stats = StageStats()
 

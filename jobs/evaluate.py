@@ -17,6 +17,7 @@ from jobs import metrics as M
 from jobs.questions import question_columns
 from jobs.storage import filesystem, open_parquet, read_table
 from schemas.errors import UserError
+from schemas.tables import SchemaError
 
 COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
            "cite P / R (n)", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "tokens/correct",
@@ -30,7 +31,10 @@ def answer_files(output: str) -> list[str]:
     from pyarrow.fs import FileSelector, FileType
 
     info = fs.get_file_info(root)
-    if info.type == FileType.File:
+    if info.type == FileType.File:  # one part named directly: it must be one (a question file is not)
+        missing = [c for c in ("id", "strategy", "answer") if c not in open_parquet(output).schema_arrow.names]
+        if missing:
+            raise SchemaError(f"{output} is not a file of ragsift answers (no column {missing})")
         return [output]
     if info.type == FileType.NotFound:
         raise FileNotFoundError(f"{output} does not exist")

@@ -49,7 +49,10 @@ def read_manifest(index_dir: str | Path) -> dict:
     path = Path(index_dir) / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"no index at {index_dir} ({MANIFEST} missing); run `ragsift index` first")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise UserError(f"{path} is damaged ({err}); rebuild the index with `ragsift index`") from None
 
 
 def manifest_sha256(index_dir: str | Path) -> str | None:

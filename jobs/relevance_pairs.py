@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from jobs.storage import read_table
+from jobs.storage import open_parquet, read_table
 from jobs.train_data import excluded_ids
 from schemas.errors import UserError
 from schemas.training import RelevanceTraining
@@ -68,7 +68,7 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
     read back from a ``--mine-only`` run (``--pairs``), whose provenance travels in the file."""
     skip = excluded_ids(settings.exclude)
     if settings.pairs:
-        table = read_table(settings.pairs)
+        table = read_table(settings.pairs, ["id", "question", "passage", "label"])
         source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
         # a question excluded now is dropped, whatever the mining excluded
         pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist() if p["id"] not in skip]
@@ -76,7 +76,9 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
             source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
-    rows = [r for r in read_table(settings.questions, ["id", "question", "gold_passage_ids", "dataset"]).to_pylist()
+    optional = [c for c in ["dataset"] if c in open_parquet(settings.questions).schema_arrow.names]
+    rows = [{"dataset": None, **r} for r in read_table(settings.questions, ["id", "question", "gold_passage_ids",
+                                                                          *optional]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]
     if settings.per_dataset:
         seen, kept = collections.Counter(), []

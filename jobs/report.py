@@ -37,9 +37,20 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
         "scores": [score(s, d, rows, None) for (s, d), rows in groups],
         "resolution": resolution(groups),
         "rows": {s: rows for (s, d), rows in groups if d == "ALL"},
-        "metrics": json.loads(metrics_path.read_text()) if metrics_path.exists() else None,
+        "metrics": read_metrics(metrics_path),
         "label": label or Path(run).name,
     }
+
+
+def read_metrics(path: Path) -> dict | None:
+    """A run's metrics.json; the answers report without it (missing, or damaged by a killed writer)."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        print(f"report: {path} is damaged ({err}); the run is reported without its metrics", file=sys.stderr)
+        return None
 
 
 def _png(fig) -> str:

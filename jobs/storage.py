@@ -50,7 +50,13 @@ def file_sha256(fs, path: str) -> str:
 
 
 def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
-    return open_parquet(uri).read(columns=columns)
+    """The file's table, or those columns of it; a column it lacks is an error here (pyarrow skips it
+    silently, and the KeyError came later, from whatever read the row)."""
+    pf = open_parquet(uri)
+    missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+    if missing:
+        raise SchemaError(f"{redact(uri)}: no column {missing} (it has {pf.schema_arrow.names})")
+    return pf.read(columns=columns)
 
 
 def hash_ids(ids) -> np.ndarray:

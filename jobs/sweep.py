@@ -92,6 +92,14 @@ def with_value(base, param: str, value: str):
         raise ConfigError(f"--param {param}={value}: {err.errors()[0]['msg']}") from None
 
 
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def write(rows: list[dict], param: str, output: str) -> None:
     import matplotlib
 
@@ -108,11 +116,16 @@ def write(rows: list[dict], param: str, output: str) -> None:
         f.write(json.dumps(rows, indent=2).encode())
     print(text)
     fig, ax = plt.subplots(figsize=(6, 4))
+    values = list(dict.fromkeys(r["value"] for r in rows))
+    numeric = all(_is_number(v) for v in values)
+    x = float if numeric else values.index  # true / false, model names: one tick each, in the order given
     for strategy in sorted({r["strategy"] for r in rows}):
         mine = [r for r in rows if r["strategy"] == strategy]
-        ax.plot([float(r["value"]) for r in mine], [r["acc"] for r in mine], marker="o", label=f"{strategy} acc %")
-        ax.plot([float(r["value"]) for r in mine], [r["retrieval ratio"] for r in mine], marker="x", linestyle="--",
+        ax.plot([x(r["value"]) for r in mine], [r["acc"] for r in mine], marker="o", label=f"{strategy} acc %")
+        ax.plot([x(r["value"]) for r in mine], [r["retrieval ratio"] for r in mine], marker="x", linestyle="--",
                 label=f"{strategy} retrieval ratio %")
+    if not numeric:
+        ax.set_xticks(range(len(values)), [str(v) for v in values])
     ax.set_xlabel(param)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -45,7 +45,7 @@ SETTINGS = {"relevance": RelevanceTraining, "know": KnowTraining}
 SWITCHES = {"mine_only", "bf16"}
 
 
-def _flags(p: argparse.ArgumentParser, section: type, required: set[str] = frozenset()) -> None:
+def _flags(p: argparse.ArgumentParser, section: type) -> None:
     add_config_arguments(p)
     for name, field in section.model_fields.items():
         flag = "--" + name.replace("_", "-")
@@ -57,24 +57,26 @@ def _flags(p: argparse.ArgumentParser, section: type, required: set[str] = froze
         elif name == "exclude":
             p.add_argument(flag, action="append", default=None, help=help_)
         else:
-            p.add_argument(flag, default=None, required=name in required, help=help_)
+            p.add_argument(flag, default=None, help=help_)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="judge", required=True)
     _flags(sub.add_parser("relevance", help=f"M_rel: a bi-encoder (or cross-encoder) from gold passages and hard "
                                             f"negatives; --mine-only writes <output>/{PAIRS}, --pairs trains from it"),
-           RelevanceTraining, required={"output"})
+           RelevanceTraining)
     _flags(sub.add_parser("know", help="M_know: a classifier from `ragsift label` know / unknown labels"),
-           KnowTraining, required={"labels", "output"})
+           KnowTraining)
 
 
 def settings(args: argparse.Namespace) -> RelevanceTraining | KnowTraining:
-    """The typed settings: defaults, then --config, then --set, then the flags (a bad value is a
-    ConfigError naming its field)."""
+    """The typed settings: defaults, then --config, then --set, then the flags (a bad value, or a
+    required one given nowhere, is a ConfigError naming its field). ``--exclude`` adds to the config's
+    list rather than replacing it: it is what keeps the reported slices out of training."""
     section = SETTINGS[args.judge]
-    flags = {name: getattr(args, name) for name in section.model_fields}
-    return load_config(section, args.config, args.set, **flags)
+    flags = {name: getattr(args, name) for name in section.model_fields if name != "exclude"}
+    layered = load_config(section, args.config, args.set, **flags)
+    return layered.model_copy(update={"exclude": [*layered.exclude, *(args.exclude or [])]})
 
 
 def run(args: argparse.Namespace) -> int:

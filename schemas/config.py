@@ -471,7 +471,7 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
             raise ConfigError(f"config file {path} does not exist")
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")

@@ -1,5 +1,6 @@
 """Settings of ``ragsift train`` (jobs/train.py): one typed section per judge it trains. Every field
-decides the weights except ``threads``; the model card records them all."""
+decides the weights except ``threads``; the model card records the data they chose and the
+training settings."""
 
 from __future__ import annotations
 

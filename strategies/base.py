@@ -47,7 +47,8 @@ class Routine:
         stages      the stage pools it asks (an instance may add some, e.g. from its settings)
         answers     whether ``compare`` runs it by default (False for label / probe strategies)
         from_run    how it is built from the run config
-        check       cross-section checks on the run config (raise ConfigError naming the fields)
+        check       cross-section checks on the run config (raise ValueError naming the fields; they run in
+                    the config's validation, which reports them as a ConfigError)
         retrieval_methods   the retrieval methods it asks for besides ``retrieval.method``
     """
 

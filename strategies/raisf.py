@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from engine.steps import Done, Item, Spawn
-from schemas.config import AnswerFormConfig, ConfigError, Section
+from schemas.config import AnswerFormConfig, Section
 from schemas.records import (
     Classify,
     Generate,
@@ -109,11 +109,11 @@ class RAISF(Routine):
     @staticmethod
     def check(run) -> None:
         if run.raisf.max_nodes > run.engine.max_nodes_per_root:
-            raise ConfigError(f"engine.max_nodes_per_root {run.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
-                              f"of raisf.d_th {run.raisf.d_th} and raisf.max_subquestions {run.raisf.max_subquestions} "
-                              f"({run.raisf.max_nodes} nodes)")
+            raise ValueError(f"engine.max_nodes_per_root {run.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
+                             f"of raisf.d_th {run.raisf.d_th} and raisf.max_subquestions {run.raisf.max_subquestions} "
+                             f"({run.raisf.max_nodes} nodes)")
         if run.raisf.d_th > run.engine.max_depth:
-            raise ConfigError(f"engine.max_depth {run.engine.max_depth} is below raisf.d_th {run.raisf.d_th}")
+            raise ValueError(f"engine.max_depth {run.engine.max_depth} is below raisf.d_th {run.raisf.d_th}")
         check_judges(run)
 
     def solve(self, item: Item) -> Solve:  # Problem-solving(q_t, iter)
@@ -187,11 +187,11 @@ def judge_stages(config: RaisfConfig) -> set[str]:
 
 def check_judges(run) -> None:
     if run.raisf.know_by == "trained" and not run.know.model:
-        raise ConfigError("a trained self-knowledge judge (raisf.judges / raisf.know_judge: trained) needs know.model "
-                          "(M_know, from `ragsift train know`)")
+        raise ValueError("a trained self-knowledge judge (raisf.judges / raisf.know_judge: trained) needs know.model "
+                         "(M_know, from `ragsift train know`)")
     if run.raisf.relevance_by == "trained" and not run.reranker.model:
-        raise ConfigError("a trained relevance judge (raisf.judges / raisf.relevance_judge: trained) needs "
-                          "reranker.model (M_rel, from `ragsift train relevance`)")
+        raise ValueError("a trained relevance judge (raisf.judges / raisf.relevance_judge: trained) needs "
+                         "reranker.model (M_rel, from `ragsift train relevance`)")
 
 
 def judge_request(user: str, step: str = "judge") -> Judge:

@@ -38,7 +38,7 @@ def _discover() -> dict[str, type]:
     for entry in entry_points(group=ENTRY_POINTS):
         cls = entry.load()
         if cls.name in found and found[cls.name] is not cls:
-            raise UserError(f"strategy {cls.name!r} from entry point {entry.value} is already registered")
+            raise ValueError(f"strategy {cls.name!r} from entry point {entry.value} is already registered")
         found[cls.name] = cls
     return found
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from jobs.calibrate import choose, config_values, f1_threshold, keep_threshold, switch_threshold
+from schemas.errors import UserError
 from schemas.records import (
     Generate,
     Generation,
@@ -152,5 +153,5 @@ def test_the_calibrated_config_carries_the_trained_judges_and_the_ranker_its_thr
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
     trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
               "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
-    with pytest.raises(ValueError, match="older ragsift.*--force"):
+    with pytest.raises(UserError, match="older ragsift.*--force"):
         choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["a"]}}, keep=0.8)

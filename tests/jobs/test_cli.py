@@ -52,3 +52,32 @@ def test_a_key_or_value_error_from_ragsifts_own_code_is_a_bug_and_keeps_its_trac
     # printed as "error: 'n_llm_calls'" with exit 2 it read as the user's mistake, with nothing to act on
     with pytest.raises(type(bug)):
         _execute("answer", job_that_raises(bug), argparse.Namespace(debug=False))
+
+
+def test_bad_input_that_used_to_end_in_a_traceback_is_one_line(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), questions)
+    # a question file given where answers go (a KeyError on `strategy` before)
+    assert main(["evaluate", "--answers", str(questions), "--questions", str(questions)]) == 2
+    assert "is not a file of ragsift answers (no column ['strategy', 'answer'])" in capsys.readouterr().err
+    # a binary file given as the config (a UnicodeDecodeError before)
+    assert main(["answer", "--config", str(questions), "--questions", str(questions), "--output",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not valid YAML" in err
+
+
+def test_a_damaged_index_manifest_or_run_metrics_is_said_not_a_traceback(tmp_path):
+    from jobs.index import read_manifest
+    from jobs.report import read_metrics
+
+    (tmp_path / "manifest.json").write_text('{"shards": [')  # a writer killed mid-file
+    with pytest.raises(UserError, match="is damaged .* rebuild the index"):
+        read_manifest(tmp_path)
+    (tmp_path / "metrics.json").write_text("{")
+    assert read_metrics(tmp_path / "metrics.json") is None  # the run's answers are still reported

@@ -78,7 +78,7 @@ def test_each_engine_gets_its_share_of_an_async_replicas_token_budget():
 
 
 def test_what_an_engine_actor_logs_reaches_the_jobs_log(ray_session, tmp_path):
-    """A replica that dies is said at once (engine.log); with engine actors the job's log still says it."""
+    """A replica that dies is said at once (the engine's log); with engine actors the job's log still says it."""
     from tests.engine.fakes import FakeGenerator
 
     class DiesOnce(FakeGenerator):

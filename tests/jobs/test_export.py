@@ -11,6 +11,7 @@ from jobs.answer import answer
 from jobs.export import export
 from jobs.question_sources import materialize_questions
 from schemas.config import StageBatching
+from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeGenerator
 
@@ -49,5 +50,5 @@ def test_an_openai_batch_file_in_gives_an_openai_batch_file_out(ray_session, tmp
     assert export(str(tmp_path / "out"), str(tmp_path / "rows.jsonl"), "rows") == 5
     row = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
     assert {"id", "answer", "retrieved_ids", "trace", "error"} <= set(row)
-    with pytest.raises(ValueError, match="no answers of strategy 'rag'"):
+    with pytest.raises(UserError, match="no answers of strategy 'rag'"):
         export(str(tmp_path / "out"), str(tmp_path / "x.jsonl"), "openai-batch", strategy="rag")

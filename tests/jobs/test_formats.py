@@ -9,6 +9,7 @@ import pytest
 from jobs.formats import read
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input
+from schemas.errors import UserError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,7 +81,7 @@ def test_a_broken_corpus_file_is_a_clear_error(tmp_path, content, message):
     from jobs.index import corpus_parquet
 
     (tmp_path / "c.jsonl").write_text(content)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         corpus_parquet(str(tmp_path / "c.jsonl"), tmp_path / "idx", print)
 
 
@@ -88,6 +89,6 @@ def test_a_corpus_without_text_names_the_missing_column(tmp_path):
     from jobs.index import corpus_parquet
 
     write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "body": "x"}])
-    with pytest.raises(ValueError, match=r"no column \['text'\]"):
+    with pytest.raises(UserError, match=r"no column \['text'\]"):
         corpus_parquet(str(tmp_path / "c.jsonl"), tmp_path / "idx", print)
     assert read(write_jsonl(tmp_path / "q.jsonl", [{"id": 7, "question": "q"}]))["id"].to_pylist() == ["7"]

@@ -15,6 +15,7 @@ from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
 from jobs.index import IndexJobConfig, build_index
 from jobs.models import resolve
 from schemas.config import load_config
+from schemas.errors import UserError
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -134,7 +135,7 @@ def test_ivf_pq_on_too_small_a_shard_is_a_clear_error(ray_session, squad_slice, 
 
     corpus, _ = squad_slice
     encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
-    with pytest.raises(ValueError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages per shard"):
+    with pytest.raises(UserError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages per shard"):
         _build(corpus, tmp_path / "pq", 2, "index.index_type=ivf_pq", "index.pq_m=8", encoders=encoder)
 
 
@@ -218,7 +219,7 @@ def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
 def test_unusable_corpus_is_a_clear_error(tmp_path, table, message):
     corpus = tmp_path / "c.parquet"
     pq.write_table(table, corpus)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         build_index(_config(corpus, tmp_path / "i", 1))
 
 

@@ -7,6 +7,7 @@ import sys
 
 from actors.know import WEIGHTS
 from jobs.pools import cpus_requested, pool_plan
+from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 from tests.conftest import REPO
 
@@ -43,7 +44,7 @@ def test_an_index_whose_vectors_do_not_match_its_embedder_is_refused_before_anyt
         if ok:
             assert "shards" in pool_plan(config, {"retriever"})
         else:
-            with pytest.raises(ValueError, match="768-d vectors but its embedder .* makes 384-d ones"):
+            with pytest.raises(UserError, match="768-d vectors but its embedder .* makes 384-d ones"):
                 pool_plan(config, {"retriever"})
 
 

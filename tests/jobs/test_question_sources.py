@@ -37,7 +37,7 @@ def test_a_dataset_dict_needs_a_split_when_it_has_several(tmp_path):
     d.save_to_disk(str(tmp_path / "dd"))
     config = config_for(tmp_path / "dd", tmp_path / "out", COLUMNS, "input.split=validation")
     assert pq.read_table(config.questions)["id"].to_pylist() == ["a"]
-    with pytest.raises(ValueError, match=r"splits \['train', 'validation'\]: choose one with --set input.split"):
+    with pytest.raises(UserError, match=r"splits \['train', 'validation'\]: choose one with --set input.split"):
         config_for(tmp_path / "dd", tmp_path / "out2", COLUMNS)
     # through the command: a one-line error, exit 2
     assert main(["answer", "--questions", str(tmp_path / "dd"), "--output", str(tmp_path / "out3")]) == 2

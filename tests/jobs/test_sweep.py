@@ -68,3 +68,11 @@ def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
         runs.append(answer(config, log=lambda *_: None, stages=stages, cache=cache))
     assert ray.get(actor.count.remote()) == 6  # the second value computed nothing again
     assert runs[1]["requests_deduped"] == 6 and all(c["ok"] for c in runs[1]["exactly_once"].values())
+
+
+def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path):
+    # `--values true,false` (or model names) failed in float() after every run had finished
+    rows = [{"value": v, "strategy": "raisf", "acc": 10.0, "F1": 5.0, "retrieval ratio": 50.0, "LLM calls/q": 3.0}
+            for v in ["true", "false"]]
+    write(rows, "raisf.use_labels", str(tmp_path))
+    assert (tmp_path / "sweep.png").stat().st_size > 5_000

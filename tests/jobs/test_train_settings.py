@@ -43,3 +43,24 @@ def test_an_unknown_architecture_or_a_mistyped_setting_is_refused_naming_it(tmp_
     assert "architecture" in capsys.readouterr().err
     assert main([*base, "--set", "epoch=2"]) == 2
     assert "epoch" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_an_exclude_flag_adds_to_the_config_files_list_and_never_drops_it(tmp_path):
+    # the config's list is what keeps the reported slices out of training: a flag must not replace it
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"exclude": ["eval.txt"], "output": "m", "pairs": "p.parquet"}))
+    got = settings(parse(["relevance", "--config", str(config), "--exclude", "extra.txt"]))
+    assert got.exclude == ["eval.txt", "extra.txt"] and got.output == "m"  # output from the file alone
+
+
+def test_a_file_that_lacks_a_column_training_reads_is_one_line_naming_the_column(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), tmp_path / "q.parquet")
+    assert main(["train", "relevance", "--pairs", str(tmp_path / "q.parquet"), "--output", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no column ['passage', 'label']" in err
+    assert main(["train", "relevance", "--questions", str(tmp_path / "q.parquet"), "--index-dir", str(tmp_path),
+                 "--output", str(tmp_path / "m")]) == 2
+    assert "no column ['gold_passage_ids']" in capsys.readouterr().err
