@@ -49,8 +49,10 @@ def generator_model(path: str) -> str:
 
 
 def strategy_of(part: str) -> str:
-    """``<output>/<strategy>/part-NNNNN.parquet`` -> strategy."""
-    return part.rsplit("/", 2)[-2]
+    """The strategy a part answered, from its rows (a part holds one strategy's): its path says it only
+    under an output directory, and a part may be named on its own (``--answers part-00000.parquet``)."""
+    column = open_parquet(part).read(columns=["strategy"])["strategy"]
+    return column[0].as_py() if len(column) else ""
 
 
 def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:

@@ -52,3 +52,14 @@ def test_an_openai_batch_file_in_gives_an_openai_batch_file_out(ray_session, tmp
     assert {"id", "answer", "retrieved_ids", "trace", "error"} <= set(row)
     with pytest.raises(UserError, match="no answers of strategy 'rag'"):
         export(str(tmp_path / "out"), str(tmp_path / "x.jsonl"), "openai-batch", strategy="rag")
+
+
+def test_one_part_named_by_its_bare_file_name_exports(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    rows = [{"id": "a", "strategy": "rag", "answer": "Paris", "error": None, "prompt_tokens": 3,
+             "completion_tokens": 1}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "part-00000.parquet")
+    monkeypatch.chdir(tmp_path)  # an IndexError before: the strategy was read from the path's folder
+    assert export("part-00000.parquet", "out.jsonl", "openai-batch", strategy="rag") == 1
+    assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
