@@ -197,6 +197,7 @@ class Engine:
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
+        stage.last_result[launched.replica] = time.perf_counter()
         self._drop(launched)
         self._account(launched)
         try:
@@ -229,7 +230,7 @@ class Engine:
                 self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts,
                                    RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
             return
-        launched.progressed = time.perf_counter()
+        launched.progressed = stage.last_result[launched.replica] = time.perf_counter()
         requests = [launched.batch[i] for i, _ in chunk]
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)

@@ -117,6 +117,9 @@ class Stage:
         self.retired: set[int] = set()  # replicas whose actor can never start
         self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine/supervision.py)
         self.deaths = [0] * len(replicas)  # times each replica's actor died during this run
+        # when each replica last returned a result (any of its calls): a replica that is returning
+        # results is alive, even while a call queued behind the others waits for its first
+        self.last_result = [0.0] * len(replicas)
         self.stats = StageStats()
 
     def free_replica(self, now: float | None = None) -> int | None:
@@ -471,4 +474,9 @@ class Launched:
 
     def overdue(self, now: float) -> bool:
         timeout = self.stage.batching.timeout_s
-        return timeout is not None and now - max(self.started, self.progressed) > timeout
+        # its replica's last result counts too: vLLM serves requests first come, first served, so a call
+        # sent behind a long one gets nothing until that one's sequences end. Timed alone it ran out its
+        # timeout while the replica streamed the other call, and the restart threw both away (a 1.5B model
+        # on 2 cores, Self-Reasoning trajectories of minutes: killed every 30 min, no pair finished)
+        last = max(self.started, self.progressed, self.stage.last_result[self.replica])
+        return timeout is not None and now - last > timeout

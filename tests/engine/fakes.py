@@ -127,5 +127,21 @@ class StreamingFake:
             yield [await done]
 
 
+class FirstComeFirstServed(StreamingFake):
+    """Serves its calls one after another, a request every 0.6 s, as vLLM's scheduler does when the
+    sequences of an earlier call fill the batch: a later call waits for its first result while the
+    replica streams the earlier one's."""
+
+    async def stream(self, batch):
+        import asyncio
+
+        if not hasattr(self, "turn"):
+            self.turn = asyncio.Lock()
+        async with self.turn:
+            for i, request in enumerate(batch):
+                await asyncio.sleep(0.6)
+                yield [(i, self.inner.generate([request])[0])]
+
+
 def streaming(fake: type) -> type:
     return type(f"Streaming{fake.__name__}", (StreamingFake,), {"fake": fake})

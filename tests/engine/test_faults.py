@@ -16,10 +16,12 @@ from tests.engine.fakes import (
     BrokenGenerator,
     FakeEncoder,
     FakeGenerator,
+    FirstComeFirstServed,
     FlakyGenerator,
     SlowGenerator,
     SlowShard,
     SlowStartingGenerator,
+    StreamingFake,
     streaming,
 )
 
@@ -38,7 +40,8 @@ def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageB
         kill=None, kind="batch", log=None, **engine):
     """Run the engine; ``kill(stages)`` is called once, after the fifth question is done."""
     if kind == "async":
-        actor = ray.remote(streaming(generator)).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
+        streams = generator if issubclass(generator, StreamingFake) else streaming(generator)
+        actor = ray.remote(streams).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
         stages = {"generator": StreamingGeneratorStage([actor.remote() for _ in range(2)],
                                                        LLMBatching(**batching.model_dump()))}
     else:
@@ -152,6 +155,17 @@ def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(
     assert len(rows) == len(questions)
     assert ("waited for a result over 5.0 s" if kind == "async" else "ran over 5.0 s") in by_id["hang"]["error"]
     assert {i: r["error"] for i, r in by_id.items() if r["error"]}.keys() == {"hang"}
+
+
+def test_a_call_waiting_behind_another_on_a_replica_that_streams_results_is_not_timed_out(ray_session):
+    # each replica gets two calls of 4 (2.4 s each, a result every 0.6 s): the second waits 2.4 s for
+    # its first result, past the 1.5 s timeout, while its replica streams the first call's. Timed alone,
+    # it was killed with the replica, and the first call's work with it.
+    log = []
+    by_id, rows, engine = run(ray_session, QUESTIONS[:16], strategy="direct", generator=FirstComeFirstServed,
+                              batching=StageBatching(max_batch=4, timeout_s=1.5), kind="async", log=log.append)
+    assert len(rows) == 16 and all(r["error"] is None for r in rows)
+    assert engine.metrics()["replica_restarts"] == 0 and not log
 
 
 def test_actors_that_cannot_start_stop_the_run_with_a_clear_error(ray_session, kind):
