@@ -248,7 +248,7 @@ class StageBatching(Section):
 class LLMBatching(StageBatching):
     max_batch: int = Field(256, ge=1, description="requests per call to a replica (async replicas: per streaming call)")
     timeout_s: float | None = Field(1800, gt=0, description="a batch running longer fails (async replicas: this long "
-                                    "without a result) and its replica is restarted; None = no limit")
+                                    "without a result from its replica) and its replica is restarted; None = no limit")
     max_tokens_in_flight: int | None = Field(None, ge=1, description="async replicas: estimated prompt + completion "
                                              "tokens in flight per replica; None = twice the replica's KV cache")
 
