@@ -230,7 +230,7 @@ class Engine:
                 self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts,
                                    RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
             return
-        launched.progressed = stage.last_result[launched.replica] = time.perf_counter()
+        stage.last_result[launched.replica] = time.perf_counter()
         requests = [launched.batch[i] for i, _ in chunk]
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)

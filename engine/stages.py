@@ -467,7 +467,6 @@ class Launched:
     started: float = field(default_factory=time.perf_counter)
     pending: int = 0
     answered: set[int] = field(default_factory=set)  # streaming: positions in ``batch`` already answered
-    progressed: float = 0.0  # when its last result came (streaming); a batch times out this long after
 
     def remaining(self) -> list[Request]:
         return [r for i, r in enumerate(self.batch) if i not in self.answered]
@@ -478,5 +477,5 @@ class Launched:
         # sent behind a long one gets nothing until that one's sequences end. Timed alone it ran out its
         # timeout while the replica streamed the other call, and the restart threw both away (a 1.5B model
         # on 2 cores, Self-Reasoning trajectories of minutes: killed every 30 min, no pair finished)
-        last = max(self.started, self.progressed, self.stage.last_result[self.replica])
+        last = max(self.started, self.stage.last_result[self.replica])
         return timeout is not None and now - last > timeout

@@ -9,7 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from jobs.storage import open_parquet, read_table
+from jobs.questions import question_columns
+from jobs.storage import read_table
 from jobs.train_data import excluded_ids
 from schemas.errors import UserError
 from schemas.training import RelevanceTraining
@@ -76,7 +77,7 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
             source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
-    optional = [c for c in ["dataset"] if c in open_parquet(settings.questions).schema_arrow.names]
+    optional = [c for c in ["dataset"] if c in question_columns(settings.questions)]
     rows = [{"dataset": None, **r} for r in read_table(settings.questions, ["id", "question", "gold_passage_ids",
                                                                           *optional]).to_pylist()
             if r["gold_passage_ids"] and r["id"] not in skip]

@@ -42,7 +42,6 @@ from schemas.training import KnowTraining, RelevanceTraining
 # Flags are shortcuts for the fields of the same name (schemas/training.py holds the defaults, the
 # checks and the help): --config FILE and --set field=value layer beneath them, as in every job.
 SETTINGS = {"relevance": RelevanceTraining, "know": KnowTraining}
-SWITCHES = {"mine_only", "bf16"}
 
 
 def _flags(p: argparse.ArgumentParser, section: type) -> None:
@@ -52,7 +51,7 @@ def _flags(p: argparse.ArgumentParser, section: type) -> None:
         default = field.get_default(call_default_factory=True)
         shown = not field.is_required() and default not in (None, [])
         help_ = " ".join(filter(None, [field.description, f"(default: {default})" if shown else ""]))
-        if name in SWITCHES:
+        if field.annotation is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif name == "exclude":
             p.add_argument(flag, action="append", default=None, help=help_)
