@@ -24,6 +24,9 @@ COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "rec
            "latency s"]
 
 
+ANSWER_COLUMNS = ("id", "strategy", "answer")  # what makes a Parquet file a part of ragsift answers
+
+
 def answer_files(output: str) -> list[str]:
     """Committed answer parts under an output directory (``<strategy>/part-*.parquet``), or one file.
     Other Parquet files there (``labels/`` from ``ragsift label``) are not answers: skipped by schema."""
@@ -32,7 +35,7 @@ def answer_files(output: str) -> list[str]:
 
     info = fs.get_file_info(root)
     if info.type == FileType.File:  # one part named directly: it must be one (a question file is not)
-        missing = [c for c in ("id", "strategy", "answer") if c not in open_parquet(output).schema_arrow.names]
+        missing = [c for c in ANSWER_COLUMNS if c not in open_parquet(output).schema_arrow.names]
         if missing:
             raise SchemaError(f"{output} is not a file of ragsift answers (no column {missing})")
         return [output]
@@ -42,7 +45,7 @@ def answer_files(output: str) -> list[str]:
                    if i.type == FileType.File and i.path.endswith(".parquet")
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
     scheme = output[: output.index("://") + 3] if "://" in output else ""
-    files = [scheme + f for f in files if {"strategy", "answer"} <= set(open_parquet(scheme + f).schema_arrow.names)]
+    files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
     return files

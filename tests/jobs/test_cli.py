@@ -81,3 +81,18 @@ def test_a_damaged_index_manifest_or_run_metrics_is_said_not_a_traceback(tmp_pat
         read_manifest(tmp_path)
     (tmp_path / "metrics.json").write_text("{")
     assert read_metrics(tmp_path / "metrics.json") is None  # the run's answers are still reported
+
+
+def test_an_answers_directory_counts_the_files_a_single_answers_file_would_be_accepted_as(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.evaluate import answer_files
+
+    (tmp_path / "rag").mkdir()
+    (tmp_path / "notes").mkdir()
+    part = tmp_path / "rag" / "part-00000.parquet"
+    pq.write_table(pa.table({"id": ["a"], "strategy": ["rag"], "answer": ["x"]}), part)
+    # strategy and answer but no id: refused when named alone, so not an answer part inside a directory either
+    pq.write_table(pa.table({"strategy": ["rag"], "answer": ["x"]}), tmp_path / "notes" / "x.parquet")
+    assert answer_files(str(tmp_path)) == [str(part)]
