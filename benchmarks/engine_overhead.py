@@ -24,7 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class StubGenerator:
-    """RA-ISF paths by a hash of the question: ~40% know, ~30% relevant passage, ~30% decompose."""
+    """Scripted answers by a hash of the prompt. RA-ISF: ~40% know, ~30% relevant passage, ~30%
+    decompose. MIGRES (by its requests' steps): statements extracted and ~80% of them entailed, the
+    main module answering ~60% of the time (else a new query, up to its T iterations)."""
 
     def generate(self, batch):
         from schemas.records import Generation, Judge, Judgment
@@ -34,14 +36,33 @@ class StubGenerator:
             user = r.messages[-1][1]
             h = zlib.crc32(user.encode()) % 10
             if isinstance(r, Judge):
-                p = 0.9 if (h < 4 if user.startswith("Can you") else h < 2) else 0.1
+                p = 0.9 if (h < 8 if r.step == "entail" else h < 4 if user.startswith("Can you") else h < 2) else 0.1
                 out.append(Judgment("yes" if p > .5 else "no", {"yes": p, "no": 1 - p}, 40, 1))
+            elif r.json_schema and r.step in MIGRES_SCRIPT:
+                out.append(Generation(json.dumps(MIGRES_SCRIPT[r.step](h)), 200, 20))
             elif r.json_schema:
                 q = user.rsplit("Question: ", 1)[-1]
                 out.append(Generation(json.dumps({"sub_questions": [f"{q} part {i}" for i in (1, 2)]}), 60, 20))
             else:
                 out.append(Generation(f"answer {h}", 200, 4))
         return out
+
+
+MIGRES_SCRIPT = {  # MIGRES's structured steps (the others answer "answer h"): their JSON, from the prompt's hash h
+    "leaf": lambda h: {"useful_information": [{"info": f"statement {h}", "support_passages": [0]}]},
+    "main": lambda h: {"answer": f"answer {h}" if h < 6 else "unanswerable", "confidence": 3,
+                       "explanation": "from the statements", "missing_information": f"the missing fact {h}"},
+    "query": lambda h: {"queries": [f"a follow-up query {h}"]},
+}
+
+
+class StubRanker:
+    """Every text scored, best first, falling from 0.9 (a relevance filter keeps the first few)."""
+
+    def rank(self, batch):
+        from schemas.records import Ranking
+
+        return [Ranking(list(range(len(r.texts))), [0.9 / (i + 1) for i in range(len(r.texts))]) for r in batch]
 
 
 class StubEncoder:
@@ -64,6 +85,8 @@ class StubShard:
             out.append([Passage(pid, f"Title {pid}", f"passage {pid} " + self.filler, 1.0 / (i + 1))
                         for i, pid in enumerate(ids)])
         return out
+
+    search_bm25 = search  # the same stub hits: MIGRES retrieves with BM25 by default
 
 
 def write_questions(path: str, n: int) -> None:

@@ -2,12 +2,14 @@
 
 The replicas are Ray actors that answer like vLLM's async engine (``actors/streaming_generator.py``'s
 ``kv_capacity`` and ``stream``) and take as long as an H100 serving Llama-3-8B with continuous
-batching would (``H100Llama8B``, derived below); they answer RA-ISF's requests with scripted texts
-(``engine_overhead.StubGenerator``: about 40% of questions known, 30% answered from a relevant
-passage, 30% decomposed). Everything else is the product: ``jobs.answer.answer`` with the real
-engine, the real RA-ISF strategy, the streaming generator stage's token backpressure, real Ray
-streaming calls, answers committed as Parquet parts per shard and the exactly-once check.
-Retrieval is an instant stub (its own pool in a real cluster; not what this measures).
+batching would (``H100Llama8B``, derived below); they answer with scripted texts
+(``engine_overhead.StubGenerator``: RA-ISF about 40% of questions known, 30% answered from a relevant
+passage, 30% decomposed; MIGRES a statement extracted per query and the main module answering about
+60% of the time, else another iteration). Everything else is the product: ``jobs.answer.answer`` with
+the real engine, the real strategies (``--strategies raisf,migres``: every question answered by both,
+the mix issue 19 names), the streaming generator stage's token backpressure, real Ray streaming
+calls, answers committed as Parquet parts per shard and the exactly-once check. Retrieval (dense and
+BM25) and MIGRES's ranker are instant stubs (their own pools in a real cluster; not what this measures).
 
 Measured: each replica's busy fraction (time with at least one sequence scheduled, on the
 simulated clock, over the span from the first request to the last result), the driver's CPU time
@@ -32,8 +34,9 @@ The step-time model (``H100Llama8B.step_s``), from public figures:
 - vLLM's scheduler defaults on an H100 for offline use (vllm/engine/arg_utils.py): 16,384 tokens and
   1,024 sequences per step, chunked prefill. KV cache: 0.9 of 80 GB, less the weights and ~4 GB of
   activations and CUDA graphs: 51.9 GB = 396k tokens.
-- Completions: judgments 1 token, answers 12, decompositions 40 (RA-ISF's short outputs); prompt
-  tokens are estimated as characters / 4 (no tokenizer).
+- Completions by step (``COMPLETION``): judgments 1 token, answers 12, decompositions 40 (RA-ISF's
+  short outputs), MIGRES's extraction, main module and knowledge 60, its queries 25; prompt tokens are
+  estimated as characters / 4 (no tokenizer).
 """
 
 from __future__ import annotations
@@ -108,7 +111,10 @@ class ReplicaStats:
     running_sum: int = 0  # sequences scheduled, summed over steps
 
 
-COMPLETION = {"judge": 1, "answer": 12, "decompose": 40}
+# completion tokens by the request's step: RA-ISF's short outputs (judgments 1 token, answers 12,
+# decompositions 40); MIGRES's JSON steps under their max_tokens (leaf 200, main 160, query 120,
+# knowledge 96): a statement or two, an answer with a one-line explanation, one query
+COMPLETION = {"answer": 12, "decompose": 40, "leaf": 60, "main": 60, "query": 25, "knowledge": 60}  # judgments: 1
 
 
 class SimulatedReplica:
@@ -150,9 +156,9 @@ class SimulatedReplica:
             self.stats.first_request = now
         done: asyncio.Queue = asyncio.Queue()
         for i, request in enumerate(requests):
-            result, kind = self._answer(request)
-            prompt = max(1, sum(len(text) for _, text in request.messages) // 4)
-            self.waiting.append(Seq(i, done, prompt, COMPLETION[kind], result, prefill_left=prompt))
+            result = self._answer(request)
+            self.waiting.append(Seq(i, done, result.prompt_tokens, result.completion_tokens, result,
+                                    prefill_left=result.prompt_tokens))
         self.stats.requests += len(requests)
         self.wake.set()
         async for chunk in finished_chunks(done, len(requests), self.chunk_s):
@@ -162,10 +168,10 @@ class SimulatedReplica:
         from schemas.records import Judge
 
         [result] = self.script.generate([request])
-        kind = "judge" if isinstance(request, Judge) else "decompose" if request.json_schema else "answer"
         result.prompt_tokens = max(1, sum(len(text) for _, text in request.messages) // 4)
-        result.completion_tokens = COMPLETION[kind]
-        return result, kind
+        result.completion_tokens = (1 if isinstance(request, Judge) else
+                                    COMPLETION.get(request.step, COMPLETION["decompose" if request.json_schema else "answer"]))
+        return result
 
     async def _run(self) -> None:
         m, s = self.model, self.stats
@@ -232,11 +238,12 @@ class SimulatedReplica:
             self.step_no += 1
 
 
-def one(replicas: int, questions: int, window: int, time_scale: float, engines: int = 1) -> dict:
+def one(replicas: int, questions: int, window: int, time_scale: float, engines: int = 1,
+        strategies: tuple[str, ...] = ("raisf",)) -> dict:
     import ray
-    from engine_overhead import StubEncoder, StubShard, write_questions
+    from engine_overhead import StubEncoder, StubRanker, StubShard, write_questions
 
-    from engine.stages import RetrieverStage, StreamingGeneratorStage
+    from engine.stages import RankerStage, RetrieverStage, StreamingGeneratorStage
     from jobs.answer import answer
     from strategies.registry import AnswerConfig
 
@@ -246,17 +253,21 @@ def one(replicas: int, questions: int, window: int, time_scale: float, engines: 
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=1024 * 2**20)
     # the same roots in flight whatever the number of engines
-    config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=["raisf"],
+    config = AnswerConfig(questions=qpath, output=f"{tmp}/out", strategies=list(strategies),
                           engine={"window": window // engines, "cache_size": 0, "actors": engines, "actor_cpus": 0})
     model = {"time_scale": time_scale}
     gen = [ray.remote(SimulatedReplica).options(num_cpus=0, max_concurrency=1000).remote(model)
            for _ in range(replicas)]
     ray.get([g.__ray_ready__.remote() for g in gen])
     enc = [ray.remote(StubEncoder).options(num_cpus=0).remote() for _ in range(2)]
-    # Wikipedia-sized passages (about 100 words)
-    shards = [ray.remote(StubShard).options(num_cpus=0).remote(i, "words of text " * 33) for i in range(2)]
+    # Wikipedia-sized passages (about 100 words, 14 sentences: MIGRES ranks them one by one)
+    shards = [ray.remote(StubShard).options(num_cpus=0).remote(i, "Some words of text in one sentence. " * 14)
+              for i in range(2)]
     stages = {"generator": StreamingGeneratorStage(gen, config.engine.generator, "generator"),
-              "retriever": RetrieverStage(enc, shards, config.engine.retriever)}
+              "retriever": RetrieverStage(enc, shards, config.engine.retriever, bm25=True)}
+    if "migres" in strategies:  # its passage and sentence filter: a cross-encoder pool, instant here like retrieval
+        stages["ranker"] = RankerStage([ray.remote(StubRanker).options(num_cpus=0).remote() for _ in range(2)],
+                                       config.engine.ranker)
     cpu, wall = time.process_time(), time.perf_counter()
     metrics = answer(config, log=lambda *a: None, stages=stages)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -270,10 +281,12 @@ def one(replicas: int, questions: int, window: int, time_scale: float, engines: 
     requests = sum(r["requests"] for r in reports)
     g = metrics["stages"]["generator"]
     return {
-        "replicas": replicas, "questions": questions, "window": window, "time_scale": time_scale,
+        "replicas": replicas, "questions": questions, "strategies": list(strategies), "window": window,
+        "time_scale": time_scale,
         "engines": engines, "job_process_cpu_s": round(job_cpu, 1), "engine_actor_cpu_s": engine_cpu,
         "wall_s": round(wall, 1), "answer_span_s": round(span, 1),
-        "questions_per_s": round(questions / wall, 1), "requests": requests,
+        "questions_per_s": round(questions / wall, 1), "answers_per_s": round(questions * len(strategies) / wall, 1),
+        "requests": requests,
         "requests_per_s": round(requests / span, 1),
         "utilisation": {"mean": round(sum(busy) / len(busy), 3), "min": round(min(busy), 3), "max": round(max(busy), 3)},
         "mean_running_seqs_per_step": round(sum(r["running_sum"] for r in reports) / max(1, sum(r["steps"] for r in reports)), 1),
@@ -286,6 +299,7 @@ def one(replicas: int, questions: int, window: int, time_scale: float, engines: 
         "generator_calls": g["calls"], "requests_per_call": g["batch_size"]["mean"],
         "peak_tokens_in_flight": g.get("peak_tokens_in_flight"),
         "batch_failures": metrics["batch_failures"], "replica_restarts": metrics["replica_restarts"],
+        "resolved_by": metrics["resolved_by"], "parse_failures": metrics["parse_failures"],
         "requests_per_replica": sorted(r["requests"] for r in reports),
         "exactly_once": all(c["ok"] for c in metrics["exactly_once"].values()),
     }
@@ -300,9 +314,11 @@ def main() -> None:
     p.add_argument("--out", help="append each result as a JSON line here")
     p.add_argument("--engines", type=int, nargs="+", default=[1], help="engine.actors values to run (1 = the "
                    "engine in this process)")
+    p.add_argument("--strategies", default="raisf", help="comma-separated; each question is answered by each "
+                   "(raisf,migres: the mix issue 19 names)")
     args = p.parse_args()
     for n, engines in ((n, e) for n in args.replicas for e in args.engines):
-        r = one(n, args.questions, args.window, args.time_scale, engines)
+        r = one(n, args.questions, args.window, args.time_scale, engines, tuple(args.strategies.split(",")))
         print(json.dumps(r), flush=True)
         if args.out:
             with open(args.out, "a") as f:
