@@ -14,7 +14,7 @@ from typing import Any
 
 from actors.retriever import fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
-from schemas.errors import UserError
+from schemas.errors import StageDown, UserError
 from schemas.records import (
     Classify,
     Entail,
@@ -92,10 +92,6 @@ def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: 
                     busy[i] += max(0.0, min(b, (i + 1) * width) - max(a, i * width))
     return {"bin_s": round(width, 3), "busy": [round(min(1.0, x / (width * replicas)), 3) if width else 0.0
                                                for x in busy]}
-
-
-class StageDown(RuntimeError):
-    """A stage has no replica that can run: the run stops (committed output is kept for resume)."""
 
 
 class Stage:

@@ -8,7 +8,7 @@ import importlib
 import re
 import sys
 
-from schemas.errors import UserError
+from schemas.errors import StageDown, UserError
 
 JOBS = {
     "demo": ("jobs.demo", "index the embedded sample, answer it with direct and rag, evaluate"),
@@ -28,10 +28,11 @@ JOBS = {
 # Jobs whose output is committed as it goes and picked up by the same command run again
 RESUMABLE = {"demo", "index", "answer", "compare", "calibrate", "sweep", "label"}
 
-# Failures that are the user's input or environment (a path, a bucket, a model that is not there): one
-# line, exit 2, the traceback only with --debug. Anything else is a bug and keeps its traceback: a
-# KeyError or ValueError from ragsift's own code printed as one line would read as the user's fault.
-USER_ERRORS = (UserError, OSError)
+# Failures that are the user's input or environment (a path, a bucket, a model that is not there, a
+# stage none of whose replicas can run): one line, exit 2, the traceback only with --debug. Anything
+# else is a bug and keeps its traceback: a KeyError or ValueError from ragsift's own code printed as
+# one line would read as the user's fault.
+USER_ERRORS = (UserError, StageDown, OSError)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from jobs.cli import _execute
 from schemas.config import ConfigError
-from schemas.errors import UserError
+from schemas.errors import StageDown, UserError
 
 
 def job_that_raises(error):
@@ -41,7 +41,9 @@ def test_a_user_error_is_one_line_and_exit_code_2(capsys):
     assert capsys.readouterr().err == "ragsift index: error: corpus.parquet: no such file\n"
 
 
-@pytest.mark.parametrize("error", [UserError("q.parquet: no rows"), ConfigError("retrieval.k: must be > 0")])
+@pytest.mark.parametrize("error", [UserError("q.parquet: no rows"), ConfigError("retrieval.k: must be > 0"),
+                                   StageDown("stage generator: its actors cannot start (OSError: model weights not "
+                                             "found); fix the cause and rerun the same command to resume")])
 def test_what_the_user_can_fix_is_one_line_whichever_kind_of_user_error(error, capsys):
     assert _execute("answer", job_that_raises(error), argparse.Namespace(debug=False)) == 2
     assert capsys.readouterr().err == f"ragsift answer: error: {error}\n"
