@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from engine.cache import RequestCache
-from engine.stages import Launched, Stage
+from engine.stages import Launched, Stage, cause_of
 from engine.steps import Ask, Done, Item, Spawn, Strategy
 from engine.supervision import Supervisor, death_cause
 from schemas.config import EngineConfig
+from schemas.errors import StageDown
 from schemas.records import Generation, Judgment, Question, Request, Response
 
 
@@ -206,6 +207,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
             self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
             return
+        stage.retries_failed_in_a_row = 0
         self._deliver_batch(stage, launched.batch, responses)
 
     def _stream_chunk(self, stream) -> None:
@@ -231,6 +233,7 @@ class Engine:
                                    RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
             return
         stage.last_result[launched.replica] = time.perf_counter()
+        stage.retries_failed_in_a_row = 0
         requests = [launched.batch[i] for i, _ in chunk]
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
@@ -263,6 +266,13 @@ class Engine:
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
             self.supervisor.died(stage, replica, death_cause(err))
         stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
+        if attempts and isinstance(err, RayTaskError):  # a retry the replica ran, and it raised again
+            stage.retries_failed_in_a_row += 1
+            if self.config.fail_fast_after and stage.retries_failed_in_a_row >= self.config.fail_fast_after:
+                # isolating every request at a cooldown per failure would take hours over a large input
+                raise StageDown(f"stage {stage.name}: {stage.retries_failed_in_a_row} retried calls in a row raised "
+                                f"and none answered since ({cause_of(err)}); fix the cause and rerun the same "
+                                "command to resume")
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
             error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"

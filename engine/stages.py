@@ -94,6 +94,12 @@ def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: 
                                                for x in busy]}
 
 
+def cause_of(err: BaseException) -> str:
+    """The line of a (Ray-wrapped, coloured, multi-line) error that says what went wrong: its last."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(err).__name__
+
+
 class Stage:
     name: str
     streaming = False  # True where replicas stream results back (one Ray streaming call per batch)
@@ -116,6 +122,9 @@ class Stage:
         # when each replica last returned a result (any of its calls): a replica that is returning
         # results is alive, even while a call queued behind the others waits for its first
         self.last_result = [0.0] * len(replicas)
+        # retries (calls of batches that had failed before) that raised since any call of this stage
+        # last answered: engine.fail_fast_after of them means every request fails, not a few bad ones
+        self.retries_failed_in_a_row = 0
         self.stats = StageStats()
 
     def free_replica(self, now: float | None = None) -> int | None:
@@ -185,9 +194,7 @@ class Stage:
             self.retired.add(replica)
             if len(self.retired) < len(self.replicas):
                 return
-        lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
-        cause = lines[-1][:300] if lines else type(err).__name__
-        raise StageDown(f"stage {self.name}: {why} ({cause}); "
+        raise StageDown(f"stage {self.name}: {why} ({cause_of(err)}); "
                         "fix the cause and rerun the same command to resume")
 
     def probe(self, replica: int):

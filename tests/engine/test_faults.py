@@ -7,8 +7,9 @@ import time
 import pytest
 
 from engine.loop import Engine
-from engine.stages import GeneratorStage, RetrieverStage, StageDown, StreamingGeneratorStage
+from engine.stages import GeneratorStage, RetrieverStage, StreamingGeneratorStage
 from schemas.config import EngineConfig, LLMBatching, StageBatching
+from schemas.errors import StageDown
 from schemas.records import Question
 from strategies.base import StrategySettings
 from strategies.registry import STRATEGIES
@@ -145,6 +146,19 @@ def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session,
     assert "generator failed 2 times" in by_id["killer"]["error"]
     assert engine.batch_splits >= 2  # a batch of several only splits after failing twice
     assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "killer")
+
+
+def test_an_error_every_request_hits_stops_the_run_instead_of_isolating_each_request(ray_session, kind):
+    # isolating 50 such requests on 2 replicas took 200 s at the default 2 s cooldown (4 failures a
+    # request); over a large input it is hours of turning every question into an error row
+    poisoned = [Question(f"p{i}", f"POISON {i}") for i in range(24)]
+    with pytest.raises(StageDown, match=r"stage generator: 16 retried calls in a row raised and none answered since "
+                                        r"\(RuntimeError: replica crashed\)"):
+        run(ray_session, poisoned, strategy="direct", generator=FakeGenerator, kind=kind, fail_fast_after=16)
+    # with the check off, each becomes an error row as before
+    by_id, rows, _ = run(ray_session, poisoned, strategy="direct", generator=FakeGenerator, kind=kind,
+                         fail_fast_after=0)
+    assert len(rows) == 24 and all("generator failed 3 times" in r["error"] for r in rows)
 
 
 def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(ray_session, kind):
