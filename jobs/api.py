@@ -101,16 +101,37 @@ class Session:
             found += [*stage.replicas, *getattr(stage, "shards", [])]
         return found
 
-    def close(self) -> None:
-        """Stop the pools (and Ray, if this Session started it)."""
+    def close(self, wait_s: float = 60.0) -> None:
+        """Stop the pools (and Ray, if this Session started it); return once they are gone, so that
+        what they held (GPUs, memory) is free for the next Session or job on this Ray."""
         import ray
 
         if ray.is_initialized():
-            for actor in self.actors():
+            actors = self.actors()
+            for actor in actors:
                 ray.kill(actor)
-            if self.started_ray:
+            if not self.started_ray:
+                wait_until_dead(actors, wait_s)
+            else:
                 ray.shutdown()
         self.stages.clear()
+
+
+def wait_until_dead(actors: list, wait_s: float) -> None:
+    """Wait for killed actors to die: ray.kill only asks the GCS to, and a call made at once may
+    still be answered by the old process."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    for actor in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
+            time.sleep(0.1)
 
 
 def answer_table(questions: Any, strategies: list[str] | str = "rag", *, index_dir: str | None = None,

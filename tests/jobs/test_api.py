@@ -69,3 +69,29 @@ def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
     if was_running:  # and its pools are gone
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(replica.__ray_ready__.remote(), timeout=60)
+
+
+@pytest.mark.ray
+def test_closing_a_session_on_a_ray_it_did_not_start_returns_once_its_pools_are_gone(ray_session):
+    from types import SimpleNamespace
+
+    from jobs.api import Session
+
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class Replica:
+        pass
+
+    # ray.kill only asks the GCS; without waiting, about one round in three had a killed replica answer
+    for _ in range(3):
+        session = Session(generator="smollm2-135m-instruct")
+        replicas = [Replica.remote() for _ in range(8)]
+        ray.get([r.__ray_ready__.remote() for r in replicas])
+        session.stages = {"generator": SimpleNamespace(replicas=replicas)}
+        session.close()
+        calls = [r.__ray_ready__.remote() for r in replicas]
+        for call in calls:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(call, timeout=60)
+    assert ray.is_initialized()
