@@ -10,7 +10,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from engine.stages import Stage
+from engine.stages import Stage, cause_of
 
 WATCH_S = 5.0  # how often Ray is asked how many times each replica's actor restarted
 
@@ -87,5 +87,4 @@ def death_cause(err: BaseException) -> str:
     if "low on memory" in text or "memory pressure" in text:
         return ("Ray killed it because the machine ran low on memory: use fewer or smaller replicas, a smaller "
                 "KV cache (generator.cpu_kvcache_gib / gpu_memory_utilization) or a bigger machine")
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("\t")]
-    return lines[-1][:300] if lines else type(err).__name__
+    return cause_of(err)

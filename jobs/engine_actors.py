@@ -23,6 +23,7 @@ from engine.loop import Engine
 from jobs.questions import question_rows
 from jobs.request_cache import open_cache
 from schemas.config import EngineConfig
+from schemas.errors import StageDown, UserError
 
 REPORT_S = 0.5  # how often an actor sends its rows and status back
 
@@ -155,6 +156,12 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
                 except StopIteration:
                     del streams[stream]
                     continue
+                except ray.exceptions.RayTaskError as err:
+                    # an error the user fixes (a stage that cannot run) is said as in one engine: its
+                    # own line, not under the engine actor's traceback
+                    if isinstance(err.cause, (UserError, StageDown)):
+                        raise err.cause from None
+                    raise
                 k = streams[stream]
                 for row in message["rows"]:
                     write(row)

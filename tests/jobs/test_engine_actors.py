@@ -100,3 +100,22 @@ def test_what_an_engine_actor_logs_reaches_the_jobs_log(ray_session, tmp_path):
     metrics = answer(config, log=lines.append, stages=stages)
     assert all(c["ok"] for c in metrics["exactly_once"].values()) and metrics["batch_failures"] >= 1
     assert any(line.startswith("engine ") and "generator" in line for line in lines), lines
+
+
+def test_a_stage_down_inside_an_engine_actor_reaches_the_job_as_itself_not_wrapped_in_rays_traceback(ray_session, tmp_path):
+    from schemas.errors import StageDown
+
+    class AlwaysRaises(FakeGenerator):
+        def generate(self, batch):
+            raise ValueError("the server rejects this schema")
+
+    ray = ray_session
+    write_questions(tmp_path / "q.parquet", 40)
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"],
+                          engine={"actors": 2, "actor_cpus": 0, "failure_cooldown_s": 0.01, "fail_fast_after": 4})
+    stages = {"generator": GeneratorStage([ray.remote(AlwaysRaises).options(num_cpus=0).remote()],
+                                          StageBatching(max_batch=8))}
+    with pytest.raises(StageDown) as raised:
+        answer(config, log=lambda *_: None, stages=stages)
+    assert type(raised.value) is StageDown and "\n" not in str(raised.value)
+    assert "the server rejects this schema" in str(raised.value)
