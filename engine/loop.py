@@ -79,6 +79,7 @@ class Engine:
         self.requests_deduped = 0
         self.batch_failures = 0
         self.batch_splits = 0
+        self.stage_tests = 0  # a request answered before, sent again after failures in a row (_test_stage)
         self.empty_answers = 0
         self.trees_capped = 0
         self.parse_failures = 0
@@ -205,9 +206,9 @@ class Engine:
             stage.stats.received(launched.refs)
             responses = stage.combine(launched.batch, ray.get(launched.refs))
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
-            self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err)
+            self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err, launched.started)
             return
-        stage.retries_failed_in_a_row = 0
+        stage.answered_ok(launched.batch[-1])
         self._deliver_batch(stage, launched.batch, responses)
 
     def _stream_chunk(self, stream) -> None:
@@ -223,7 +224,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - what is not answered yet is retried, isolated, at worst error rows
             self._drop(launched)
             self._account(launched)
-            self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts, err)
+            self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts, err, launched.started)
             return
         if chunk is None:
             self._drop(launched)
@@ -233,8 +234,8 @@ class Engine:
                                    RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
             return
         stage.last_result[launched.replica] = time.perf_counter()
-        stage.retries_failed_in_a_row = 0
         requests = [launched.batch[i] for i, _ in chunk]
+        stage.answered_ok(requests[-1])
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
         self._deliver_batch(stage, requests, [response for _, response in chunk])
@@ -256,7 +257,7 @@ class Engine:
         stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
-                      err: BaseException) -> None:
+                      err: BaseException, started: float | None = None) -> None:
         """Retry a failed batch on a healthy replica (see ``retry_plan``); a request that failed
         ``max_attempts`` times on its own becomes an error response."""
         stage.stats.errors += 1
@@ -265,14 +266,30 @@ class Engine:
             stage.retire(replica, err)  # raises when the stage has no replica left
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
             self.supervisor.died(stage, replica, death_cause(err))
-        stage.cooling_until[replica] = time.perf_counter() + self.config.failure_cooldown_s
-        if attempts and isinstance(err, RayTaskError):  # a retry the replica ran, and it raised again
+        # a replica that raised while its stage is answering other calls is well, and the requests are
+        # bad: resting it would add a cooldown to every failure of isolating them (10% bad questions:
+        # 400 took 100-250 s at 2 s). Rest it after a death or a timeout, or when the stage has answered
+        # nothing since the call started nor within a cooldown (an outage: give it time)
+        now = time.perf_counter()
+        answering = stage.last_answered_s > min(started if started is not None else now,
+                                                now - self.config.failure_cooldown_s)
+        if not (isinstance(err, RayTaskError) and answering):
+            stage.cooling_until[replica] = now + self.config.failure_cooldown_s
+        if len(batch) == 1 and batch[0] is stage.canary:
+            if isinstance(err, RayTaskError):
+                raise StageDown(f"stage {stage.name}: {stage.retries_failed_in_a_row} requests retried alone raised "
+                                f"in a row, and a request it had answered in this run raised too "
+                                f"({cause_of(err)}); fix the cause and rerun the same command to resume")
+            stage.retry.appendleft((batch, 0))  # its replica died or timed out: the test did not happen
+            return
+        # a retried call that raised again: its requests are bad, or everything fails. Once the stage has
+        # answered in this run only requests retried alone count: with a third of the requests bad most
+        # halves hold one. Before, every retry counts: an error every request hits stops in ~1 min, not
+        # after each of a window of batches was split down to single requests (~10 min at 2 s cooldowns)
+        if attempts and (len(batch) == 1 or stage.known_good is None) and isinstance(err, RayTaskError):
             stage.retries_failed_in_a_row += 1
             if self.config.fail_fast_after and stage.retries_failed_in_a_row >= self.config.fail_fast_after:
-                # isolating every request at a cooldown per failure would take hours over a large input
-                raise StageDown(f"stage {stage.name}: {stage.retries_failed_in_a_row} retried calls in a row raised "
-                                f"and none answered since ({cause_of(err)}); fix the cause and rerun the same "
-                                "command to resume")
+                self._test_stage(stage, err)
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
             error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"
@@ -281,13 +298,36 @@ class Engine:
         self.batch_splits += len(plan) > 1
         stage.retry.extend(plan)
 
+    def _test_stage(self, stage: Stage, err: BaseException) -> None:
+        """Requests keep failing alone and nothing answers between: are they bad, or is the stage broken?
+
+        Isolating every request at a cooldown per failure would take hours over a large input, so a
+        broken stage stops the run. But failures in a row also happen where only bad requests are left
+        (the good ones of the window answered first, the bad ones were still being isolated): so the
+        stage is asked again a request it answered in this run. Answered, the run goes on; raising, or
+        with nothing ever answered in this run, it stops."""
+        if stage.canary is not None:
+            return  # already asked
+        if stage.known_good is None:
+            raise StageDown(f"stage {stage.name}: {stage.retries_failed_in_a_row} retried calls raised in a row and "
+                            f"none of its calls answered in this run ({cause_of(err)}); fix the cause "
+                            "and rerun the same command to resume (or, if those requests are bad, set "
+                            "engine.fail_fast_after=0 to make each an error row)")
+        stage.canary = stage.known_good
+        self.stage_tests += 1
+        stage.retry.appendleft(([stage.canary], 0))
+
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
+        canary = len(batch) == 1 and batch[0] is stage.canary
+        if canary:
+            stage.canary = None  # it answered (answered_ok reset the count)
         for request, response in zip(batch, responses):
             if isinstance(response, (Generation, Judgment)):
                 self.tokens += response.prompt_tokens + response.completion_tokens
                 stage.stats.prompt_tokens += response.prompt_tokens
                 stage.stats.cached_tokens += response.cached_tokens
-            self.cache.put(request, response)
+            if not canary:  # its answer is cached already
+                self.cache.put(request, response)
             for node, slot in self.waiters.pop(request, []):
                 self._fill(node, slot, response)
 
@@ -445,6 +485,7 @@ class Engine:
             "requests_deduped": self.requests_deduped,
             "batch_failures": self.batch_failures,
             "batch_splits": self.batch_splits,
+            "stage_tests": self.stage_tests,
             "replica_restarts": self.supervisor.restarts,
             "empty_answers": self.empty_answers,
             "trees_capped": self.trees_capped,

@@ -124,10 +124,20 @@ class Stage:
         # when each replica last returned a result (any of its calls): a replica that is returning
         # results is alive, even while a call queued behind the others waits for its first
         self.last_result = [0.0] * len(replicas)
-        # retries (calls of batches that had failed before) that raised since any call of this stage
-        # last answered: engine.fail_fast_after of them means every request fails, not a few bad ones
+        # requests retried alone that raised since any call of this stage last answered:
+        # engine.fail_fast_after of them and the stage is tested with ``known_good`` (engine/loop.py)
         self.retries_failed_in_a_row = 0
+        self.last_answered_s = float("-inf")  # when a call of this stage last answered (perf_counter)
+        self.known_good: Request | None = None  # a request this stage answered in this run
+        # that request, sent again because requests kept failing: does the stage still answer it?
+        self.canary: Request | None = None
         self.stats = StageStats()
+
+    def answered_ok(self, request: Request) -> None:
+        """A call of this stage answered ``request``: its replicas work, whatever failed before."""
+        self.retries_failed_in_a_row = 0
+        self.last_answered_s = time.perf_counter()
+        self.known_good = request
 
     def free_replica(self, now: float | None = None) -> int | None:
         """The least-loaded healthy replica that may take the next batch, or None.

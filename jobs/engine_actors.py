@@ -182,7 +182,8 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
     return merge_metrics([m for m in metrics if m is not None], time.perf_counter() - started, first_row)
 
 
-SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "empty_answers",
+SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "stage_tests",
+          "empty_answers",
           "trees_capped", "parse_failures", "peak_roots_in_flight")
 STAGE_SUMMED = ("calls", "requests", "errors", "busy_s")
 

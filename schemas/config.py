@@ -281,11 +281,13 @@ class EngineConfig(Section):
     max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its batch failed twice "
                                                    "and was split to isolate it) before it becomes an error row")
     failure_cooldown_s: float = Field(2.0, ge=0, description="a replica that failed gets no batch for this long")
-    fail_fast_after: int = Field(64, ge=0, description="stop the run (committed parts kept, resumable) after this "
-                                 "many retried calls of a stage raised in a row, none of its calls answering in "
-                                 "between: an error every request hits (a schema the server rejects) would otherwise "
-                                 "isolate each request at a cooldown per failure, hours over a large input; isolating "
-                                 "one bad request takes at most ~log2(batch) + max_attempts of them; 0 = never")
+    fail_fast_after: int = Field(64, ge=0, description="failures in a row, none of a stage's calls answering in "
+                                 "between, after which the stage is tested: requests retried alone that raised "
+                                 "(any retried call while nothing has answered in this run). An error every request "
+                                 "hits (a schema the server rejects) would otherwise isolate each request at a "
+                                 "cooldown per failure, hours over a large input. Nothing answered in this run: the "
+                                 "run stops (committed parts kept, resumable); else a request the stage answered is "
+                                 "asked again, and the run stops only if it raises too. 0 = never")
     replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
     actors: int = Field(1, json_schema_extra=SPEED, ge=1, description="engines driving the pools: 1 = in the job's "
                         "own process; n > 1 = n engine actors, each over every n-th question, for more requests/s "

@@ -85,6 +85,19 @@ class FlakyGenerator(SlowGenerator):
         return super().generate(batch)
 
 
+class BreaksAfterGenerator(FakeGenerator):
+    """Answers its first 40 requests, then raises on every call (a replica gone bad mid-run)."""
+
+    def __init__(self):
+        self.answered = 0
+
+    def generate(self, batch):
+        if self.answered >= 40:
+            raise RuntimeError("device lost")
+        self.answered += len(batch)
+        return super().generate(batch)
+
+
 class BrokenGenerator:
     def __init__(self):
         raise OSError("model weights not found")
