@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,8 @@ class Engine:
                     exhausted = True
                 else:
                     self._start_root(*nxt)
+            if exhausted and self.roots_in_flight == 0:
+                self._drop_stage_tests()
             self._dispatch(flush=not self.launched)
             if exhausted and self.roots_in_flight == 0 and not self.launched:
                 break  # a replica still starting does not hold up a run that needs nothing more (all cached)
@@ -208,7 +211,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
             self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err, launched.started)
             return
-        stage.answered_ok(launched.batch[-1])
+        stage.answered_ok(launched.replica, launched.batch, responses)
         self._deliver_batch(stage, launched.batch, responses)
 
     def _stream_chunk(self, stream) -> None:
@@ -235,7 +238,7 @@ class Engine:
             return
         stage.last_result[launched.replica] = time.perf_counter()
         requests = [launched.batch[i] for i, _ in chunk]
-        stage.answered_ok(requests[-1])
+        stage.answered_ok(launched.replica, requests, [response for _, response in chunk])
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
         self._deliver_batch(stage, requests, [response for _, response in chunk])
@@ -266,21 +269,18 @@ class Engine:
             stage.retire(replica, err)  # raises when the stage has no replica left
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
             self.supervisor.died(stage, replica, death_cause(err))
-        # a replica that raised while its stage is answering other calls is well, and the requests are
-        # bad: resting it would add a cooldown to every failure of isolating them (10% bad questions:
-        # 400 took 100-250 s at 2 s). Rest it after a death or a timeout, or when the stage has answered
-        # nothing since the call started nor within a cooldown (an outage: give it time)
+        # a replica that raised while it answers other calls is well, and the requests are bad: resting
+        # it would add a cooldown to every failure of isolating them (10% bad questions: 400 took
+        # 100-250 s at 2 s). Rest it after a death or a timeout, or when it has answered nothing since
+        # the call started nor within a cooldown (an outage, or a replica gone bad: give it time, and
+        # the retries to the others)
         now = time.perf_counter()
-        answering = stage.last_answered_s > min(started if started is not None else now,
-                                                now - self.config.failure_cooldown_s)
+        answering = stage.answered_at[replica] > min(started if started is not None else now,
+                                                     now - self.config.failure_cooldown_s)
         if not (isinstance(err, RayTaskError) and answering):
             stage.cooling_until[replica] = now + self.config.failure_cooldown_s
         if len(batch) == 1 and batch[0] is stage.canary:
-            if isinstance(err, RayTaskError):
-                raise StageDown(f"stage {stage.name}: {stage.retries_failed_in_a_row} requests retried alone raised "
-                                f"in a row, and a request it had answered in this run raised too "
-                                f"({cause_of(err)}); fix the cause and rerun the same command to resume")
-            stage.retry.appendleft((batch, 0))  # its replica died or timed out: the test did not happen
+            self._stage_test_failed(stage, replica, err)
             return
         # a retried call that raised again: its requests are bad, or everything fails. Once the stage has
         # answered in this run only requests retried alone count: with a third of the requests bad most
@@ -313,9 +313,33 @@ class Engine:
                             f"none of its calls answered in this run ({cause_of(err)}); fix the cause "
                             "and rerun the same command to resume (or, if those requests are bad, set "
                             "engine.fail_fast_after=0 to make each an error row)")
-        stage.canary = stage.known_good
+        stage.canary, stage.canary_since = stage.known_good, time.perf_counter()
+        stage.canary_after, stage.canary_failed_on = stage.retries_failed_in_a_row, set()
         self.stage_tests += 1
         stage.retry.appendleft(([stage.canary], 0))
+
+    def _drop_stage_tests(self) -> None:
+        """Every row is done: a stage test still queued answers nothing anyone waits for."""
+        for stage in self.stages.values():
+            def test(item, stage=stage):
+                return item[0][0] is stage.canary
+
+            if stage.canary is not None and any(map(test, stage.retry)):  # (one being asked comes back as a test)
+                stage.retry = deque(item for item in stage.retry if not test(item))
+                stage.canary = None
+
+    def _stage_test_failed(self, stage: Stage, replica: int, err: BaseException) -> None:
+        """The request asked again failed on ``replica``: the stage stops only when it failed on every
+        replica it has, none of its calls answering meanwhile (one replica gone bad is not the stage)."""
+        if self.roots_in_flight == 0 or stage.last_answered_s > stage.canary_since:
+            stage.canary = None  # nothing waits on the test, or the stage answers: the failures were bad requests
+            return
+        stage.canary_failed_on.add(replica)  # (a request that answered before, now killing or hanging it: broken too)
+        if set(range(len(stage.replicas))) - stage.retired <= stage.canary_failed_on:
+            raise StageDown(f"stage {stage.name}: {stage.canary_after} requests retried alone raised in a row, "
+                            f"and a request it had answered in this run failed too ({cause_of(err)}); fix "
+                            "the cause and rerun the same command to resume")
+        stage.retry.appendleft(([stage.canary], 0))  # to a replica it has not failed on (Stage.healthy)
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
         canary = len(batch) == 1 and batch[0] is stage.canary

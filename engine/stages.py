@@ -127,17 +127,31 @@ class Stage:
         # requests retried alone that raised since any call of this stage last answered:
         # engine.fail_fast_after of them and the stage is tested with ``known_good`` (engine/loop.py)
         self.retries_failed_in_a_row = 0
-        self.last_answered_s = float("-inf")  # when a call of this stage last answered (perf_counter)
+        # when each replica last answered a request (not with an error response): a replica that raises
+        # while it answers others is well, and the requests are bad
+        self.answered_at = [float("-inf")] * len(replicas)
         self.known_good: Request | None = None  # a request this stage answered in this run
-        # that request, sent again because requests kept failing: does the stage still answer it?
+        # that request, asked again because requests kept failing (engine/loop.py ``_test_stage``):
+        # when, after how many failures, and the replicas it failed on
         self.canary: Request | None = None
+        self.canary_since = 0.0
+        self.canary_after = 0
+        self.canary_failed_on: set[int] = set()
         self.stats = StageStats()
 
-    def answered_ok(self, request: Request) -> None:
-        """A call of this stage answered ``request``: its replicas work, whatever failed before."""
-        self.retries_failed_in_a_row = 0
-        self.last_answered_s = time.perf_counter()
-        self.known_good = request
+    @property
+    def last_answered_s(self) -> float:
+        return max(self.answered_at)
+
+    def answered_ok(self, replica: int, requests: list[Request], responses: list[Response]) -> None:
+        """A call of this stage on ``replica`` came back with ``responses``: those that are not errors
+        show its replicas work, whatever failed before (an error response, such as an overlong prompt
+        refused before the model, shows nothing)."""
+        good = [r for r, response in zip(requests, responses) if getattr(response, "error", None) is None]
+        if good:
+            self.retries_failed_in_a_row = 0
+            self.answered_at[replica] = time.perf_counter()
+            self.known_good = good[-1]
 
     def free_replica(self, now: float | None = None) -> int | None:
         """The least-loaded healthy replica that may take the next batch, or None.
@@ -162,8 +176,11 @@ class Stage:
     def healthy(self, now: float | None = None) -> list[int]:
         """Replicas that may take work now: not retired, not restarting, not resting after a failure."""
         now = time.perf_counter() if now is None else now
-        return [r for r in range(len(self.replicas))
-                if r not in self.retired and r not in self.restarting and self.cooling_until[r] <= now]
+        # the stage test goes next: not to a replica it failed on (one replica gone bad is not the stage)
+        avoid = self.canary_failed_on if self.canary is not None and self.retry and self.retry[0][0] \
+            and self.retry[0][0][0] is self.canary else ()
+        return [r for r in range(len(self.replicas)) if r not in self.retired and r not in self.restarting
+                and self.cooling_until[r] <= now and r not in avoid]
 
     def due(self, now: float, flush: bool) -> bool:
         """A batch should go now: a retry, a full batch, its oldest request waited long enough, or a flush."""

@@ -287,7 +287,8 @@ class EngineConfig(Section):
                                  "hits (a schema the server rejects) would otherwise isolate each request at a "
                                  "cooldown per failure, hours over a large input. Nothing answered in this run: the "
                                  "run stops (committed parts kept, resumable); else a request the stage answered is "
-                                 "asked again, and the run stops only if it raises too. 0 = never")
+                                 "asked again, on each replica in turn, and the run stops only if it fails on every "
+                                 "one with nothing answering meanwhile. 0 = never")
     replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
     actors: int = Field(1, json_schema_extra=SPEED, ge=1, description="engines driving the pools: 1 = in the job's "
                         "own process; n > 1 = n engine actors, each over every n-th question, for more requests/s "

@@ -98,6 +98,19 @@ class BreaksAfterGenerator(FakeGenerator):
         return super().generate(batch)
 
 
+class BadReplicaGenerator(FakeGenerator):
+    """A replica made ``bad`` raises on every call at once (its device lost); the others answer, in 0.3 s."""
+
+    def __init__(self, bad: bool = False):
+        self.bad = bad
+
+    def generate(self, batch):
+        if self.bad:
+            raise RuntimeError("device lost")
+        time.sleep(0.3)
+        return super().generate(batch)
+
+
 class BrokenGenerator:
     def __init__(self):
         raise OSError("model weights not found")

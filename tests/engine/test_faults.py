@@ -14,6 +14,7 @@ from schemas.records import Question
 from strategies.base import StrategySettings
 from strategies.registry import STRATEGIES
 from tests.engine.fakes import (
+    BadReplicaGenerator,
     BreaksAfterGenerator,
     BrokenGenerator,
     FakeEncoder,
@@ -39,16 +40,17 @@ def kind(request):
 
 
 def run(ray, questions, strategy="rag", generator=SlowGenerator, batching=StageBatching(max_batch=8),
-        kill=None, kind="batch", log=None, **engine):
-    """Run the engine; ``kill(stages)`` is called once, after the fifth question is done."""
+        kill=None, kind="batch", log=None, replica_args=((), ()), **engine):
+    """Run the engine; ``kill(stages)`` is called once, after the fifth question is done. A generator
+    replica per item of ``replica_args``, its constructor's arguments."""
     if kind == "async":
         streams = generator if issubclass(generator, StreamingFake) else streaming(generator)
         actor = ray.remote(streams).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
-        stages = {"generator": StreamingGeneratorStage([actor.remote() for _ in range(2)],
+        stages = {"generator": StreamingGeneratorStage([actor.remote(*a) for a in replica_args],
                                                        LLMBatching(**batching.model_dump()))}
     else:
         actor = ray.remote(generator).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
-        stages = {"generator": GeneratorStage([actor.remote() for _ in range(2)], batching)}
+        stages = {"generator": GeneratorStage([actor.remote(*a) for a in replica_args], batching)}
     shard = ray.remote(SlowShard).options(num_cpus=0, max_restarts=-1, max_task_retries=0)
     stages["retriever"] = RetrieverStage([ray.remote(FakeEncoder).options(num_cpus=0).remote()],
                                          [shard.remote(n) for n in ("a", "b")], StageBatching(max_batch=8))
@@ -180,8 +182,19 @@ def test_a_third_of_the_requests_bad_gives_their_error_rows_and_the_others_answe
 def test_a_stage_that_goes_bad_mid_run_stops_it_when_a_request_it_answered_fails_too(ray_session, kind):
     questions = [Question(f"q{i}", f"question {i}") for i in range(200)]
     with pytest.raises(StageDown, match=r"stage generator: \d+ requests retried alone raised in a row, and a "
-                                        r"request it had answered in this run raised too \(RuntimeError: device lost\)"):
+                                        r"request it had answered in this run failed too \(RuntimeError: device lost\)"):
         run(ray_session, questions, strategy="direct", generator=BreaksAfterGenerator, kind=kind, fail_fast_after=8)
+
+
+def test_one_replica_gone_bad_rests_and_the_others_answer_its_requests_without_stopping_the_run(ray_session, kind):
+    # it answers nothing, so each failure rests it, and the stage test (asked after fail_fast_after
+    # failures) goes to a replica it has not failed on: the stage answers, the run goes on. (Unrested
+    # because the stage was answering, it took every retry while the other worked, failed the test and
+    # stopped the run)
+    questions = [Question(f"q{i}", f"question {i}") for i in range(40)]
+    by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=BadReplicaGenerator, kind=kind,
+                         replica_args=((True,), (False,)), fail_fast_after=4, failure_cooldown_s=1.0)
+    assert len(rows) == 40 and all(r["error"] is None for r in rows)
 
 
 def test_a_replica_that_raises_while_its_stage_answers_is_not_rested(ray_session, kind):
