@@ -279,6 +279,7 @@ class Engine:
                                                      now - self.config.failure_cooldown_s)
         if not (isinstance(err, RayTaskError) and answering):
             stage.cooling_until[replica] = now + self.config.failure_cooldown_s
+            stage.stats.rests += 1
         if len(batch) == 1 and batch[0] is stage.canary:
             self._stage_test_failed(stage, replica, err)
             return

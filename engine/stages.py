@@ -39,6 +39,7 @@ class StageStats:
     busy_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
     errors: int = 0
+    rests: int = 0  # failures after which the replica got no work for engine.failure_cooldown_s
     peak_tokens_in_flight: int = 0  # streaming stages: the most estimated tokens one replica had in flight
     prompt_tokens: int = 0  # LLM stages: prompt tokens computed, and those vLLM found in its prefix cache
     cached_tokens: int = 0
@@ -56,6 +57,7 @@ class StageStats:
             "calls": self.calls,
             "requests": self.requests,
             "errors": self.errors,
+            "rests": self.rests,
             "busy_s": round(self.busy_s, 3),
             "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": pct(0.5),
                            "p90": pct(0.9), "max": sizes[-1] if sizes else 0},

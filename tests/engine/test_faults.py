@@ -164,19 +164,26 @@ def test_an_error_every_request_hits_stops_the_run_instead_of_isolating_each_req
     assert len(rows) == 24 and all("generator failed 3 times" in r["error"] for r in rows)
 
 
+def test_bad_requests_failing_in_a_row_once_the_good_ones_answered_become_error_rows_and_the_run_goes_on(
+        ray_session, kind):
+    # where the good requests of a window answer first, the bad ones left fail in a row with nothing
+    # answering between: the stage is asked again a request it answered, and goes on. Stopping on such
+    # failures in a row stopped a run with a third of 400 questions bad after ~2 s (the async kind)
+    questions = [Question(f"q{i}", f"question {i}" if i < 30 else f"POISON {i}") for i in range(90)]
+    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, kind=kind,
+                              fail_fast_after=8, window=90)
+    assert len(rows) == 90 and engine.stage_tests >= 1
+    assert {i for i, r in by_id.items() if r["error"]} == {f"q{i}" for i in range(30, 90)}
+    assert all(r["answer"] == f"echo:Question: question {i[1:]}" for i, r in by_id.items() if not r["error"])
+
+
 def test_a_third_of_the_requests_bad_gives_their_error_rows_and_the_others_answers_without_stopping(ray_session,
                                                                                                      kind):
-    # the good requests of a window answer first, then only bad ones are left, failing in a row: the
-    # stage is asked again a request it answered, and goes on. Counting failing halves, or stopping on
-    # failures in a row, stopped such runs after ~2 s with 266 of 400 answerable (the async kind)
     questions = [Question(f"q{i}", f"POISON {i}" if i % 3 == 0 else f"question {i}") for i in range(120)]
-    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, kind=kind,
-                              fail_fast_after=24, window=64)
+    by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=FakeGenerator, kind=kind,
+                         fail_fast_after=24, window=64)
     assert len(rows) == 120
-    if kind == "async":  # streamed, the good ones all answer early: the bad ones fail in a row at the end
-        assert engine.stage_tests >= 1
     assert {i for i, r in by_id.items() if r["error"]} == {f"q{i}" for i in range(0, 120, 3)}
-    assert all(r["answer"] == f"echo:Question: question {i[1:]}" for i, r in by_id.items() if not r["error"])
 
 
 def test_a_stage_that_goes_bad_mid_run_stops_it_when_a_request_it_answered_fails_too(ray_session, kind):
@@ -197,15 +204,14 @@ def test_one_replica_gone_bad_rests_and_the_others_answer_its_requests_without_s
     assert len(rows) == 40 and all(r["error"] is None for r in rows)
 
 
-def test_a_replica_that_raises_while_its_stage_answers_is_not_rested(ray_session, kind):
+def test_a_replica_that_raises_while_it_answers_is_not_rested(ray_session, kind):
     # resting it would add a cooldown to each failure of isolating bad requests: 10% bad questions,
     # 400 of them, took 231 s (batch) and 112 s (async) at a 2 s cooldown, 8-13 s without. (A failure
-    # before anything answered rests its replica: that may be an outage, so bad ones come later here)
-    questions = [Question(f"q{i}", f"POISON {i}" if i % 10 == 5 and i >= 20 else f"question {i}") for i in range(80)]
-    _, rows, engine = run(ray_session, questions, strategy="direct", generator=FakeGenerator, kind=kind,
-                          failure_cooldown_s=3600)
-    assert len(rows) == 80 and sum(r["error"] is not None for r in rows) == 6 and engine.batch_failures >= 6
-    assert all(until < time.perf_counter() for until in engine.stages["generator"].cooling_until)
+    # before a replica answered rests it: that may be an outage, so the bad ones come later here)
+    questions = [Question(f"q{i}", f"POISON {i}" if i % 10 == 5 and i >= 40 else f"question {i}") for i in range(80)]
+    _, rows, engine = run(ray_session, questions, strategy="direct", kind=kind, failure_cooldown_s=3600)
+    assert len(rows) == 80 and sum(r["error"] is not None for r in rows) == 4 and engine.batch_failures >= 4
+    assert engine.stages["generator"].stats.rests == 0
 
 
 def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(ray_session, kind):
