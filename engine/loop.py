@@ -238,10 +238,11 @@ class Engine:
             return
         stage.last_result[launched.replica] = time.perf_counter()
         requests = [launched.batch[i] for i, _ in chunk]
-        stage.answered_ok(launched.replica, requests, [response for _, response in chunk])
+        responses = [response for _, response in chunk]
+        stage.answered_ok(launched.replica, requests, responses)
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
-        self._deliver_batch(stage, requests, [response for _, response in chunk])
+        self._deliver_batch(stage, requests, responses)
 
     def _drop(self, launched: Launched) -> None:
         """``launched`` no longer runs on its replica (finished, failed or abandoned)."""
@@ -280,7 +281,7 @@ class Engine:
         if not (isinstance(err, RayTaskError) and answering):
             stage.cooling_until[replica] = now + self.config.failure_cooldown_s
             stage.stats.rests += 1
-        if len(batch) == 1 and batch[0] is stage.canary:
+        if stage.is_test(batch):
             self._stage_test_failed(stage, replica, err)
             return
         # a retried call that raised again: its requests are bad, or everything fails. Once the stage has
@@ -322,12 +323,9 @@ class Engine:
     def _drop_stage_tests(self) -> None:
         """Every row is done: a stage test still queued answers nothing anyone waits for."""
         for stage in self.stages.values():
-            def test(item, stage=stage):
-                return item[0][0] is stage.canary
-
-            if stage.canary is not None and any(map(test, stage.retry)):  # (one being asked comes back as a test)
-                stage.retry = deque(item for item in stage.retry if not test(item))
-                stage.canary = None
+            queued = deque(item for item in stage.retry if not stage.is_test(item[0]))
+            if len(queued) < len(stage.retry):  # (one being asked comes back as a test)
+                stage.retry, stage.canary = queued, None
 
     def _stage_test_failed(self, stage: Stage, replica: int, err: BaseException) -> None:
         """The request asked again failed on ``replica``: the stage stops only when it failed on every
@@ -343,7 +341,7 @@ class Engine:
         stage.retry.appendleft(([stage.canary], 0))  # to a replica it has not failed on (Stage.healthy)
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
-        canary = len(batch) == 1 and batch[0] is stage.canary
+        canary = stage.is_test(batch)
         if canary:
             stage.canary = None  # it answered (answered_ok reset the count)
         for request, response in zip(batch, responses):

@@ -149,11 +149,16 @@ class Stage:
         """A call of this stage on ``replica`` came back with ``responses``: those that are not errors
         show its replicas work, whatever failed before (an error response, such as an overlong prompt
         refused before the model, shows nothing)."""
-        good = [r for r, response in zip(requests, responses) if getattr(response, "error", None) is None]
-        if good:
+        good = next((r for r, response in zip(reversed(requests), reversed(responses))
+                     if getattr(response, "error", None) is None), None)
+        if good is not None:
             self.retries_failed_in_a_row = 0
             self.answered_at[replica] = time.perf_counter()
-            self.known_good = good[-1]
+            self.known_good = good
+
+    def is_test(self, batch: list[Request]) -> bool:
+        """``batch`` is the stage test: the request answered before, asked again (``canary``)."""
+        return self.canary is not None and len(batch) == 1 and batch[0] is self.canary
 
     def free_replica(self, now: float | None = None) -> int | None:
         """The least-loaded healthy replica that may take the next batch, or None.
@@ -179,8 +184,7 @@ class Stage:
         """Replicas that may take work now: not retired, not restarting, not resting after a failure."""
         now = time.perf_counter() if now is None else now
         # the stage test goes next: not to a replica it failed on (one replica gone bad is not the stage)
-        avoid = self.canary_failed_on if self.canary is not None and self.retry and self.retry[0][0] \
-            and self.retry[0][0][0] is self.canary else ()
+        avoid = self.canary_failed_on if self.retry and self.is_test(self.retry[0][0]) else ()
         return [r for r in range(len(self.replicas)) if r not in self.retired and r not in self.restarting
                 and self.cooling_until[r] <= now and r not in avoid]
 

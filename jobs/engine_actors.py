@@ -183,8 +183,7 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
 
 
 SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "stage_tests",
-          "empty_answers",
-          "trees_capped", "parse_failures", "peak_roots_in_flight")
+          "empty_answers", "trees_capped", "parse_failures", "peak_roots_in_flight")
 STAGE_SUMMED = ("calls", "requests", "errors", "rests", "busy_s")
 
 
