@@ -55,12 +55,24 @@ def read_manifest(index_dir: str | Path) -> dict:
         raise UserError(f"{path} is damaged ({err}); rebuild the index with `ragsift index`") from None
 
 
+# what a rebuild of the same passages with the same settings changes by itself: the build's time, the
+# corpus's path (a copy elsewhere is the same corpus; each shard's passages_sha256 says what it holds)
+# and the vectors' bytes (the embedder's float arithmetic differs in its last bits between CPUs)
+REBUILD_NOISE = {"build_s", "corpus"}
+SHARD_REBUILD_NOISE = {"build_key", "index_sha256"}
+
+
 def manifest_sha256(index_dir: str | Path) -> str | None:
-    """A digest of the index's manifest (its shards, embedder, counts): it changes when the index is rebuilt."""
+    """A digest of what the index's manifest says decides retrieval (embedder, settings, each shard's
+    passages and counts): it changes when the index holds other passages or is built another way, not
+    when the same one is rebuilt (so a long run resumes against an index rebuilt on a new machine)."""
     path = Path(index_dir) / MANIFEST
     if not path.exists():
         return None
-    return hashlib.sha256(json.dumps(read_manifest(index_dir), sort_keys=True).encode()).hexdigest()
+    manifest = {k: v for k, v in read_manifest(index_dir).items() if k not in REBUILD_NOISE}
+    manifest["shards"] = [{k: v for k, v in shard.items() if k not in SHARD_REBUILD_NOISE}
+                          for shard in manifest.get("shards", [])]
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
 
 
 def embedding_text(title: str | None, text: str) -> str:

@@ -163,6 +163,36 @@ def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_s
     assert resumed["count"] == clean["count"] == 300
 
 
+def test_an_index_rebuilt_from_a_copy_of_its_corpus_keeps_its_identity_and_other_passages_change_it(
+        ray_session, squad_slice, tmp_path):
+    """A long run resumes against the same index rebuilt on a new machine (the corpus elsewhere, its
+    vectors' last bits from another CPU), never against one holding other passages or built otherwise."""
+    import shutil
+
+    import ray
+
+    from jobs.index import manifest_sha256
+
+    corpus, _ = squad_slice
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(corpus, tmp_path / "first", 2, encoders=encoders)
+    copy = tmp_path / "elsewhere" / "corpus.parquet"
+    copy.parent.mkdir()
+    shutil.copy(corpus, copy)
+    _build(copy, tmp_path / "rebuilt", 2, encoders=encoders)
+    manifest = json.loads((tmp_path / "rebuilt" / "manifest.json").read_text())
+    manifest["shards"][0]["index_sha256"] = "0" * 64  # vectors equal but for their last bits
+    (tmp_path / "rebuilt" / "manifest.json").write_text(json.dumps(manifest))
+    assert manifest_sha256(tmp_path / "rebuilt") == manifest_sha256(tmp_path / "first")
+
+    edited = pq.read_table(corpus).to_pylist()
+    edited[0]["text"] += " (edited)"
+    pq.write_table(pa.Table.from_pylist(edited), tmp_path / "edited.parquet")
+    _build(tmp_path / "edited.parquet", tmp_path / "other_passages", 2, encoders=encoders)
+    _build(corpus, tmp_path / "hnsw", 2, "index.index_type=hnsw", encoders=encoders)
+    assert len({manifest_sha256(tmp_path / d) for d in ("first", "other_passages", "hnsw")}) == 3
+
+
 class DyingOnceEncoder(HashEncoder):
     """Its process exits on its 2nd encode call, once per ``marker`` file (as an OOM kill would)."""
 
