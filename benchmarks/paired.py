@@ -2,6 +2,10 @@
 its 95% paired bootstrap interval, and per question how often each strategy scored above / below it.
 
     python benchmarks/paired.py --answers runs/cmp --questions q.parquet --baseline rag [--out paired.json]
+    python benchmarks/paired.py --answers runs/a runs/b --questions a.parquet b.parquet   # pooled
+
+Several runs (each with its own questions, given in the same order) are pooled into one comparison:
+two slices too small alone can together say whether a lead holds.
 
 At n = 200 a difference of 3-4 points is within the noise of either mean; pairing the questions
 removes the questions' own difficulty from it, so the interval says whether a lead is the method's.
@@ -33,6 +37,17 @@ def per_question(answers: str, questions: str) -> dict[str, dict[str, tuple[floa
     return scores
 
 
+def pooled(runs: list[tuple[str, str]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """per_question over several (answers, questions) runs; a question is keyed by its run too, so two
+    slices that share an id stay two questions. A strategy counts only where every run has it."""
+    if len(runs) == 1:
+        return per_question(*runs[0])
+    per_run = [per_question(answers, questions) for answers, questions in runs]
+    common = set.intersection(*(set(scores) for scores in per_run))
+    return {s: {f"{i}:{q}": v for i, scores in enumerate(per_run) for q, v in scores[s].items()}
+            for s in sorted(common)}
+
+
 def interval(diffs: list[float], draws: int, rng: random.Random) -> tuple[float, float]:
     means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(draws))
     return round(means[int(0.025 * draws)], 1), round(means[int(0.975 * draws) - 1], 1)
@@ -58,12 +73,15 @@ def compare(scores: dict, baseline: str, draws: int = 10_000, seed: int = 0) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--answers", required=True, help="a run's output directory (answer or compare)")
-    p.add_argument("--questions", required=True, help="the questions with gold answers")
+    p.add_argument("--answers", required=True, nargs="+", help="a run's output directory (answer or compare); "
+                   "several are pooled")
+    p.add_argument("--questions", required=True, nargs="+", help="the questions with gold answers, one per --answers")
     p.add_argument("--baseline", default="rag")
     p.add_argument("--out", help="also write the table as JSON here")
     args = p.parse_args(argv)
-    scores = per_question(args.answers, args.questions)
+    if len(args.answers) != len(args.questions):
+        p.error(f"--answers names {len(args.answers)} runs and --questions {len(args.questions)} files: give one per run")
+    scores = pooled(list(zip(args.answers, args.questions)))
     if args.baseline not in scores:
         p.error(f"--baseline {args.baseline}: the run has {sorted(scores)}")
     table = compare(scores, args.baseline)
