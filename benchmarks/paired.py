@@ -40,8 +40,6 @@ def per_question(answers: str, questions: str) -> dict[str, dict[str, tuple[floa
 def pooled(runs: list[tuple[str, str]]) -> dict[str, dict[str, tuple[float, float]]]:
     """per_question over several (answers, questions) runs; a question is keyed by its run too, so two
     slices that share an id stay two questions. A strategy counts only where every run has it."""
-    if len(runs) == 1:
-        return per_question(*runs[0])
     per_run = [per_question(answers, questions) for answers, questions in runs]
     common = set.intersection(*(set(scores) for scores in per_run))
     return {s: {f"{i}:{q}": v for i, scores in enumerate(per_run) for q, v in scores[s].items()}
