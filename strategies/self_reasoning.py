@@ -64,10 +64,12 @@ class SelfReasoningConfig(Section):
     answer_chars: int = Field(80, ge=1, description="characters of a short answer (the paper: <= 10 words)")
     short_answer: str = Field("no more than 10 words", description="how the instruction describes the short "
                               "answer (the paper's words); changes results")
-    answer_step: Literal["read", "trajectory"] = Field(
+    answer_step: Literal["read", "follow_up", "trajectory"] = Field(
         "read", description="read: a short answer read from the trajectory's analysis and answer in the "
-        "question's form (one short generation more); trajectory: the trajectory's own short answer (the "
-        "paper). Changes results: results/README.md")
+        "question's form (one short generation more); follow_up: the short answer asked as the next turn of "
+        "the trajectory's conversation, so it sees the passages as well as the analysis (one short "
+        "generation more, whose prompt repeats the trajectory's); trajectory: the trajectory's own short "
+        "answer (the paper). Changes results: results/README.md")
 
 
 # the paper's verdict words and FEVER's labels
@@ -149,6 +151,13 @@ class SelfReasoning(Routine):
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
             item.trace.append({"step": "read_analysis", "output": response_text(read)})
             answer = final_answer(read)
+        elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
+            # the same conversation, one turn on: the paper's model writes its short answer with the
+            # passages still in view, which the read of the analysis alone does not have
+            turn = prompt("self_reasoning/follow_up").format(question=item.question)
+            read = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
+            item.trace.append({"step": "follow_up", "output": read.text})
+            answer = clean_answer(read.text)
         return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
 
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:

@@ -213,6 +213,27 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
     assert {r["strategy"] for r in table} == {"least_to_most", "self_reasoning", "think_act", "migres"}
 
 
+def test_self_reasoning_asks_its_short_answer_as_a_follow_up_turn_on_the_real_model(ten_questions):
+    """answer_step: follow_up: the short answer is the next turn of the trajectory's own conversation."""
+    tmp, picked = ten_questions
+    if not (tmp / "idx" / "manifest.json").exists():
+        ragsift("index", "--corpus", tmp / "c.parquet", "--index-dir", tmp / "idx", "--shards", 2)
+    pq.write_table(picked.slice(0, 3), tmp / "q3.parquet")
+    ragsift("answer", "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "fu",
+            "--strategy", "self_reasoning", "--generator", "smollm2-135m-instruct",
+            "--set", "self_reasoning.max_tokens=256", "--set", "self_reasoning.answer_step=follow_up")
+    rows = pq.read_table(tmp / "fu" / "self_reasoning").to_pylist()
+    assert len(rows) == 3 and all(r["error"] is None for r in rows)
+    for row in rows:
+        trace = json.loads(row["trace"])
+        steps = [t.get("step") for t in trace]
+        if row["resolved_by"] == "fallback" or row["answer"] in ("yes", "no"):
+            assert "follow_up" not in steps  # a plain read, or the trajectory's guided choice
+            continue
+        assert steps.index("follow_up") > steps.index("trajectory") and "read_analysis" not in steps
+        assert row["n_llm_calls"] >= 2 and "\n" not in row["answer"]
+
+
 def test_label_job_and_report_with_the_real_model(ten_questions):
     """`ragsift label` on three questions: every kind of label file, chat JSONL, then `ragsift report`."""
     tmp, picked = ten_questions

@@ -184,3 +184,23 @@ def test_a_claim_whose_trajectory_fails_falls_back_to_a_verdict_not_free_text():
 def test_a_failed_retrieval_ends_with_an_error():
     done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", lambda r, i: Retrieval(error="shard down"))
     assert done.error == "shard down"
+
+
+def test_with_answer_step_follow_up_the_short_answer_is_the_next_turn_of_the_trajectorys_conversation():
+    """The paper's model writes its short answer with the passages in view; a follow-up turn keeps them."""
+    log = []
+    wordy = trajectory(analysis="The capital of France is Paris [1].", answer="The capital of France is Paris.")
+    config = SelfReasoningConfig(answer_step="follow_up")
+    done, item = drive(SelfReasoning(config), "capital of France?", script(wordy, read="Answer: Paris"), log=log)
+    first, follow = log[1][1], log[-1][1]
+    assert follow.step == "answer" and not follow.json_schema
+    assert follow.messages[:len(first.messages)] == first.messages  # the passages, as the trajectory saw them
+    assert follow.messages[len(first.messages)] == ("assistant", json.dumps(wordy))
+    assert follow.messages[-1][0] == "user" and "capital of France?" in follow.messages[-1][1]
+    assert (done.answer, done.resolved_by, done.citations) == ("Paris", "passages", ["p1", "p0"])
+    assert item.trace[-1] == {"step": "follow_up", "output": "Answer: Paris"}
+    # a choice form keeps the trajectory's guided choice: nothing to ask
+    s, item = SelfReasoning(config), Item("Is Paris in France?", kind="yes-no")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    assert s.resume(item, [Generation(json.dumps(trajectory(answer="yes")))]).answer == "yes"
