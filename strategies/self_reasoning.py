@@ -157,9 +157,9 @@ class SelfReasoning(Routine):
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have
             turn = prompt("self_reasoning/follow_up").format(question=item.question)
-            read = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
-            item.trace.append({"step": "follow_up", "output": read.text})
-            answer = clean_answer(read.text)
+            reply = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
+            item.trace.append({"step": "follow_up", "output": reply.text})
+            answer = clean_answer(reply.text)
         return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
 
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:

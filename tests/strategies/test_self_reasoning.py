@@ -193,7 +193,7 @@ def test_with_answer_step_follow_up_the_short_answer_is_the_next_turn_of_the_tra
     config = SelfReasoningConfig(answer_step="follow_up")
     done, item = drive(SelfReasoning(config), "capital of France?", script(wordy, read="Answer: Paris"), log=log)
     first, follow = log[1][1], log[-1][1]
-    assert follow.step == "answer" and not follow.json_schema
+    assert follow.step == "answer" and not follow.json_schema and follow.max_tokens is None  # a short answer's budget
     assert follow.messages[:len(first.messages)] == first.messages  # the passages, as the trajectory saw them
     assert follow.messages[len(first.messages)] == ("assistant", json.dumps(wordy))
     assert follow.messages[-1][0] == "user" and "capital of France?" in follow.messages[-1][1]
