@@ -7,9 +7,11 @@ engine, so all nodes of all trees batch together. A node at depth D_th answers i
 (its node cap) or that failed is "unknown" too. Binary judgments use P('yes') of the first token
 against a threshold (``judge_by=logprob``) or the guided label, or the trained sub-modules
 (``judges: trained``, or one module so: ``know_judge`` / ``relevance_judge``); a judgment that
-failed is an error, never a "no". Every answer M(...) is in the question's form (forms.py); the
-answer from passages, M(q_t, P_rel), reads them with rag's instruction unless ``answer_prompt:
-paper`` (the paper's Appendix G instruction answered worse on the same passages on two tuning sets).
+failed is an error, never a "no". Once a passage is relevant M reads P_rel (Eq. 3), or with
+``read: retrieved`` all k retrieved (Algorithm 1, line 14, writes M(q_t, P)). Every answer M(...) is
+in the question's form (forms.py); the answer from passages reads them with rag's instruction unless
+``answer_prompt: paper`` (the paper's Appendix G instruction answered worse on the same passages on
+two tuning sets).
 Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage relevance
 (decompose when the model does not know), no decomposition ("unknown" when nothing is relevant).
 """
@@ -70,6 +72,11 @@ class RaisfConfig(Section):
     know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
     relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
+    read: Literal["relevant", "retrieved"] = Field(
+        "relevant", description="what M reads once some passage is relevant: P_rel, the relevant ones (the paper's "
+        "Eq. 3 and text), or all k retrieved, P (its Algorithm 1, line 14: A <- M(q_t, P)), so that M_rel only "
+        "decides between reading and decomposing and a gold passage it scores low is still read. Changes results: "
+        "results/README.md")
     answer_prompt: Literal["rag", "paper"] = Field(
         "rag", description="the instruction of M(q_t, P_rel), the answer from passages: rag's prompt, or the paper's "
         "Appendix G one ('Using the knowledge from the relevant paragraphs, give the answer to the question.'), "
@@ -140,8 +147,9 @@ class RAISF(Routine):
             relevant = [p for p, s in zip(item.passages, scores) if s >= c.relevance_threshold]
             item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
                                "relevant": [p.id for p in relevant]})
-            if relevant:  # P_rel non-empty -> M(q_t, P_rel); the evidence M_rel chose is RA-ISF's citation
-                user = self.read_prompt.format(passages=format_passages(relevant), question=q)
+            if relevant:  # P_rel non-empty -> M(q_t, P_rel), or M(q_t, P); the evidence M_rel chose is the citation
+                read = relevant if c.read == "relevant" else item.passages
+                user = self.read_prompt.format(passages=format_passages(read), question=q)
                 done = yield from self.answer(item, "answer_passages", "passages", user)
                 return Done(done.answer, done.resolved_by, [p.id for p in relevant])
             if not c.decomposition:

@@ -160,6 +160,27 @@ def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
     assert metrics["trees_capped"] == 0
 
 
+def test_raisf_reading_the_retrieved_passages_asks_rags_own_read_on_the_real_model(ten_questions):
+    """raisf.read: retrieved (Algorithm 1, line 14): once a passage is relevant RA-ISF reads all k retrieved with
+    rag's instruction, so its answer request is rag's, served once for both; it cites the relevant passages
+    (here all: at cut 0 every passage is; reading all of them when only some are is tests/strategies/test_raisf.py)."""
+    tmp, picked = ten_questions
+    index_once(tmp)
+    ragsift("compare", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "read_all",
+            "--strategy", "rag,raisf", "--generator", "smollm2-135m-instruct", "--no-cache",
+            "--set", "raisf.self_knowledge=false", "--set", "raisf.read=retrieved",
+            "--set", "raisf.relevance_threshold=0.0")
+    rag = {r["id"]: r for r in pq.read_table(tmp / "read_all" / "rag").to_pylist()}
+    raisf = {r["id"]: r for r in pq.read_table(tmp / "read_all" / "raisf").to_pylist()}
+    assert sorted(raisf) == sorted(rag) == sorted(picked["id"].to_pylist())
+    for i, row in raisf.items():
+        assert row["error"] is None and row["resolved_by"] == "passages"
+        assert row["retrieved_ids"] == rag[i]["retrieved_ids"] and row["citations"] == row["retrieved_ids"]
+        assert row["answer"] == rag[i]["answer"]
+    metrics = json.loads((tmp / "read_all" / "metrics.json").read_text())
+    assert metrics["requests_deduped"] >= len(raisf)
+
+
 def test_paper_strategies_compare_with_the_real_model(ten_questions):
     """least_to_most, self_reasoning, think_act and migres on the real stack, through `ragsift compare`."""
     tmp, picked = ten_questions

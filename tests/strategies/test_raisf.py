@@ -69,6 +69,20 @@ def test_answers_from_the_relevant_passages_only():
     assert "T1: text 1" in read_prompt and "T3: text 3" in read_prompt and "T0:" not in read_prompt
 
 
+def test_reading_the_retrieved_passages_reads_all_k_once_one_is_relevant_and_cites_the_relevant():
+    log = []
+    done, _ = drive(RAISF(RaisfConfig(read="retrieved")), "Q", Script(relevant={"Q": {"p3"}}), log=log)
+    assert (done.answer, done.resolved_by, done.citations) == ("read(Q)", "passages", ["p3"])
+    read_prompt = log[-1][1].messages[-1][1]
+    assert all(f"T{i}: text {i}" in read_prompt for i in range(5))
+    assert read_prompt.index("T0:") < read_prompt.index("T4:")  # retrieval order, as rag reads them
+
+
+def test_reading_the_retrieved_passages_still_decomposes_when_none_is_relevant():
+    done, _ = drive(RAISF(RaisfConfig(read="retrieved")), "Q", Script(subs={"Q": ["A?"]}, know={"A?": 0.9}))
+    assert (done.answer, done.resolved_by) == ("synth(Q)", "decomposition")
+
+
 @pytest.mark.parametrize("answer_prompt, instruction", [
     ("rag", "Answer the question in a few words, using the passages below."),
     ("paper", "Using the knowledge from the relevant paragraphs, give the answer to the question."),
