@@ -6,7 +6,8 @@ below t is decomposed. So the cut decides only which questions go to decompositi
 can be read off one RA-ISF run at a higher cut t0 with rag in the same run: for t <= t0 a question
 scoring below t is one RA-ISF decomposed at t0 (its answer there is the decomposition's), every other
 one gets rag's answer. Approximate in one way: the decomposition answers come from the run's own
-settings, where the sub-questions' nodes read and cut as that run did.
+settings, where the sub-questions' nodes read and cut as that run did. Questions the run answered
+closed-book (self-knowledge) never reach the cut and are left out.
 
 Value per question = (F1 + accuracy) / 2 as ``ragsift calibrate``'s switches; the cut is chosen on
 the pooled tuning runs (ties -> the higher t), never on a reported slice.
