@@ -32,16 +32,16 @@ from jobs.calibrate import quality, switch_threshold  # noqa: E402
 
 
 def rows_of(run: str, questions: str) -> list[dict]:
-    """Per question: best relevance score, rag's value, RA-ISF's value and how RA-ISF resolved it."""
-    gold = {r["id"]: r for r in pq.read_table(questions, columns=["id", "answers", "dataset"]).to_pylist()}
+    """Per question: best relevance score, rag's value, RA-ISF's value and whether RA-ISF decomposed it."""
+    gold = {r["id"]: r["answers"] for r in pq.read_table(questions, columns=["id", "answers"]).to_pylist()}
     rag = {r["id"]: r for r in ds.dataset(f"{run}/rag").to_table(columns=["id", "answer"]).to_pylist()}
     out = []
     for r in ds.dataset(f"{run}/raisf").to_table(columns=["id", "answer", "resolved_by", "trace"]).to_pylist():
         steps = [s for s in json.loads(r["trace"] or "[]") if s.get("step") == "relevance"]
         if r["id"] not in rag or not steps or r["resolved_by"] not in ("passages", "decomposition"):
             continue
-        g = gold[r["id"]]["answers"]
-        out.append({"id": r["id"], "dataset": gold[r["id"]]["dataset"], "best": max(steps[0]["p_yes"], default=0.0),
+        g = gold[r["id"]]
+        out.append({"best": max(steps[0]["p_yes"], default=0.0),
                     "rag": quality(rag[r["id"]]["answer"] or "", g), "raisf": quality(r["answer"] or "", g),
                     "decomposed": r["resolved_by"] == "decomposition"})
     return out
@@ -73,10 +73,11 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     per_run = [rows_of(r, q) for r, q in zip(args.runs, args.questions, strict=True)]
-    t, curve = curve_of([r for rows in per_run for r in rows])
+    pooled = [r for rows in per_run for r in rows]
+    t, curve = curve_of(pooled)
     result = {
         "chosen_t": t,
-        "pooled": value_at([r for rows in per_run for r in rows], t),
+        "pooled": value_at(pooled, t),
         "runs": {run: {"at_chosen": value_at(rows, t), "own_best_t": curve_of(rows)[0]}
                  for run, rows in zip(args.runs, per_run)},
         "curve": [{k: round(v, 4) for k, v in c.items()} for c in curve],
