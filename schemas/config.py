@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -314,21 +315,26 @@ class OutputConfig(Section):
     row_group_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
 
 
-AnswerForm = Literal["short", "yes_no", "verdict"]
+AnswerForm = Literal["short", "yes_no", "yes_no_reasoned", "verdict"]
+FORMS_BY_KIND: dict[str, str] = {"yes-no": "yes_no", "claim": "verdict"}
 
 
 class AnswerFormConfig(Section):
     """The form of a final answer, per question. Every strategy's final step (closed-book, from
     passages, synthesised from sub-answers, fallbacks) answers in it. Changes answers.
 
-    short = a brief free-text answer; yes_no = guided choice of yes / no; verdict = guided choice
-    among ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
+    short = a brief free-text answer; yes_no = guided choice of yes / no; yes_no_reasoned = up to
+    three sentences of reasoning, then yes / no (one JSON generation of at most 200 tokens; better for
+    the 1.5B model on StrategyQA-like questions, not for the 0.5B: results/README.md); verdict =
+    guided choice among ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
     when its kind is in ``detect_yes_no`` and it is phrased as a yes/no question, else short.
     """
 
     by_kind: dict[str, AnswerForm] = Field(
-        default_factory=lambda: {"yes-no": "yes_no", "claim": "verdict"},
-        description="the input's `kind` -> form (a missing kind is a short-answer question)")
+        default_factory=lambda: dict(FORMS_BY_KIND),
+        description="the input's `kind` -> form (a missing kind is a short-answer question); merged over the "
+                    "defaults, so `--set answer_form.by_kind.yes-no=yes_no_reasoned` keeps claims' verdicts "
+                    "(map a kind to 'short' to drop its form)")
     by_dataset: dict[str, AnswerForm] = Field(
         default_factory=dict, description="the input's `dataset` -> form; wins over by_kind")
     detect_yes_no: list[str] = Field(
@@ -340,6 +346,11 @@ class AnswerFormConfig(Section):
     verdicts: list[str] = Field(
         default_factory=lambda: ["SUPPORTS", "REFUTES"],
         description="the choices of a verdict (FEVER's labels); add 'NOT ENOUGH INFO' for three-way claims")
+
+    @field_validator("by_kind", mode="before")
+    @classmethod
+    def _over_the_defaults(cls, value):
+        return {**FORMS_BY_KIND, **value} if isinstance(value, dict) else value
 
 
 class LabelConfig(Section):

@@ -7,19 +7,40 @@ sub-answers and fallbacks answer in the same form as a one-step answer.
 Choice forms are guided choices on the generator (a ``Judge`` routed to the generator stage, so a
 separate judge model never writes answers); the choice is the most probable one by the first
 token's log-probs over every capitalisation ("Yes", "yes"), not only the spelling the grammar
-allows, which is what greedy decoding under the mask would pick.
+allows, which is what greedy decoding under the mask would pick. ``yes_no_reasoned`` asks for a
+few sentences of reasoning before the yes / no instead (one JSON generation, reasoning first):
+a choice read off the first token has no room to reason, which implicit-reasoning questions
+(StrategyQA's) need; it is chosen per model (results/README.md, "Yes/no with reasoning first").
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from engine.steps import Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment
 from strategies.base import answer_messages, clean_answer, prompt
+from strategies.structured import parse_as, schema_of
 
-SHORT, YES_NO, VERDICT = "short", "yes_no", "verdict"
+SHORT, YES_NO, YES_NO_REASONED, VERDICT = "short", "yes_no", "yes_no_reasoned", "verdict"
+YES_NO_FORMS = (YES_NO, YES_NO_REASONED)
+REASON_TOKENS = 200  # room for the reasoning's 600 characters and the JSON around it
+
+
+class ReasonedYesNo(BaseModel):
+    """A yes/no answer after its reasoning, in that order (the order guided decoding writes them in)."""
+
+    reasoning: str = Field(max_length=600)
+    answer: Literal["yes", "no"]
+
+
+_REASONED_SCHEMA = schema_of(ReasonedYesNo)
+_REASONED = re.compile(r'\s*\{\s*"reasoning"')
+_ANSWER_FIELD = re.compile(r'"answer"\s*:\s*"(yes|no)"', re.IGNORECASE)
 SUB_QUESTION = "sub-question"  # the kind ``detect_yes_no`` names for questions a strategy spawned
 
 _AUXILIARY = re.compile(r"^\s*(is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|shall|may|"
@@ -52,7 +73,7 @@ def detected_form(question: str, kind: str | None, config: AnswerFormConfig) -> 
 
 def choices(form: str, config: AnswerFormConfig) -> tuple[str, ...] | None:
     """The closed set of answers of a choice form; None for a short answer."""
-    if form == YES_NO:
+    if form in YES_NO_FORMS:
         return ("yes", "no")
     if form == VERDICT:
         return tuple(config.verdicts)
@@ -64,6 +85,9 @@ def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "a
     options = choices(form, config)
     if options is None:
         return Generate(answer_messages(user), step=step)
+    if form == YES_NO_REASONED:
+        return Generate((("system", prompt("answer_system_yes_no_reasoned")), ("user", user)), max_tokens=REASON_TOKENS,
+                        json_schema=_REASONED_SCHEMA, step=step)
     system = prompt(f"answer_system_{form}").format(choices=", ".join(options))
     return Judge((("system", system), ("user", user)), options, stage="generator", step=step)
 
@@ -74,6 +98,13 @@ def final_answer(response: Generation | Judgment) -> str:
         if response.probs:
             return max(response.probs, key=response.probs.get)
         return response.label
+    if _REASONED.match(response.text):  # yes_no_reasoned
+        reasoned = parse_as(ReasonedYesNo, response.text)
+        if reasoned is not None:
+            return reasoned.answer
+        # a reasoning over its length (a backend that does not enforce it) still names its answer
+        said = _ANSWER_FIELD.search(response.text)
+        return said.group(1).lower() if said else ""  # cut off before answering: no answer, not a guess
     return clean_answer(response.text)
 
 

@@ -42,7 +42,7 @@ from strategies.base import (
 )
 from strategies.forms import (
     VERDICT,
-    YES_NO,
+    YES_NO_FORMS,
     choices,
     final_answer,
     final_request,
@@ -94,7 +94,7 @@ def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfi
                                                  verdicts=" / ".join(words),
                                                  not_enough=prompt("self_reasoning/fever_nei" if "NOT ENOUGH INFO" in words
                                                                    else "self_reasoning/fever_decide"))
-    answer = "yes or no" if form == YES_NO else short_answer
+    answer = "yes or no" if form in YES_NO_FORMS else short_answer
     return prompt("self_reasoning/qa").format(passages=format_passages(passages), question=question, answer=answer)
 
 

@@ -181,6 +181,26 @@ def test_raisf_reading_the_retrieved_passages_asks_rags_own_read_on_the_real_mod
     assert metrics["requests_deduped"] >= len(raisf)
 
 
+def test_a_reasoned_yes_no_answer_is_written_reasoning_first_on_the_real_model(ten_questions):
+    """answer_form yes_no_reasoned: the model's JSON holds its reasoning, then yes or no, and the answer is that field."""
+    tmp, _ = ten_questions
+    index_once(tmp)
+    questions = pq.read_table(SAMPLE_QUESTIONS)
+    pq.write_table(questions.filter(pc.equal(questions["kind"], "yes-no")).slice(0, 3), tmp / "yn.parquet")
+    ragsift("compare", "--questions", tmp / "yn.parquet", "--index-dir", tmp / "idx", "--output", tmp / "yn",
+            "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct", "--no-cache",
+            "--set", "answer_form.by_kind.yes-no=yes_no_reasoned")
+    for strategy in ("direct", "rag"):
+        rows = pq.read_table(tmp / "yn" / strategy).to_pylist()
+        assert len(rows) == 3
+        for row in rows:
+            assert row["error"] is None
+            output = json.loads(row["trace"])[-1]["output"]
+            said = json.loads(output)
+            assert list(said) == ["reasoning", "answer"] and said["reasoning"]
+            assert row["answer"] == said["answer"] and row["answer"] in ("yes", "no")
+
+
 def test_paper_strategies_compare_with_the_real_model(ten_questions):
     """least_to_most, self_reasoning, think_act and migres on the real stack, through `ragsift compare`."""
     tmp, picked = ten_questions

@@ -1,5 +1,7 @@
 """The answer in the form the question asks: yes/no questions get yes or no, claims a verdict."""
 
+import json
+
 import pytest
 
 from schemas.config import AnswerFormConfig
@@ -59,3 +61,48 @@ def test_baselines_answer_a_yes_no_question_yes_or_no(strategy):
     (request,) = step.requests
     assert isinstance(request, Judge) and request.choices == ("yes", "no")
     assert s.resume(item, [Judgment("yes", {"yes": 0.8, "no": 0.2})]).answer == "yes"
+
+
+def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_from_the_answer_field():
+    forms = AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"})
+    assert form_of(Item("Is it?", kind="yes-no"), forms) == "yes_no_reasoned"
+    request = final_request("Question: q\nAnswer:", "yes_no_reasoned", forms)
+    assert isinstance(request, Generate) and request.json_schema and request.max_tokens == 200
+    assert "reasoning" in request.messages[0][1] and request.messages[1] == ("user", "Question: q\nAnswer:")
+    schema = json.loads(request.json_schema)
+    assert list(schema["properties"]) == ["reasoning", "answer"]  # the order guided decoding writes them in
+    assert schema["properties"]["answer"]["enum"] == ["yes", "no"]
+    assert final_answer(Generation('{"reasoning": "Fuji is 3,776 m; the sea is 4 km deep.", "answer": "no"}')) == "no"
+    assert final_answer(Generation('{"reasoning": "' + "x" * 700 + '", "answer": "Yes"}')) == "yes"  # over length
+    assert final_answer(Generation('{"reasoning": "Fuji is 3,776 m and')) == ""  # cut off: no answer, not a guess
+    assert final_answer(Generation("Answer: Paris")) == "Paris"  # a short answer is untouched
+
+
+def test_a_reasoned_yes_no_keeps_its_choices_where_a_structured_step_embeds_them():
+    from strategies.forms import choices
+
+    assert choices("yes_no_reasoned", AnswerFormConfig()) == choices("yes_no", AnswerFormConfig()) == ("yes", "no")
+
+
+@pytest.mark.parametrize("strategy", ["direct", "rag"])
+def test_baselines_answer_a_reasoned_yes_no_question_from_its_answer_field(strategy):
+    config = AnswerConfig(strategies=[strategy], answer_form=AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"}))
+    s = make_strategy(strategy, config)
+    item = Item("Would the top of Mount Fuji stick out of the Sea of Japan?", kind="yes-no")
+    step = s.start(item)
+    if strategy == "rag":
+        step = s.resume(item, [Retrieval([Passage("p", "Fuji", "Mount Fuji is 3,776 m high.", 1.0)])])
+    (request,) = step.requests
+    assert isinstance(request, Generate) and "reasoning" in request.json_schema
+    assert s.resume(item, [Generation('{"reasoning": "The sea is deeper.", "answer": "no"}')]).answer == "no"
+
+
+def test_an_unknown_answer_form_is_a_config_error_naming_the_field():
+    with pytest.raises(ValueError, match="by_kind"):
+        AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoning"})
+
+
+def test_setting_one_kinds_form_keeps_the_other_kinds_defaults():
+    forms = AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"})
+    assert forms.by_kind == {"yes-no": "yes_no_reasoned", "claim": "verdict"}
+    assert AnswerFormConfig(by_kind={"claim": "short"}).by_kind["claim"] == "short"
