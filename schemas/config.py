@@ -324,9 +324,10 @@ class AnswerFormConfig(Section):
     passages, synthesised from sub-answers, fallbacks) answers in it. Changes answers.
 
     short = a brief free-text answer; yes_no = guided choice of yes / no; yes_no_reasoned = up to
-    three sentences of reasoning, then yes / no (one JSON generation of at most 200 tokens; better for
-    the 1.5B model on StrategyQA-like questions, not for the 0.5B: results/README.md); verdict =
-    guided choice among ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
+    three sentences of reasoning, then yes / no (one JSON generation of at most 200 tokens; no default
+    uses it: on our tuning slices it did not beat the choice for the 0.5B or 1.5B model through the
+    strategies, results/README.md "Yes/no with reasoning first"); verdict = guided choice among
+    ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
     when its kind is in ``detect_yes_no`` and it is phrased as a yes/no question, else short.
     """
 

@@ -10,7 +10,8 @@ token's log-probs over every capitalisation ("Yes", "yes"), not only the spellin
 allows, which is what greedy decoding under the mask would pick. ``yes_no_reasoned`` asks for a
 few sentences of reasoning before the yes / no instead (one JSON generation, reasoning first):
 a choice read off the first token has no room to reason, which implicit-reasoning questions
-(StrategyQA's) need; it is chosen per model (results/README.md, "Yes/no with reasoning first").
+(StrategyQA's) may need. Measured in results/README.md ("Yes/no with reasoning first"): not a gain
+for our models through the strategies, so no default uses it.
 """
 
 from __future__ import annotations
