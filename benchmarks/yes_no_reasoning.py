@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import variants  # noqa: E402
+from yes_no_signal import PARTS, user_prompts  # noqa: E402
 
 CLOSED_BOOK_PROMPT = ("Answer the question with yes or no. First write your reasoning in at most three short "
                       "sentences: the facts you know that decide it. Then give the answer.")
@@ -42,7 +43,6 @@ def main() -> None:
 
     from schemas.config import AnswerFormConfig
     from schemas.records import Generate
-    from strategies.base import format_passages, prompt
     from strategies.forms import YES_NO, YES_NO_REASONED, final_answer, final_request
 
     questions = pq.read_table(args.questions).to_pylist()[: args.limit]
@@ -54,13 +54,9 @@ def main() -> None:
     out_path = Path(args.out) if args.out else None
     result = json.loads(out_path.read_text()) if out_path and out_path.exists() else {"modes": {}}
     result.update(questions=args.questions, rag_run=args.rag_run, generator=args.generator, n=len(questions))
+    prompts = user_prompts(questions, retrieved, found)
     for mode in args.modes.split(","):
-        if mode == "rag":
-            users = [prompt("rag/user").format(question=q["question"],
-                                               passages=format_passages([found[i] for i in retrieved[q["id"]]]))
-                     for q in questions]
-        else:
-            users = [prompt("direct/user").format(question=q["question"]) for q in questions]
+        users = prompts[mode]
         choice = [final_answer(r) for r in generator.generate([final_request(u, YES_NO, forms) for u in users])]
         requests = [final_request(u, YES_NO_REASONED, forms) for u in users]
         if mode == "direct" and args.closed_book_prompt:
@@ -71,8 +67,7 @@ def main() -> None:
         out = {"system": requests[0].messages[0][1], "unanswered": sum(not r for r in reasoned),
                "completion_tokens_per_q": round(sum(o.completion_tokens for o in outputs) / len(outputs), 1),
                "by": {}}
-        for part, keep in (("all", lambda q: True), ("strategyqa", lambda q: q["dataset"] == "strategyqa"),
-                           ("hotpotqa+2wiki", lambda q: q["dataset"] != "strategyqa")):
+        for part, keep in PARTS:
             idx = [i for i, q in enumerate(questions) if keep(q)]
             if not idx:
                 continue

@@ -55,6 +55,20 @@ def best_cut_accuracy(p: list[float], y: list[bool]) -> float:
     return correct / len(p)
 
 
+PARTS = (("all", lambda q: True), ("strategyqa", lambda q: q["dataset"] == "strategyqa"),
+         ("hotpotqa+2wiki", lambda q: q["dataset"] != "strategyqa"))  # the slice's parts, each scored alone
+
+
+def user_prompts(questions: list[dict], retrieved: dict, passages: dict) -> dict[str, list[str]]:
+    """direct's and rag's user prompts per question; rag's over the passages ``retrieved`` names for it."""
+    from strategies.base import format_passages, prompt
+
+    return {"direct": [prompt("direct/user").format(question=q["question"]) for q in questions],
+            "rag": [prompt("rag/user").format(question=q["question"],
+                                              passages=format_passages([passages[i] for i in retrieved[q["id"]]]))
+                    for q in questions]}
+
+
 def score(args: argparse.Namespace) -> None:
     import pyarrow.parquet as pq
     from sklearn.metrics import roc_auc_score
@@ -63,7 +77,6 @@ def score(args: argparse.Namespace) -> None:
     from jobs.label import passages_by_id
     from jobs.pools import llm_settings
     from schemas.config import AnswerFormConfig, LLMConfig, SamplingConfig
-    from strategies.base import format_passages, prompt
     from strategies.forms import YES_NO, final_request
 
     questions = pq.read_table(args.questions).to_pylist()
@@ -71,16 +84,12 @@ def score(args: argparse.Namespace) -> None:
     retrieved = {r["id"]: r["retrieved_ids"] for r in rag_rows}
     passages = passages_by_id(args.index_dir, {i for ids in retrieved.values() for i in ids})
     generator = Generator(llm_settings(LLMConfig(model=args.generator)), SamplingConfig().model_dump())
-    users = {"direct": [prompt("direct/user").format(question=q["question"]) for q in questions],
-             "rag": [prompt("rag/user").format(question=q["question"],
-                                               passages=format_passages([passages[i] for i in retrieved[q["id"]]]))
-                     for q in questions]}
+    users = user_prompts(questions, retrieved, passages)
     result = {"questions": args.questions, "n": len(questions), "generator": args.generator, "by": {}}
     for strategy, texts in users.items():
         judged = generator.generate([final_request(t, YES_NO, AnswerFormConfig()) for t in texts])
         p_yes = [(j.probs or {}).get("yes", 0.0) for j in judged]
-        for part, keep in (("all", lambda q: True), ("strategyqa", lambda q: q["dataset"] == "strategyqa"),
-                           ("hotpotqa+2wiki", lambda q: q["dataset"] != "strategyqa")):
+        for part, keep in PARTS:
             idx = [i for i, q in enumerate(questions) if keep(q)]
             y = [str(questions[i]["answers"][0]).lower() == "yes" for i in idx]
             p = [p_yes[i] for i in idx]
