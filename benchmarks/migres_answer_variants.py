@@ -86,13 +86,14 @@ def main() -> None:
         return out
 
     def reads(template: str, with_passages: bool, every_statement: bool = False):
-        requests = []
+        requests, forms_asked = [], []
         for q, item, info, passages, everything in cases:
             user = template.format(information=information(everything if every_statement else info),
                                    question=q["question"],
                                    passages=format_passages(passages) if with_passages else "")
-            requests.append(final_request(user, form_of(item, forms), forms, step="final"))
-        return [final_answer(r) for r in generator.generate(requests)]
+            forms_asked.append(form_of(item, forms))
+            requests.append(final_request(user, forms_asked[-1], forms, step="final"))
+        return [final_answer(r, f) for r, f in zip(generator.generate(requests), forms_asked)]
 
     final_template = prompt("migres/final")
     passages_template = ("Answer the question in a few words, using the information and the passages below.\n\n"

@@ -98,18 +98,19 @@ def main() -> None:
         for strategy, template in (("direct", direct_user),) + ((("rag", rag_user),) if reads else ()):
             examples = tuple(turn for q, a in shots.get(name, ()) for turn in (("user", template.format(question=q)),
                                                                               ("assistant", a)))
-            requests = []
+            requests, forms_asked = [], []
             for q in questions:
                 passages = [corpus[i] for i in retrieved.get(q["id"], ())]
                 user = template.format(question=q["question"], passages=format_passages(passages))
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
+                forms_asked.append(form)
                 # choice forms always take their own system prompt (final_request); a short answer the variant's
                 if choices(form, forms):
                     requests.append(final_request(user, form, forms))
                 else:
                     messages = answer_messages(user, system)
                     requests.append(Generate(messages[:-1] + examples + messages[-1:]))
-            answers = [final_answer(response) for response in generator.generate(requests)]
+            answers = [final_answer(r, f) for r, f in zip(generator.generate(requests), forms_asked)]
             results[f"{name}/{strategy}"] = variants.score(answers, questions)
             print(name, strategy, results[f"{name}/{strategy}"], flush=True)
     if args.out:

@@ -79,12 +79,13 @@ def main() -> None:
         template = prompt(name)
         answers[name], scores[name] = {}, {}
         for m in range(1, k + 1):
-            requests = []
+            requests, forms_asked = [], []
             for i, q in zip(ids, qs):
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
+                forms_asked.append(form)
                 user = template.format(passages=format_passages(kept(i, m)), question=q["question"])
                 requests.append(final_request(user, form, forms))
-            answers[name][m] = [final_answer(r) for r in generator.generate(requests)]
+            answers[name][m] = [final_answer(r, f) for r, f in zip(generator.generate(requests), forms_asked)]
             scores[name][m] = variants.score(answers[name][m], qs)
             print(name, m, scores[name][m], flush=True)
 

@@ -57,13 +57,13 @@ def main() -> None:
     prompts = user_prompts(questions, retrieved, found)
     for mode in args.modes.split(","):
         users = prompts[mode]
-        choice = [final_answer(r) for r in generator.generate([final_request(u, YES_NO, forms) for u in users])]
+        choice = [final_answer(r, YES_NO) for r in generator.generate([final_request(u, YES_NO, forms) for u in users])]
         requests = [final_request(u, YES_NO_REASONED, forms) for u in users]
         if mode == "direct" and args.closed_book_prompt:
             requests = [Generate((("system", CLOSED_BOOK_PROMPT), r.messages[1]), r.max_tokens, r.json_schema)
                         for r in requests]
         outputs = generator.generate(requests)
-        reasoned = [final_answer(o) for o in outputs]
+        reasoned = [final_answer(o, YES_NO_REASONED) for o in outputs]
         out = {"system": requests[0].messages[0][1], "unanswered": sum(not r for r in reasoned),
                "completion_tokens_per_q": round(sum(o.completion_tokens for o in outputs) / len(outputs), 1),
                "by": {}}

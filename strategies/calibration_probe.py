@@ -76,10 +76,13 @@ class CalibrationProbe(Routine):
     def solve(self, item: Item) -> Solve:
         if item.depth:  # a sub-query of Think-then-Act's split branch
             return (yield from self.ta.solve(item))
-        q = item.question
+        q, form = item.question, form_of(item, self.forms)
 
         def answer(user: str, step: str):
-            return final_request(user, form_of(item, self.forms), self.forms, step=step)
+            return final_request(user, form, self.forms, step=step)
+
+        def answered(response) -> str:
+            return final_answer(response, form)
 
         know, confidence, assessed, raisf_closed, ta_closed, top_k, migres_top = yield [
             know_request(q, self.raisf),
@@ -93,7 +96,7 @@ class CalibrationProbe(Routine):
         item.passages = top_k.passages
         probe = {"step": "probe", "know_p_yes": p_yes(know, self.raisf.judge_by), "ta_beta": confidence.prob("yes"),
                  "ta_p_ambiguous": assessed.prob("AMBIGUOUS"),
-                 "raisf_closed": final_answer(raisf_closed), "ta_closed": final_answer(ta_closed),
+                 "raisf_closed": answered(raisf_closed), "ta_closed": answered(ta_closed),
                  "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
         item.trace.append(probe)
         pools = {c: context_pool(top_k.passages, self.think_act.model_copy(update={"context": c})) for c in CONTEXTS}
@@ -109,13 +112,13 @@ class CalibrationProbe(Routine):
         judged, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
         ranked = {c: next(ranks) for c in contexts}
         migres_rank = next(ranks) if migres_top.passages else None
-        probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=final_answer(read),
+        probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=answered(read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
         reads = []
         for c in CONTEXTS:
             chosen = [pools[c][i] for i in ranked[c].indices] if c in ranked else []
             reads.append(answer(answer_prompt(chosen, q), "ta_retrieval"))
-        probe["ta_retrieval"] = dict(zip(CONTEXTS, map(final_answer, (yield reads))))
+        probe["ta_retrieval"] = dict(zip(CONTEXTS, map(answered, (yield reads))))
         split = yield from self.ta.by_sub_queries(item)  # None: nothing to split into, the query goes on as it is
         probe["ta_sub_queries"] = split.answer if split else None
         return Done(probe["raisf_closed"], "probe")

@@ -20,6 +20,7 @@ class Direct(Routine):
 
     def solve(self, item: Item) -> Solve:
         forms = self.settings.forms
-        response = yield final_request(prompt("direct/user").format(question=item.question), form_of(item, forms), forms)
+        form = form_of(item, forms)
+        response = yield final_request(prompt("direct/user").format(question=item.question), form, forms)
         item.trace.append({"step": "answer", "output": response_text(response)})
-        return Done(final_answer(response), "closed_book")
+        return Done(final_answer(response, form), "closed_book")

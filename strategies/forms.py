@@ -40,7 +40,6 @@ class ReasonedYesNo(BaseModel):
 
 
 _REASONED_SCHEMA = schema_of(ReasonedYesNo)
-_REASONED = re.compile(r'\s*\{\s*"reasoning"')
 _ANSWER_FIELD = re.compile(r'"answer"\s*:\s*"(yes|no)"', re.IGNORECASE)
 SUB_QUESTION = "sub-question"  # the kind ``detect_yes_no`` names for questions a strategy spawned
 
@@ -93,13 +92,13 @@ def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "a
     return Judge((("system", system), ("user", user)), options, stage="generator", step=step)
 
 
-def final_answer(response: Generation | Judgment) -> str:
-    """The answer a final step's response gives (see the module docstring for choices)."""
+def final_answer(response: Generation | Judgment, form: str) -> str:
+    """The answer ``response`` gives to a final step asked in ``form`` (see the module docstring for choices)."""
     if isinstance(response, Judgment):
         if response.probs:
             return max(response.probs, key=response.probs.get)
         return response.label
-    if _REASONED.match(response.text):  # yes_no_reasoned
+    if form == YES_NO_REASONED:
         reasoned = parse_as(ReasonedYesNo, response.text)
         if reasoned is not None:
             return reasoned.answer

@@ -60,4 +60,4 @@ class LeastToMost(Routine):
         response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
         item.trace.append({"step": name, "output": response_text(response)})
-        return final_answer(response)
+        return final_answer(response, form)

@@ -280,9 +280,10 @@ class MIGRES(Routine):
         """The answer read from the gathered information, in the question's form: when the loop ends
         unanswered, and (``answer_step: read``) when the main module found the information sufficient."""
         user = prompt("migres/final").format(information=information(info), question=item.question)
-        response = yield final_request(user, form_of(item, self.forms), self.forms, step="final")
+        form = form_of(item, self.forms)
+        response = yield final_request(user, form, self.forms, step="final")
         iterations[-1]["final"] = response_text(response)
-        return self.done(item, final_answer(response), ending, iterations, info)
+        return self.done(item, final_answer(response, form), ending, iterations, info)
 
     def max_iterations(self, item: Item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations

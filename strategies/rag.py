@@ -24,7 +24,8 @@ class RetrieveThenRead(Routine):
         item.passages = (yield Retrieve(item.question, self.settings.k)).passages
         item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
         user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
-        response = yield final_request(user, form_of(item, forms), forms, step="read")
+        form = form_of(item, forms)
+        response = yield final_request(user, form, forms, step="read")
         item.trace.append({"step": "read", "output": response_text(response)})
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
-        return Done(final_answer(response), "passages")
+        return Done(final_answer(response, form), "passages")

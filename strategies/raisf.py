@@ -182,9 +182,10 @@ class RAISF(Routine):
 
     def answer(self, item: Item, step: str, resolved_by: str, user: str):
         """M(...): the answer step, in the form the question asks."""
-        response = yield final_request(user, form_of(item, self.forms), self.forms, step=step)
+        form = form_of(item, self.forms)
+        response = yield final_request(user, form, self.forms, step=step)
         item.trace.append({"step": step, "output": response_text(response)})
-        return Done(final_answer(response), resolved_by)
+        return Done(final_answer(response, form), resolved_by)
 
 
 def judge_stages(config: RaisfConfig) -> set[str]:

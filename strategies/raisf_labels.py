@@ -41,8 +41,9 @@ class RaisfLabels(Routine):
         """The closed-book answer always (the answer of the row); retrieval and decomposition when collected,
         asked together; then a relevance judgment per passage. A failed retrieval, decomposition or
         judgment is a missing label, not a failed row."""
-        requests = [final_request(prompt("raisf/answer").format(question=item.question), form_of(item, self.forms),
-                                  self.forms, step="closed_book")]
+        form = form_of(item, self.forms)
+        requests = [final_request(prompt("raisf/answer").format(question=item.question), form, self.forms,
+                                  step="closed_book")]
         if "relevance" in self.collect:
             requests.append(Retrieve(item.question, self.config.k))
         if "decomposition" in self.collect:
@@ -55,7 +56,7 @@ class RaisfLabels(Routine):
         decomposed = next(rest) if "decomposition" in self.collect else None
         if closed.error:
             return Done("", "error", error=closed.error)
-        answer = final_answer(closed)
+        answer = final_answer(closed, form)
         item.trace.append({"step": "closed_book", "output": response_text(closed)})
         if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)

@@ -144,7 +144,7 @@ class SelfReasoning(Routine):
                                                            question=item.question), form, self.forms, step="read")
             item.trace.append({"step": "fallback_read", "output": response_text(read)})
             # a plain read cites nothing: its passages are the retrieval, not citations
-            return Done(final_answer(read), "fallback")
+            return Done(final_answer(read, form), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
         item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
         answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
@@ -152,7 +152,7 @@ class SelfReasoning(Routine):
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
             item.trace.append({"step": "read_analysis", "output": response_text(read)})
-            answer = final_answer(read)
+            answer = final_answer(read, form)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have

@@ -142,9 +142,10 @@ class ThinkThenAct(Routine):
 
     def answer(self, item: Item, step: str, resolved_by: str, user_prompt: str):
         """The answer step, in the form the (user's) question asks."""
-        response = yield final_request(user_prompt, form_of(item, self.forms), self.forms, step=step)
+        form = form_of(item, self.forms)
+        response = yield final_request(user_prompt, form, self.forms, step=step)
         item.trace.append({"step": step, "output": response_text(response)})
-        return Done(final_answer(response), resolved_by)
+        return Done(final_answer(response, form), resolved_by)
 
 
 def assess_request(question: str) -> Judge:

@@ -46,9 +46,9 @@ def test_choice_forms_are_guided_choices_on_the_generator_and_pick_the_likelier_
     verdict = final_request("Question: c\nAnswer:", "verdict", AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES"]))
     assert verdict.choices == ("SUPPORTS", "REFUTES") and "SUPPORTS, REFUTES" in verdict.messages[0][1]
     # probabilities counted over every capitalisation beat the masked greedy label
-    assert final_answer(Judgment("yes", {"yes": 0.4, "no": 0.6})) == "no"
-    assert final_answer(Judgment("yes", None)) == "yes"
-    assert final_answer(Generation("Answer: Paris\nmore")) == "Paris"
+    assert final_answer(Judgment("yes", {"yes": 0.4, "no": 0.6}), "yes_no") == "no"
+    assert final_answer(Judgment("yes", None), "yes_no") == "yes"
+    assert final_answer(Generation("Answer: Paris\nmore"), "short") == "Paris"
 
 
 @pytest.mark.parametrize("strategy", ["direct", "rag"])
@@ -72,10 +72,15 @@ def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_fr
     schema = json.loads(request.json_schema)
     assert list(schema["properties"]) == ["reasoning", "answer"]  # the order guided decoding writes them in
     assert schema["properties"]["answer"]["enum"] == ["yes", "no"]
-    assert final_answer(Generation('{"reasoning": "Fuji is 3,776 m; the sea is 4 km deep.", "answer": "no"}')) == "no"
-    assert final_answer(Generation('{"reasoning": "' + "x" * 700 + '", "answer": "Yes"}')) == "yes"  # over length
-    assert final_answer(Generation('{"reasoning": "Fuji is 3,776 m and')) == ""  # cut off: no answer, not a guess
-    assert final_answer(Generation("Answer: Paris")) == "Paris"  # a short answer is untouched
+    reasoned = '{"reasoning": "Fuji is 3,776 m; the sea is 4 km deep.", "answer": "no"}'
+    assert final_answer(Generation(reasoned), "yes_no_reasoned") == "no"
+    over_length = '{"reasoning": "' + "x" * 700 + '", "answer": "Yes"}'
+    assert final_answer(Generation(over_length), "yes_no_reasoned") == "yes"  # a backend that does not enforce it
+    cut_off = '{"reasoning": "Fuji is 3,776 m and'
+    assert final_answer(Generation(cut_off), "yes_no_reasoned") == ""  # no answer, not a guess
+    # the form asked decides how the output is read, not what the output looks like
+    assert final_answer(Generation(reasoned), "short") != "no"
+    assert final_answer(Generation("Answer: Paris"), "short") == "Paris"
 
 
 def test_a_reasoned_yes_no_keeps_its_choices_where_a_structured_step_embeds_them():
