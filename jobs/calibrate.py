@@ -18,7 +18,15 @@ between; every candidate value is then scored offline against the gold answers:
                                 beta'): likewise (ties -> the higher t, i.e. split less). The probe
                                 answers sub-queries under the config it runs with (context, beta')
     raisf.relevance_threshold   a passage is relevant when P('yes') >= t: the t with the best F1
-                                against the gold passages among the top k
+                                against the gold passages among the top k. With ``raisf.read:
+                                retrieved`` the cut only switches between reading all k (rag's
+                                request) and decomposing, so it is chosen by answers instead: a
+                                second pass runs RA-ISF itself over the slice at the F1 cut t0
+                                (into ``<output>/decomposition_pass``), and for each t <= t0 a
+                                question whose passages all score below t takes its decomposition
+                                answer from that pass, every other one its read of all k (the
+                                probe's); the best t (ties -> the lower t, decomposing less). The
+                                sub-questions' nodes read and cut as at t0: an approximation
     migres.relevance_threshold  the largest delta at which ``--keep`` (0.8) of the questions keep a
                                 passage of their top N (MIGRES Section 4 / Table 11)
 
@@ -47,6 +55,7 @@ from schemas.errors import UserError
 from strategies.think_act import CONTEXTS
 
 PROBE = "calibration_probe"
+DECOMPOSITION_PASS = "decomposition_pass"
 
 
 def candidates(scores: list[float]) -> list[float]:
@@ -56,11 +65,16 @@ def candidates(scores: list[float]) -> list[float]:
     return [0.0, *(round((a + b) / 2, 6) for a, b in zip(distinct, distinct[1:])), 1.0]
 
 
+def switch_curve(scores: list[float], above: list[float], below: list[float], cuts: list[float]) -> list[dict]:
+    """The mean value of "use ``above`` when score >= t, else ``below``" at each t of ``cuts``."""
+    return [{"t": t, "value": sum(a if s >= t else b for s, a, b in zip(scores, above, below)) / len(scores),
+             "above": sum(s >= t for s in scores) / len(scores)} for t in cuts]
+
+
 def switch_threshold(scores: list[float], above: list[float], below: list[float]) -> tuple[float, list[dict]]:
     """The t for "use ``above`` when score >= t, else ``below``" with the best mean value (ties ->
     the higher t), and every candidate's value."""
-    curve = [{"t": t, "value": sum(a if s >= t else b for s, a, b in zip(scores, above, below)) / len(scores),
-              "above": sum(s >= t for s in scores) / len(scores)} for t in candidates(scores)]
+    curve = switch_curve(scores, above, below, candidates(scores))
     best = max(curve, key=lambda c: (round(c["value"], 9), c["t"]))
     return best["t"], curve
 
@@ -90,15 +104,20 @@ def quality(prediction: str, golds: list[str]) -> float:
     return (M.f1(prediction, golds) + M.accuracy(prediction, golds)) / 2
 
 
+def probe_of(row: dict) -> dict | None:
+    steps = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "probe"]
+    return steps[0] if steps else None
+
+
 def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     """Every threshold from the probe rows joined with their gold; a dict per config field."""
     probes = []
     for row in rows:
         g = gold.get(row["id"])
-        steps = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "probe"]
-        if row["error"] or not g or not g.get("answers") or not steps or "ta_retrieval" not in steps[0]:
+        p = probe_of(row)
+        if row["error"] or not g or not g.get("answers") or not p or "ta_retrieval" not in p:
             continue
-        probes.append((steps[0], g))
+        probes.append((p, g))
     if not probes:
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
@@ -142,6 +161,57 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     return out
 
 
+def reads_all(raisf) -> bool:
+    """RA-ISF's relevance cut switches between reading all k and decomposing."""
+    return raisf.read == "retrieved" and raisf.passage_relevance and raisf.decomposition
+
+
+def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dict[str, dict], f1_cut: dict) -> dict:
+    """RA-ISF's relevance cut under ``read: retrieved``, by answers (module docstring): ``raisf_rows``
+    are RA-ISF's answers at the F1 cut ``f1_cut`` (``choose``'s result), ``probe_rows`` hold each
+    question's read of all k."""
+    reads = {}
+    for row in probe_rows:
+        p = probe_of(row)
+        if p is not None and not row["error"]:
+            if "raisf_read" not in p:
+                raise UserError("these probe rows were written by an older ragsift (no RA-ISF read of all k): "
+                                "rerun calibrate with --force or into a new --output")
+            reads[row["id"]] = p["raisf_read"]
+    scores, read, below = [], [], []
+    for row in raisf_rows:
+        g = gold.get(row["id"])
+        relevance = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "relevance"]
+        # a question answered closed-book (self-knowledge) never reaches the cut
+        if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or not relevance
+                or row["resolved_by"] not in ("passages", "decomposition")):
+            continue
+        scores.append(max(relevance[0]["p_yes"], default=0.0))
+        read.append(quality(reads[row["id"]], g["answers"]))
+        # below t <= t0 is only ever a question RA-ISF decomposed at t0
+        below.append(quality(row["answer"] or "", g["answers"]) if row["resolved_by"] == "decomposition" else read[-1])
+    if not scores:
+        raise UserError("no RA-ISF row of the decomposition pass could be scored against the probe's reads")
+    t0 = f1_cut["value"]
+    curve = switch_curve(scores, read, below, sorted({c for c in candidates(scores) if c <= t0} | {t0}))
+    best = max(curve, key=lambda c: (round(c["value"], 9), -c["t"]))
+    return {"value": best["t"], "by": "answers: read all k or decompose (raisf.read: retrieved)", "n": len(scores),
+            "decomposed": sum(s < best["t"] for s in scores) / len(scores),
+            "passage_f1_cut": {k: v for k, v in f1_cut.items() if k != "curve"}, "curve": curve}
+
+
+def decomposition_pass(config, chosen: dict, probe_rows: list[dict], gold: dict[str, dict], log, force: bool) -> dict:
+    """RA-ISF over the slice at the thresholds chosen so far, then its read-all cut from its answers."""
+    raisf = config.raisf.model_copy(update={"know_threshold": chosen["raisf.know_threshold"]["value"],
+                                            "relevance_threshold": chosen["raisf.relevance_threshold"]["value"]})
+    output = f"{config.output}/{DECOMPOSITION_PASS}"
+    log(f"raisf.read is 'retrieved': RA-ISF at relevance cut {raisf.relevance_threshold} into {redact(output)}")
+    answer_job.answer(config.model_copy(update={"strategies": ["raisf"], "raisf": raisf, "output": output}),
+                      log=log, force=force)
+    rows = [r for f in answer_files(f"{output}/raisf") for r in read_table(f).to_pylist()]
+    return read_all_threshold(rows, probe_rows, gold, chosen["raisf.relevance_threshold"])
+
+
 def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
     """The calibrated config file's content: the chosen values, the models they were measured with (a
     threshold on P('yes') belongs to the model that judged: flags such as --generator still override),
@@ -152,7 +222,9 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
     # so do the trained judges and the ranker: RA-ISF's thresholds are on their scores when they judge, and
     # MIGRES's delta is on the ranker's (without them in the file, a trained M_know's 0.76 would be applied
     # to the generator's P('yes'))
-    raisf = {key: getattr(config.raisf, key) for key in ("judges", "know_judge", "relevance_judge")
+    # and what RA-ISF reads: a cut chosen for reading all k would read P_rel under the default
+    raisf = {key: getattr(config.raisf, key) for key in ("judges", "know_judge", "relevance_judge", "read",
+                                                          "answer_prompt")
              if getattr(config.raisf, key) != type(config.raisf).model_fields[key].default}
     if raisf:
         values["raisf"] = raisf
@@ -189,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
                                                                       if c in cols]]).to_pylist()}
     rows = [r for f in answer_files(f"{config.output}/{PROBE}") for r in read_table(f).to_pylist()]
     chosen = choose(rows, gold, args.keep)
+    if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
+        chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, args.force)
     qfs, qpath = filesystem(config.questions)
     fingerprint = file_sha256(qfs, qpath)
     fs, root = filesystem(config.output)

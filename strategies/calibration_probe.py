@@ -6,7 +6,9 @@ answers and for the score the threshold cuts, so every candidate value can be sc
     raisf.know_threshold          P('yes') of RA-ISF's self-knowledge prompt; its closed-book answer
                                   vs a read of the top-k passages (the passages branch's stand-in)
     raisf.relevance_threshold     P('yes') of RA-ISF's relevance prompt for each top-k passage
-                                  (against the question's gold passages)
+                                  (against the question's gold passages); with ``read: retrieved``
+                                  also RA-ISF's read of all top k (``raisf_read``), which ``ragsift
+                                  calibrate`` sets against its decomposition answers
     think_act.context             its answer from the top 3 sentences of the top-k passages vs from
                                   the top 3 passages
     think_act.beta_threshold      beta = P('yes') of Think-then-Act's confidence prompt; its closed-book
@@ -101,18 +103,24 @@ class CalibrationProbe(Routine):
         item.trace.append(probe)
         pools = {c: context_pool(top_k.passages, self.think_act.model_copy(update={"context": c})) for c in CONTEXTS}
         relevance = relevance_requests(q, top_k.passages, self.raisf)
-        requests = [*relevance, answer(prompt("rag/user").format(passages=format_passages(top_k.passages), question=q),
-                                       "read")]
+        passages = format_passages(top_k.passages)
+        requests = [*relevance, answer(prompt("rag/user").format(passages=passages, question=q), "read")]
+        # RA-ISF's read of all k (read: retrieved) is rag's request unless it reads with the paper's instruction
+        own_read = self.raisf.read == "retrieved" and self.raisf.answer_prompt != "rag"
+        if own_read:
+            requests.append(answer(prompt("raisf/answer_passages").format(passages=passages, question=q), "raisf_read"))
         contexts = [c for c in CONTEXTS if pools[c]]
         requests += [Rank(q, tuple(pools[c]), self.think_act.top_sentences) for c in contexts]
         if migres_top.passages:
             requests.append(passage_requests(q, migres_top.passages))
         responses = yield requests
         k = len(relevance)
-        judged, read, ranks = responses[:k], responses[k], iter(responses[k + 1:])
+        judged, read, raisf_read = responses[:k], responses[k], responses[k + 1] if own_read else responses[k]
+        ranks = iter(responses[k + 1 + own_read:])
         ranked = {c: next(ranks) for c in contexts}
         migres_rank = next(ranks) if migres_top.passages else None
         probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=answered(read),
+                     raisf_read=answered(raisf_read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
         reads = []
         for c in CONTEXTS:

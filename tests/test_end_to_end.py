@@ -346,10 +346,12 @@ def test_demo_command_runs_on_the_embedded_data(tmp_path):
     assert {(r["strategy"], r["n"]) for r in table if r["dataset"] == "ALL"} == {("direct", 4), ("rag", 4)}
 
 
-def test_calibrate_chooses_think_act_thresholds_that_the_strategy_then_acts_on(ten_questions):
+def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questions):
     """`ragsift calibrate` on the real model: one probe pass (sub-queries answered as Think-then-Act
     answers them) gives think_act's context, beta' and ambiguity cut; an answer run with the written
-    config splits exactly the questions whose P(AMBIGUOUS) reaches the cut."""
+    config splits exactly the questions whose P(AMBIGUOUS) reaches the cut. With raisf.read: retrieved
+    a second pass runs RA-ISF and its cut is chosen by answers; RA-ISF then decomposes exactly the
+    questions whose passages all score under it."""
     import yaml
 
     from strategies.think_act import CONTEXTS
@@ -357,7 +359,7 @@ def test_calibrate_chooses_think_act_thresholds_that_the_strategy_then_acts_on(t
     tmp, picked = ten_questions
     index_once(tmp)
     ragsift("calibrate", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cal",
-            "--generator", "smollm2-135m-instruct")
+            "--generator", "smollm2-135m-instruct", "--set", "raisf.read=retrieved")
     probes = [json.loads(r["trace"])[0] for r in pq.read_table(tmp / "cal" / "calibration_probe").to_pylist()]
     assert len(probes) == 10 and all(set(p["ta_retrieval"]) == set(CONTEXTS) for p in probes)
     assert all(0 < p["ta_p_ambiguous"] < 1 for p in probes)  # log-probs of the assessment, not a label
@@ -365,9 +367,20 @@ def test_calibrate_chooses_think_act_thresholds_that_the_strategy_then_acts_on(t
     values = yaml.safe_load((tmp / "cal" / "calibrated.yaml").read_text())
     cut = values["think_act"]["ambiguity_threshold"]
     assert values["think_act"]["context"] in CONTEXTS and 0 <= cut <= 1
+    chosen = json.loads((tmp / "cal" / "calibration.json").read_text())["raisf.relevance_threshold"]
+    rel = values["raisf"]["relevance_threshold"]
+    assert chosen["by"].startswith("answers") and rel <= chosen["passage_f1_cut"]["value"] and rel == chosen["value"]
+    assert values["raisf"]["read"] == "retrieved"
+    assert pq.read_table(tmp / "cal" / "decomposition_pass" / "raisf").num_rows == 10
+    assert all(p["raisf_read"] == p["read"] for p in probes)  # rag's instruction: RA-ISF's read is rag's request
     ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
-            "--strategy", "think_act", "--config", tmp / "cal" / "calibrated.yaml")
+            "--strategy", "think_act,raisf", "--config", tmp / "cal" / "calibrated.yaml")
     for row in pq.read_table(tmp / "ta" / "think_act").to_pylist():
         assess = json.loads(row["trace"])[0]
         assert assess["step"] == "assess" and row["error"] is None
         assert (assess["taken"] == "AMBIGUOUS") == (assess["probs"]["AMBIGUOUS"] >= cut)
+    for row in pq.read_table(tmp / "ta" / "raisf").to_pylist():
+        relevance = [t for t in json.loads(row["trace"]) if t["step"] == "relevance"]
+        assert row["error"] is None
+        if row["resolved_by"] != "self_knowledge":
+            assert (row["resolved_by"] == "decomposition") == (max(relevance[0]["p_yes"]) < rel)

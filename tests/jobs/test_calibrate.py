@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from jobs.calibrate import choose, config_values, f1_threshold, keep_threshold, switch_threshold
+from jobs.calibrate import (
+    choose,
+    config_values,
+    f1_threshold,
+    keep_threshold,
+    read_all_threshold,
+    switch_threshold,
+)
 from schemas.errors import UserError
 from schemas.records import (
     Generate,
@@ -85,6 +92,49 @@ def test_the_probe_records_every_score_and_both_branches_answers():
     assert "calibration_probe" not in ANSWERING and "raisf_labels" not in ANSWERING
 
 
+def test_with_read_retrieved_the_probe_records_raisfs_own_read_of_all_k():
+    def respond_own(request, item):
+        return Generation("own read") if request.step == "raisf_read" else respond(request, item)
+
+    # rag's instruction: RA-ISF's read of all k is the probe's read, not asked twice
+    rag_prompt = CalibrationProbe(RaisfConfig(k=3, read="retrieved"), ThinkActConfig(), MigresConfig(passages_per_query=3))
+    log = []
+    p = drive(rag_prompt, "Who?", respond_own, log=log)[1].trace[0]
+    assert p["raisf_read"] == p["read"] == "read" and not any(r.step == "raisf_read" for _, r in log)
+    paper = CalibrationProbe(RaisfConfig(k=3, read="retrieved", answer_prompt="paper"), ThinkActConfig(),
+                             MigresConfig(passages_per_query=3))
+    p = drive(paper, "Who?", respond_own)[1].trace[0]
+    assert (p["raisf_read"], p["read"]) == ("own read", "read") and p["migres_scores"] == [0.9, 0.8, 0.7]
+
+
+def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
+    """With read: retrieved the cut decides only which questions are decomposed: a cut <= t0 (the F1 cut
+    the decomposition pass ran at) decomposes those whose best passage scores below it."""
+    def probe_row(qid, raisf_read):
+        return {"id": qid, "error": None, "trace": json.dumps([{"step": "probe", "raisf_read": raisf_read}])}
+
+    def raisf_row(qid, best, resolved_by, answer):
+        trace = [{"step": "relevance", "p_yes": [best, best / 2]}] if resolved_by != "self_knowledge" else []
+        return {"id": qid, "error": None, "trace": json.dumps(trace), "resolved_by": resolved_by, "answer": answer}
+
+    gold = {q: {"answers": [a]} for q, a in (("1", "Paris"), ("2", "Rome"), ("3", "Oslo"), ("4", "Bern"))}
+    probes = [probe_row("1", "Paris"), probe_row("2", "Milan"), probe_row("3", "Oslo"), probe_row("4", "x")]
+    rows = [raisf_row("1", 0.9, "passages", "Paris"),
+            raisf_row("2", 0.1, "decomposition", "Rome"),  # decomposing answers it, reading does not
+            raisf_row("3", 0.4, "decomposition", "Bergen"),  # reading answers it, decomposing does not
+            raisf_row("4", 0.0, "self_knowledge", "Bern")]  # never reaches the cut
+    f1_cut = {"value": 0.5, "n": 8, "curve": []}
+    chosen = read_all_threshold(rows, probes, gold, f1_cut)
+    assert chosen["value"] == 0.25 and chosen["n"] == 3 and chosen["decomposed"] == pytest.approx(1 / 3)
+    assert [c["t"] for c in chosen["curve"]] == [0.0, 0.25, 0.5]  # nothing is known above t0
+    assert chosen["passage_f1_cut"] == {"value": 0.5, "n": 8}
+    # decomposing never better: ties go to the lower cut, the same answers for fewer LLM calls
+    rows[1]["answer"] = "Milan"
+    assert read_all_threshold(rows, probes, gold, f1_cut)["value"] == 0.0
+    with pytest.raises(UserError, match="older ragsift"):
+        read_all_threshold(rows, [{"id": "1", "error": None, "trace": json.dumps([{"step": "probe"}])}], gold, f1_cut)
+
+
 def test_choose_reads_probe_rows_against_gold():
     def row(qid, know, beta, closed, read, rel, scores, ambiguous, split, passages=None):
         trace = [{"step": "probe", "know_p_yes": know, "ta_beta": beta, "raisf_closed": closed, "ta_closed": closed,
@@ -148,6 +198,9 @@ def test_the_calibrated_config_carries_the_trained_judges_and_the_ranker_its_thr
     assert (loaded.raisf.know_by, loaded.raisf.relevance_by) == ("trained", "trained")
     assert loaded.know.model == "runs/m_know" and loaded.reranker.model == "runs/m_rel"
     assert loaded.raisf.know_threshold == 0.76 and loaded.migres.relevance_threshold == -1.35
+    # a cut chosen for reading all k must not be applied to reading P_rel
+    reads_all = base.model_copy(update={"raisf": base.raisf.model_copy(update={"read": "retrieved"})})
+    assert config_values(reads_all, chosen, "f" * 64, 166)["raisf"]["read"] == "retrieved"
 
 
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
