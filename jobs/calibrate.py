@@ -6,9 +6,10 @@ One pass of the ``calibration_probe`` strategy over the slice (strategies/calibr
 records, per question, the scores each threshold cuts and the answers of the branches it chooses
 between; every candidate value is then scored offline against the gold answers:
 
-    raisf.know_threshold        answer closed-book when P('yes') >= t, else read the top k: the t
-                                whose mix answers best (score = (F1 + accuracy) / 2; ties -> the
-                                higher t, i.e. retrieve more)
+    raisf.know_threshold        answer closed-book when P('yes') >= t, else read the top k (with
+                                rag's instruction, or RA-ISF's own when it reads all k with the
+                                paper's): the t whose mix answers best (score = (F1 + accuracy) / 2;
+                                ties -> the higher t, i.e. retrieve more)
     think_act.context           read the top 3 sentences or the top 3 passages: the one whose
                                 answers score better (ties -> sentences, the paper's reading)
     think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
@@ -49,13 +50,18 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.identity import ranker_name
+from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
 from jobs.questions import question_columns
+from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from schemas.errors import UserError
+from strategies.registry import make_strategy
 from strategies.think_act import CONTEXTS
 
 PROBE = "calibration_probe"
 DECOMPOSITION_PASS = "decomposition_pass"
+# --force discards an output only when its config changed, and the code's version is not part of that
+STALE = f"rerun calibrate into a new --output, or delete its {PROBE}/ folder first"
 
 
 def candidates(scores: list[float]) -> list[float]:
@@ -121,15 +127,14 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     if not probes:
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
-        raise UserError("these probe rows were written by an older ragsift (no Think-then-Act split branch): "
-                        "rerun calibrate with --force or into a new --output")
+        raise UserError(f"these probe rows were written by an older ragsift (no Think-then-Act split branch): {STALE}")
 
     def value(field, p, g):
         return quality(p[field], g["answers"])
 
     out = {}
     know, curve = switch_threshold([p["know_p_yes"] for p, _ in probes], [value("raisf_closed", p, g) for p, g in probes],
-                                   [value("read", p, g) for p, g in probes])
+                                   [value("raisf_read" if "raisf_read" in p else "read", p, g) for p, g in probes])
     out["raisf.know_threshold"] = {"value": know, "n": len(probes), "curve": curve}
     # Think-then-Act: what it reads first, then both of its switches against that read
     by_context = {c: sum(quality(p["ta_retrieval"][c], g["answers"]) for p, g in probes) / len(probes)
@@ -175,9 +180,9 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
         p = probe_of(row)
         if p is not None and not row["error"]:
             if "raisf_read" not in p:
-                raise UserError("these probe rows were written by an older ragsift (no RA-ISF read of all k): "
-                                "rerun calibrate with --force or into a new --output")
+                raise UserError(f"these probe rows were written by an older ragsift (no RA-ISF read of all k): {STALE}")
             reads[row["id"]] = p["raisf_read"]
+    t0 = f1_cut["value"]
     scores, read, below = [], [], []
     for row in raisf_rows:
         g = gold.get(row["id"])
@@ -186,30 +191,51 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
         if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or not relevance
                 or row["resolved_by"] not in ("passages", "decomposition")):
             continue
-        scores.append(max(relevance[0]["p_yes"], default=0.0))
+        decomposed = row["resolved_by"] == "decomposition"
+        # the trace's scores are rounded: at t0 the pass's own branch decides; no passage is always decomposed
+        best = max(relevance[0]["p_yes"], default=-math.inf)
+        scores.append(min(best, math.nextafter(t0, -math.inf)) if decomposed else max(best, t0))
         read.append(quality(reads[row["id"]], g["answers"]))
         # below t <= t0 is only ever a question RA-ISF decomposed at t0
-        below.append(quality(row["answer"] or "", g["answers"]) if row["resolved_by"] == "decomposition" else read[-1])
+        below.append(quality(row["answer"] or "", g["answers"]) if decomposed else read[-1])
     if not scores:
         raise UserError("no RA-ISF row of the decomposition pass could be scored against the probe's reads")
-    t0 = f1_cut["value"]
-    curve = switch_curve(scores, read, below, sorted({c for c in candidates(scores) if c <= t0} | {t0}))
+    cuts = {c for c in candidates([s for s in scores if s > -math.inf]) if c <= t0} | {t0}
+    curve = switch_curve(scores, read, below, sorted(cuts))
     best = max(curve, key=lambda c: (round(c["value"], 9), -c["t"]))
     return {"value": best["t"], "by": "answers: read all k or decompose (raisf.read: retrieved)", "n": len(scores),
             "decomposed": sum(s < best["t"] for s in scores) / len(scores),
-            "passage_f1_cut": {k: v for k, v in f1_cut.items() if k != "curve"}, "curve": curve}
+            "passage_f1_cut": f1_cut, "curve": curve}
 
 
-def decomposition_pass(config, chosen: dict, probe_rows: list[dict], gold: dict[str, dict], log, force: bool) -> dict:
+def pass_config(config, know: float, relevance: float):
+    """The probe's config as RA-ISF's own run at the thresholds chosen so far (validated: its node budget
+    and depth are checked before the probe, not after it)."""
+    data = config.model_dump()
+    data["raisf"].update(know_threshold=know, relevance_threshold=relevance)
+    run = type(config).model_validate({**data, "strategies": ["raisf"], "output": f"{config.output}/{DECOMPOSITION_PASS}"})
+    make_strategy("raisf", run)
+    return run
+
+
+def decomposition_pass(config, chosen: dict, probe_rows: list[dict], gold: dict[str, dict], log, **shared) -> dict:
     """RA-ISF over the slice at the thresholds chosen so far, then its read-all cut from its answers."""
-    raisf = config.raisf.model_copy(update={"know_threshold": chosen["raisf.know_threshold"]["value"],
-                                            "relevance_threshold": chosen["raisf.relevance_threshold"]["value"]})
-    output = f"{config.output}/{DECOMPOSITION_PASS}"
-    log(f"raisf.read is 'retrieved': RA-ISF at relevance cut {raisf.relevance_threshold} into {redact(output)}")
-    answer_job.answer(config.model_copy(update={"strategies": ["raisf"], "raisf": raisf, "output": output}),
-                      log=log, force=force)
-    rows = [r for f in answer_files(f"{output}/raisf") for r in read_table(f).to_pylist()]
+    run = pass_config(config, chosen["raisf.know_threshold"]["value"], chosen["raisf.relevance_threshold"]["value"])
+    log(f"raisf.read is 'retrieved': RA-ISF at relevance cut {run.raisf.relevance_threshold} into {redact(run.output)}")
+    answer_job.answer(run, log=log, **shared)
+    rows = [r for f in answer_files(f"{run.output}/raisf") for r in read_table(f).to_pylist()]
     return read_all_threshold(rows, probe_rows, gold, chosen["raisf.relevance_threshold"])
+
+
+def shared_stages(config) -> dict:
+    """One set of actor pools and one request cache for both passes (RA-ISF's stages are the probe's):
+    a second set would load the models again, and hold a multi-device pool's placement groups twice."""
+    from jobs.ray_session import init_ray
+
+    needs = make_strategy(PROBE, config).stages
+    pools = pool_plan(config, needs)
+    init_ray(config.ray, cpus_requested(pools), resources_requested(pools))
+    return {"stages": build_stages(config, needs, pools), "cache": open_cache(config) if config.cache.enabled else None}
 
 
 def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
@@ -222,12 +248,15 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
     # so do the trained judges and the ranker: RA-ISF's thresholds are on their scores when they judge, and
     # MIGRES's delta is on the ranker's (without them in the file, a trained M_know's 0.76 would be applied
     # to the generator's P('yes'))
-    # and what RA-ISF reads: a cut chosen for reading all k would read P_rel under the default
-    raisf = {key: getattr(config.raisf, key) for key in ("judges", "know_judge", "relevance_judge", "read",
-                                                          "answer_prompt")
-             if getattr(config.raisf, key) != type(config.raisf).model_fields[key].default}
+    # and every other RA-ISF setting its thresholds were measured under (a cut chosen for reading all k
+    # must not be applied to reading P_rel), and the answer forms every answer was scored in
+    defaults = type(config.raisf)()
+    raisf = {key: value for key, value in config.raisf.model_dump().items()
+             if key not in ("know_threshold", "relevance_threshold") and value != getattr(defaults, key)}
     if raisf:
         values["raisf"] = raisf
+    if config.answer_form != type(config.answer_form)():
+        values["answer_form"] = config.answer_form.model_dump()
     if config.raisf.know_by == "trained":
         values["know"] = {"model": config.know.model}
     if config.reranker.model:
@@ -256,13 +285,18 @@ def run(args: argparse.Namespace) -> int:
     cols = question_columns(config.questions)
     if "answers" not in cols:
         raise UserError(f"{config.questions}: calibration needs gold `answers`")
-    answer_job.answer(config, log=log, force=args.force)
+    shared = {}
+    if reads_all(config.raisf):
+        pass_config(config, config.raisf.know_threshold, config.raisf.relevance_threshold)  # fails fast
+        shared = shared_stages(config)
+    answer_job.answer(config, log=log, force=args.force, **shared)
     gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                                       if c in cols]]).to_pylist()}
     rows = [r for f in answer_files(f"{config.output}/{PROBE}") for r in read_table(f).to_pylist()]
     chosen = choose(rows, gold, args.keep)
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
-        chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, args.force)
+        chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
+                                                                 **shared)
     qfs, qpath = filesystem(config.questions)
     fingerprint = file_sha256(qfs, qpath)
     fs, root = filesystem(config.output)

@@ -113,8 +113,9 @@ def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
     def probe_row(qid, raisf_read):
         return {"id": qid, "error": None, "trace": json.dumps([{"step": "probe", "raisf_read": raisf_read}])}
 
-    def raisf_row(qid, best, resolved_by, answer):
-        trace = [{"step": "relevance", "p_yes": [best, best / 2]}] if resolved_by != "self_knowledge" else []
+    def raisf_row(qid, best, resolved_by, answer, p_yes=None):
+        p_yes = [best, best / 2] if p_yes is None else p_yes
+        trace = [{"step": "relevance", "p_yes": p_yes}] if resolved_by != "self_knowledge" else []
         return {"id": qid, "error": None, "trace": json.dumps(trace), "resolved_by": resolved_by, "answer": answer}
 
     gold = {q: {"answers": [a]} for q, a in (("1", "Paris"), ("2", "Rome"), ("3", "Oslo"), ("4", "Bern"))}
@@ -127,7 +128,14 @@ def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
     chosen = read_all_threshold(rows, probes, gold, f1_cut)
     assert chosen["value"] == 0.25 and chosen["n"] == 3 and chosen["decomposed"] == pytest.approx(1 / 3)
     assert [c["t"] for c in chosen["curve"]] == [0.0, 0.25, 0.5]  # nothing is known above t0
-    assert chosen["passage_f1_cut"] == {"value": 0.5, "n": 8}
+    assert chosen["passage_f1_cut"] == f1_cut
+    # the pass decides the branch at t0 (its trace's scores are rounded: 0.5 was 0.49996 there), and a
+    # question with no passage is decomposed at every cut
+    gold.update({"5": {"answers": ["Lima"]}, "6": {"answers": ["Kyiv"]}})
+    more = [raisf_row("5", 0.5, "decomposition", "Lima"), raisf_row("6", 0.0, "decomposition", "Kyiv", p_yes=[])]
+    curve = read_all_threshold(rows + more, probes + [probe_row("5", "x"), probe_row("6", "x")], gold, f1_cut)["curve"]
+    # cuts 0, 0.25, ~0.45 (between 0.4 and 5's score), 0.5: 5 gains only at t0, 6 at every cut
+    assert [c["value"] for c in curve] == pytest.approx([3 / 5, 4 / 5, 3 / 5, 4 / 5])
     # decomposing never better: ties go to the lower cut, the same answers for fewer LLM calls
     rows[1]["answer"] = "Milan"
     assert read_all_threshold(rows, probes, gold, f1_cut)["value"] == 0.0
@@ -199,12 +207,19 @@ def test_the_calibrated_config_carries_the_trained_judges_and_the_ranker_its_thr
     assert loaded.know.model == "runs/m_know" and loaded.reranker.model == "runs/m_rel"
     assert loaded.raisf.know_threshold == 0.76 and loaded.migres.relevance_threshold == -1.35
     # a cut chosen for reading all k must not be applied to reading P_rel
-    reads_all = base.model_copy(update={"raisf": base.raisf.model_copy(update={"read": "retrieved"})})
-    assert config_values(reads_all, chosen, "f" * 64, 166)["raisf"]["read"] == "retrieved"
+    # and every other setting they were measured under: a cut chosen for reading all k, at D_th 1, with
+    # claims answered SUPPORTS / REFUTES / NOT ENOUGH INFO, must not be applied to another RA-ISF
+    other = AnswerConfig.model_validate({**base.model_dump(), "raisf": {**base.raisf.model_dump(), "read": "retrieved",
+                                                                       "d_th": 1},
+                                         "answer_form": {"verdicts": ["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"]}})
+    written = config_values(other, chosen, "f" * 64, 166)
+    assert {k: written["raisf"][k] for k in ("read", "d_th", "judges")} == {"read": "retrieved", "d_th": 1,
+                                                                           "judges": "trained"}
+    assert written["answer_form"]["verdicts"][-1] == "NOT ENOUGH INFO"
 
 
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
     trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
               "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
-    with pytest.raises(UserError, match="older ragsift.*--force"):
+    with pytest.raises(UserError, match="older ragsift.*new --output"):
         choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["a"]}}, keep=0.8)

@@ -6,7 +6,7 @@ import pytest
 
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
-from strategies.base import Item
+from strategies.base import Item, clean_answer
 from strategies.forms import final_answer, final_request, form_of, is_yes_no_question
 from strategies.registry import AnswerConfig, make_strategy
 
@@ -79,7 +79,7 @@ def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_fr
     cut_off = '{"reasoning": "Fuji is 3,776 m and'
     assert final_answer(Generation(cut_off), "yes_no_reasoned") == ""  # no answer, not a guess
     # the form asked decides how the output is read, not what the output looks like
-    assert final_answer(Generation(reasoned), "short") != "no"
+    assert final_answer(Generation(reasoned), "short") == clean_answer(reasoned) != "no"
     assert final_answer(Generation("Answer: Paris"), "short") == "Paris"
 
 
