@@ -26,7 +26,7 @@ def ragsift(*args):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """An index of the sample's gold passages plus 600 others; M_rel from 120 sample questions, M_know from
+    """An index of the sample's gold passages plus 600 others; M_rel from 180 sample questions, M_know from
     synthetic labels (questions of two datasets 'known'), both written by the CLI."""
     tmp = tmp_path_factory.mktemp("train")
     questions = pq.read_table(SAMPLE_QUESTIONS)
@@ -41,7 +41,7 @@ def trained(tmp_path_factory):
     ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
             "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25",
             "--negatives", "1", "--random-negatives", "2",
-            "--batch-size", "16", "--epochs", "2", "--max-length", "192", "--learning-rate", "1e-4")
+            "--batch-size", "16", "--epochs", "1", "--max-length", "128", "--learning-rate", "1e-4")
     rows = questions.slice(0, 180).to_pylist()
     labels = pa.table({"id": [r["id"] for r in rows], "question": [r["question"] for r in rows],
                        "closed_book_answer": [""] * len(rows), "gold_answers": [r["answers"] for r in rows],
