@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.dataset as ds  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from jobs.calibrate import quality, switch_threshold  # noqa: E402
+from jobs.calibrate import candidates, first_step, quality, switch_curve  # noqa: E402
 
 
 def rows_of(run: str, questions: str) -> list[dict]:
@@ -37,11 +37,11 @@ def rows_of(run: str, questions: str) -> list[dict]:
     rag = {r["id"]: r for r in ds.dataset(f"{run}/rag").to_table(columns=["id", "answer"]).to_pylist()}
     out = []
     for r in ds.dataset(f"{run}/raisf").to_table(columns=["id", "answer", "resolved_by", "trace"]).to_pylist():
-        steps = [s for s in json.loads(r["trace"] or "[]") if s.get("step") == "relevance"]
-        if r["id"] not in rag or not steps or r["resolved_by"] not in ("passages", "decomposition"):
+        relevance = first_step(r, "relevance")
+        if r["id"] not in rag or relevance is None or r["resolved_by"] not in ("passages", "decomposition"):
             continue
         g = gold[r["id"]]
-        out.append({"best": max(steps[0]["p_yes"], default=0.0),
+        out.append({"best": max(relevance["p_yes"], default=0.0),
                     "rag": quality(rag[r["id"]]["answer"] or "", g), "raisf": quality(r["answer"] or "", g),
                     "decomposed": r["resolved_by"] == "decomposition"})
     return out
@@ -52,8 +52,7 @@ def curve_of(rows: list[dict]) -> tuple[float, list[dict]]:
     t0 = min((r["best"] for r in rows if not r["decomposed"]), default=1.0)
     scores = [r["best"] for r in rows]
     below = [r["raisf"] if r["decomposed"] else r["rag"] for r in rows]
-    _, curve = switch_threshold(scores, [r["rag"] for r in rows], below)
-    curve = [c for c in curve if c["t"] <= t0]
+    curve = switch_curve(scores, [r["rag"] for r in rows], below, [t for t in candidates(scores) if t <= t0])
     best = max(curve, key=lambda c: (round(c["value"], 9), c["t"]))
     return best["t"], curve
 

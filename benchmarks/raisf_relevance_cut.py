@@ -49,7 +49,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from engine.steps import Item
-    from jobs.calibrate import candidates, quality
+    from jobs.calibrate import candidates, first_step, quality
     from schemas.config import AnswerFormConfig
     from strategies.base import format_passages, prompt
     from strategies.forms import final_answer, final_request, form_of
@@ -57,9 +57,9 @@ def main() -> None:
     questions = {q["id"]: q for q in pq.read_table(args.questions).to_pylist()}
     probes = {}
     for row in pq.read_table(f"{args.probe_run}/calibration_probe", columns=["id", "trace", "error"]).to_pylist():
-        steps = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "probe"]
-        if not row["error"] and steps and row["id"] in questions and questions[row["id"]]["answers"]:
-            probes[row["id"]] = steps[0]
+        probe = first_step(row, "probe")
+        if not row["error"] and probe and row["id"] in questions and questions[row["id"]]["answers"]:
+            probes[row["id"]] = probe
     ids = sorted(probes)
     qs = [questions[i] for i in ids]
     corpus = variants.passages(args.corpus, [pid for i in ids for pid in probes[i]["top_k"]])

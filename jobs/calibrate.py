@@ -110,9 +110,9 @@ def quality(prediction: str, golds: list[str]) -> float:
     return (M.f1(prediction, golds) + M.accuracy(prediction, golds)) / 2
 
 
-def probe_of(row: dict) -> dict | None:
-    steps = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "probe"]
-    return steps[0] if steps else None
+def first_step(row: dict, step: str) -> dict | None:
+    """The first trace entry of ``step`` in an answer row (a root's own, before its sub-questions')."""
+    return next((t for t in json.loads(row["trace"] or "[]") if t.get("step") == step), None)
 
 
 def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
@@ -120,7 +120,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     probes = []
     for row in rows:
         g = gold.get(row["id"])
-        p = probe_of(row)
+        p = first_step(row, "probe")
         if row["error"] or not g or not g.get("answers") or not p or "ta_retrieval" not in p:
             continue
         probes.append((p, g))
@@ -177,7 +177,7 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
     question's read of all k."""
     reads = {}
     for row in probe_rows:
-        p = probe_of(row)
+        p = first_step(row, "probe")
         if p is not None and not row["error"]:
             if "raisf_read" not in p:
                 raise UserError(f"these probe rows were written by an older ragsift (no RA-ISF read of all k): {STALE}")
@@ -186,14 +186,14 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
     scores, read, below = [], [], []
     for row in raisf_rows:
         g = gold.get(row["id"])
-        relevance = [t for t in json.loads(row["trace"] or "[]") if t.get("step") == "relevance"]
+        relevance = first_step(row, "relevance")
         # a question answered closed-book (self-knowledge) never reaches the cut
-        if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or not relevance
+        if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or relevance is None
                 or row["resolved_by"] not in ("passages", "decomposition")):
             continue
         decomposed = row["resolved_by"] == "decomposition"
         # the trace's scores are rounded: at t0 the pass's own branch decides; no passage is always decomposed
-        best = max(relevance[0]["p_yes"], default=-math.inf)
+        best = max(relevance["p_yes"], default=-math.inf)
         scores.append(min(best, math.nextafter(t0, -math.inf)) if decomposed else max(best, t0))
         read.append(quality(reads[row["id"]], g["answers"]))
         # below t <= t0 is only ever a question RA-ISF decomposed at t0
