@@ -14,6 +14,8 @@ from jobs.train_data import auc, held_out, write_card
 from schemas.errors import UserError
 from schemas.training import RelevanceTraining
 
+PROBE_EXAMPLES = 512  # training examples whose loss is measured before and after training
+
 
 def train_relevance(settings: RelevanceTraining, log) -> dict:
     import torch
@@ -31,17 +33,24 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     bi = settings.architecture == "bi-encoder"
     work = Path(settings.output) / "_checkpoints"
-    started = time.perf_counter()
     model, trainer, examples = (fit_bi_encoder if bi else fit_cross_encoder)(train, settings, device, work)
+    # the loss a full pass gives the same training examples before and after: a logged loss is one
+    # small batch's, which in-batch negatives and batch order move more than an epoch of training does
+    probe = trainer.train_dataset.select(range(min(PROBE_EXAMPLES, len(trainer.train_dataset))))
+    loss_before = round(trainer.evaluate(probe)["eval_loss"], 4)
+    started = time.perf_counter()
+    trainer.train()
     train_s = time.perf_counter() - started
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    loss_after = round(trainer.evaluate(probe)["eval_loss"], 4)
+    losses = [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]
     started = time.perf_counter()
     scores = relevance_scores(model, test, bi)
     predict_s = time.perf_counter() - started
     metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if test else None,
                "held_out_auc_base_cosine": base_cosine_auc(settings.base, test) if test else None,
                "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
-               "train_loss_last": losses[-1] if losses else None,
+               "train_loss_last": losses[-1] if losses else None, "train_loss_logged": losses,
+               "train_loss_before": loss_before, "train_loss_after": loss_after, "loss_probe_examples": len(probe),
                "train_examples": examples, "train_examples_per_s": round(examples * settings.epochs / train_s, 1),
                "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
                "mine_s": source.get("mine_s"), "train_s": round(train_s, 1), "device": device}
@@ -64,8 +73,8 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
 
     shutil.rmtree(work, ignore_errors=True)
     log(f"wrote {settings.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
-        f"{metrics['held_out_auc_base_cosine']}), loss {metrics['train_loss_first']} -> "
-        f"{metrics['train_loss_last']}, {metrics['train_examples_per_s']} examples/s training")
+        f"{metrics['held_out_auc_base_cosine']}), loss {loss_before} -> {loss_after} "
+        f"(a pass over {len(probe)} training examples), {metrics['train_examples_per_s']} examples/s training")
     return card
 
 
@@ -103,10 +112,10 @@ def fit_bi_encoder(train: list[dict], settings: RelevanceTraining, device: str, 
         output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
         logging_steps=max(1, len(data["anchor"]) // settings.batch_size // 20), use_cpu=device == "cpu", bf16=settings.bf16,
+        per_device_eval_batch_size=settings.batch_size,
         batch_sampler=BatchSamplers.NO_DUPLICATES)  # a question's own gold is never an in-batch "negative"
     trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
                                          loss=MultipleNegativesRankingLoss(model))
-    trainer.train()
     return model, trainer, len(data["anchor"])
 
 
@@ -127,12 +136,11 @@ def fit_cross_encoder(train: list[dict], settings: RelevanceTraining, device: st
         output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
         logging_steps=max(1, len(train) // settings.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu",
-        bf16=settings.bf16)
+        bf16=settings.bf16, per_device_eval_batch_size=settings.batch_size)
     # positives are a minority: weigh them as the negatives per positive, so the loss is balanced
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))
     trainer = CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_dict(columns), loss=loss)
-    trainer.train()
     return model, trainer, len(train)
 
 
