@@ -62,7 +62,7 @@ def main() -> None:
     from jobs.models import resolve
     from jobs.relevance_pairs import mine_pairs
     from jobs.train_data import held_out
-    from jobs.train_relevance import fit_bi_encoder, fit_cross_encoder, relevance_scores
+    from jobs.train_relevance import bi_encoder_trainer, cross_encoder_trainer, relevance_scores
     from schemas.training import RelevanceTraining
 
     torch.set_num_threads(args.threads)
@@ -82,9 +82,11 @@ def main() -> None:
     settings = RelevanceTraining(output="/tmp/relevance_training", questions=args.slice, index_dir=args.index_dir,
                                  epochs=args.epochs, learning_rate=args.learning_rate, bf16=args.bf16,
                                  batch_size=args.batch_size or (16 if args.model == "cross" else 32))
-    fit = fit_cross_encoder if args.model == "cross" else fit_bi_encoder
+    make = cross_encoder_trainer if args.model == "cross" else bi_encoder_trainer
     started = time.perf_counter()
-    model, trainer, examples = fit(train, settings, "cpu", Path("/tmp/relevance_training"))
+    model, trainer = make(train, settings, "cpu", Path("/tmp/relevance_training"))
+    trainer.train()
+    examples = len(trainer.train_dataset)
     train_s = time.perf_counter() - started
     scores = relevance_scores(model, test, bi=args.model == "bi")
     result.update(trained_auc=per_dataset_auc(test, scores, dataset_of), train_examples=examples,

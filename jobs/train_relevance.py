@@ -33,7 +33,8 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     bi = settings.architecture == "bi-encoder"
     work = Path(settings.output) / "_checkpoints"
-    model, trainer, examples = (fit_bi_encoder if bi else fit_cross_encoder)(train, settings, device, work)
+    model, trainer = (bi_encoder_trainer if bi else cross_encoder_trainer)(train, settings, device, work)
+    examples = len(trainer.train_dataset)
     # the loss a full pass gives the same training examples before and after: a logged loss is one
     # small batch's, which in-batch negatives and batch order move more than an epoch of training does
     probe = trainer.train_dataset.select(range(min(PROBE_EXAMPLES, len(trainer.train_dataset))))
@@ -78,11 +79,11 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     return card
 
 
-def fit_bi_encoder(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
-    """MiniLM fine-tuned as a bi-encoder: MultipleNegativesRankingLoss on (question, gold passage, one of
-    its hard negatives) triplets, the other passages of the batch as further negatives. It starts from
-    the cosine it is measured against and improves at once, where a cross-encoder's random head needs
-    far more steps than a CPU gives it (BENCHMARKS.md, "Does a relevance judge learn")."""
+def bi_encoder_trainer(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
+    """The trainer (not yet run) of MiniLM fine-tuned as a bi-encoder: MultipleNegativesRankingLoss on
+    (question, gold passage, one of its hard negatives) triplets, the other passages of the batch as
+    further negatives. It starts from the cosine it is measured against and improves at once, where a
+    cross-encoder's random head needs far more steps than a CPU gives it (BENCHMARKS.md, "Does a relevance judge learn")."""
     import random
     from collections import defaultdict
 
@@ -116,12 +117,13 @@ def fit_bi_encoder(train: list[dict], settings: RelevanceTraining, device: str, 
         batch_sampler=BatchSamplers.NO_DUPLICATES)  # a question's own gold is never an in-batch "negative"
     trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
                                          loss=MultipleNegativesRankingLoss(model))
-    return model, trainer, len(data["anchor"])
+    return model, trainer
 
 
-def fit_cross_encoder(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
-    """A CrossEncoder from the base model (a random head), BinaryCrossEntropyLoss with positives weighted
-    up to the negatives; for GPUs, where it can have the steps it needs."""
+def cross_encoder_trainer(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
+    """The trainer (not yet run) of a CrossEncoder from the base model (a random head),
+    BinaryCrossEntropyLoss with positives weighted up to the negatives; for GPUs, where it can have the
+    steps it needs."""
     import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
@@ -141,7 +143,7 @@ def fit_cross_encoder(train: list[dict], settings: RelevanceTraining, device: st
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))
     trainer = CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_dict(columns), loss=loss)
-    return model, trainer, len(train)
+    return model, trainer
 
 
 def relevance_scores(model, pairs: list[dict], bi: bool) -> list[float]:
