@@ -34,9 +34,13 @@ def small(ray_session, tmp_path_factory):
     return tmp
 
 
+# batch replicas: an async one on a CPU starts ~25 s slower (BENCHMARKS.md), and serving is not what these test
+IN_BATCH = "generator.serving=batch"
+
+
 def config(tmp, output, *overrides):
     return load_config(AnswerConfig, None, [f"index.path={tmp / 'idx'}", "generator.model=smollm2-135m-instruct",
-                                            "generator.cpu_kvcache_gib=1", "cache.enabled=true",
+                                            IN_BATCH, "generator.cpu_kvcache_gib=1", "cache.enabled=true",
                                             f"cache.path={tmp / 'requests.sqlite'}", *overrides],
                        questions=str(tmp / "q.parquet"), output=str(tmp / output), strategies=["direct", "rag"])
 
@@ -85,7 +89,7 @@ def test_a_sweep_run_twice_computes_its_values_once(small, tmp_path):
                                   output=str(tmp_path / output), index_dir=str(small / "idx"), strategy="rag",
                                   generator="smollm2-135m-instruct", limit=None, force=False, retry_errors=False,
                                   no_cache=False, config=None,
-                                  set=["generator.cpu_kvcache_gib=1", "cache.enabled=true",
+                                  set=[IN_BATCH, "generator.cpu_kvcache_gib=1", "cache.enabled=true",
                                        f"cache.path={tmp_path / 'sweep.sqlite'}"])
         sweep(args)
         return [json.loads((tmp_path / output / f"retrieval.k={k}" / "metrics.json").read_text())["request_cache"]

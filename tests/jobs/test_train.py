@@ -148,6 +148,7 @@ def test_raisf_answers_with_the_trained_judges(trained):
     tmp, _ = trained
     ragsift("answer", "--questions", tmp / "held.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
             "--strategy", "raisf", "--generator", "smollm2-135m-instruct", "--limit", "4",
+            "--set", "generator.serving=batch",  # ~25 s faster to start on a CPU (BENCHMARKS.md)
             "--set", "raisf.judges=trained", "--set", f"know.model={tmp / 'm_know'}",
             "--set", f"reranker.model={tmp / 'm_rel'}", "--set", "raisf.d_th=1", "--set", "raisf.max_subquestions=2")
     rows = pq.read_table(tmp / "out" / "raisf").to_pylist()
