@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "data" / "demo"
 SAMPLE_QUESTIONS = DEMO / "sample_questions.parquet"
 SAMPLE_CORPUS = DEMO / "sample_corpus.parquet"
+# The override for real-model runs that are not about serving: on a CPU an async replica is three processes
+# that each import vLLM, ~25 s more a start than a batch one (BENCHMARKS.md, "Starting a replica on a CPU")
+IN_BATCH = "generator.serving=batch"
 
 
 @pytest.fixture(scope="session")

@@ -13,15 +13,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
+from tests.conftest import IN_BATCH, REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 from tests.listeners import non_loopback_listeners
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 PAPER_ORDER = ["relevant", "relevant_reason", "cite_list", "analysis", "answer"]
-# Runs that are not about serving use batch replicas: on a CPU an async replica is three processes that each
-# import vLLM (BENCHMARKS.md, "Starting a replica on a CPU"), ~25 s more per run. The first test and the
-# demo keep the default (async) serving.
-IN_BATCH = ("--set", "generator.serving=batch")
 
 
 def index_once(tmp):
@@ -132,7 +128,7 @@ def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
     pq.write_table(multi_hop, tmp / "q2.parquet")
     # Qwen, not SmolLM2: SmolLM2 mostly repeats the question as its only sub-question (dropped), so its
     # trees rarely grow; even Qwen does so for some questions, hence the per-node checks below
-    ragsift("answer", *IN_BATCH, "--questions", tmp / "q2.parquet", "--index-dir", tmp / "idx", "--output", tmp / "deep",
+    ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q2.parquet", "--index-dir", tmp / "idx", "--output", tmp / "deep",
             "--strategy", "raisf", "--set", "raisf.self_knowledge=false",
             "--set", "raisf.relevance_threshold=1.0", "--set", "raisf.d_th=2", "--set", "raisf.max_subquestions=2",
             "--set", "raisf.k=2")
@@ -170,8 +166,8 @@ def test_raisf_reading_the_retrieved_passages_asks_rags_own_read_on_the_real_mod
     (here all: at cut 0 every passage is; reading all of them when only some are is tests/strategies/test_raisf.py)."""
     tmp, picked = ten_questions
     index_once(tmp)
-    ragsift("compare", *IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "read_all",
-            "--strategy", "rag,raisf", "--generator", "smollm2-135m-instruct", "--no-cache",
+    ragsift("compare", "--set", IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx",
+            "--output", tmp / "read_all", "--strategy", "rag,raisf", "--generator", "smollm2-135m-instruct", "--no-cache",
             "--set", "raisf.self_knowledge=false", "--set", "raisf.read=retrieved",
             "--set", "raisf.relevance_threshold=0.0")
     rag = {r["id"]: r for r in pq.read_table(tmp / "read_all" / "rag").to_pylist()}
@@ -191,7 +187,7 @@ def test_a_reasoned_yes_no_answer_is_written_reasoning_first_on_the_real_model(t
     index_once(tmp)
     questions = pq.read_table(SAMPLE_QUESTIONS)
     pq.write_table(questions.filter(pc.equal(questions["kind"], "yes-no")).slice(0, 3), tmp / "yn.parquet")
-    ragsift("compare", *IN_BATCH, "--questions", tmp / "yn.parquet", "--index-dir", tmp / "idx", "--output", tmp / "yn",
+    ragsift("compare", "--set", IN_BATCH, "--questions", tmp / "yn.parquet", "--index-dir", tmp / "idx", "--output", tmp / "yn",
             "--strategy", "direct,rag", "--generator", "smollm2-135m-instruct", "--no-cache",
             "--set", "answer_form.by_kind.yes-no=yes_no_reasoned")
     for strategy in ("direct", "rag"):
@@ -213,7 +209,7 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
     claim = {**three[0], "id": "claim-1", "question": "Paris is the capital of France.", "kind": "claim",
              "answers": ["SUPPORTS"], "dataset": "fever", "gold_passage_ids": []}
     pq.write_table(pa.Table.from_pylist(three + [claim], schema=picked.schema), tmp / "q4.parquet")
-    ragsift("compare", *IN_BATCH, "--questions", tmp / "q4.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cmp",
+    ragsift("compare", "--set", IN_BATCH, "--questions", tmp / "q4.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cmp",
             "--strategy", "least_to_most,self_reasoning,think_act,migres", "--generator", "smollm2-135m-instruct",
             "--set", "self_reasoning.max_tokens=256", "--set", "migres.max_iterations=2",
             "--set", "migres.max_iterations_open_domain=2", "--set", "migres.passages_per_query=10")
@@ -267,7 +263,7 @@ def test_self_reasoning_asks_its_short_answer_as_a_follow_up_turn_on_the_real_mo
     tmp, picked = ten_questions
     index_once(tmp)
     pq.write_table(picked.slice(0, 3), tmp / "q3.parquet")
-    ragsift("answer", *IN_BATCH, "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "fu",
+    ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "fu",
             "--strategy", "self_reasoning", "--generator", "smollm2-135m-instruct",
             "--set", "self_reasoning.max_tokens=256", "--set", "self_reasoning.answer_step=follow_up")
     rows = pq.read_table(tmp / "fu" / "self_reasoning").to_pylist()
@@ -286,7 +282,7 @@ def test_label_job_and_report_with_the_real_model(ten_questions):
     tmp, picked = ten_questions
     index_once(tmp)
     pq.write_table(picked.slice(0, 3), tmp / "q3.parquet")
-    ragsift("label", *IN_BATCH, "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "lab",
+    ragsift("label", "--set", IN_BATCH, "--questions", tmp / "q3.parquet", "--index-dir", tmp / "idx", "--output", tmp / "lab",
             "--generator", "smollm2-135m-instruct", "--set", "self_reasoning.max_tokens=256", "--set", "raisf.k=3")
     labels = tmp / "lab" / "labels"
     summary = json.loads((labels / "summary.json").read_text())
@@ -363,7 +359,7 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
 
     tmp, picked = ten_questions
     index_once(tmp)
-    ragsift("calibrate", *IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cal",
+    ragsift("calibrate", "--set", IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "cal",
             "--generator", "smollm2-135m-instruct", "--set", "raisf.read=retrieved",
             # a small tree (1 + 2 nodes), which the calibrated file must carry to the answer run below
             "--set", "raisf.d_th=1", "--set", "raisf.max_subquestions=2")
@@ -386,7 +382,7 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
         best = max(relevance["p_yes"], default=-1.0) if relevance else None
         if relevance and abs(best - t0) > 1e-4:
             assert (row["resolved_by"] == "decomposition") == (best < t0)
-    ragsift("answer", *IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
+    ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
             "--strategy", "think_act,raisf", "--config", tmp / "cal" / "calibrated.yaml")
     for row in pq.read_table(tmp / "ta" / "think_act").to_pylist():
         assess = json.loads(row["trace"])[0]

@@ -6,6 +6,7 @@ import pytest
 
 from jobs.api import answer_table, to_arrow
 from schemas.errors import UserError
+from tests.conftest import IN_BATCH
 
 
 def test_inputs_of_every_kind_become_one_arrow_table_with_our_names():
@@ -35,7 +36,7 @@ def test_answer_table_runs_the_answer_job_on_a_dataframe(tmp_path):
     df = pd.DataFrame({"query": ["What is the capital of France?", "Who wrote Hamlet?", "What is the capital of France?"]})
     out = answer_table(df, "direct", columns={"question": "query"}, output=str(tmp_path / "run"),
                        overrides=["generator.model=smollm2-135m-instruct", "generator.cpu_kvcache_gib=1",
-                                  "generator.serving=batch"])  # ~25 s faster to start on a CPU (BENCHMARKS.md)
+                                  IN_BATCH])
     assert isinstance(out, pd.DataFrame)
     assert sorted(out["id"]) == ["0", "1", "2"] and set(out["strategy"]) == {"direct"}
     assert out["error"].isna().all() and (out["answer"].str.len() > 0).all()
@@ -54,7 +55,7 @@ def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
 
     was_running = ray.is_initialized()  # another test's Ray, in a whole-suite run
     with Session(generator="smollm2-135m-instruct",
-                 overrides=["generator.cpu_kvcache_gib=1", "generator.serving=batch"]) as session:
+                 overrides=["generator.cpu_kvcache_gib=1", IN_BATCH]) as session:
         first = session.answer(pa.table({"id": ["a", "b"], "question": ["Who wrote Hamlet?", "What is 2 + 2?"]}),
                                "direct", output=str(tmp_path / "one"))
         actors = [a._actor_id for a in session.actors()]

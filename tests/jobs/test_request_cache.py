@@ -16,7 +16,7 @@ from jobs.request_cache import namespaces, open_cache
 from jobs.sweep import run as sweep
 from schemas.config import load_config
 from strategies.registry import AnswerConfig
-from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
+from tests.conftest import IN_BATCH, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
 pytestmark = [pytest.mark.model, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -32,10 +32,6 @@ def small(ray_session, tmp_path_factory):
     build_index(load_config(IndexJobConfig, None, [f"index.path={tmp / 'idx'}", "index.shards=1"],
                             corpus=str(tmp / "c.parquet")), log=lambda *a, **k: None)
     return tmp
-
-
-# batch replicas: an async one on a CPU starts ~25 s slower (BENCHMARKS.md), and serving is not what these test
-IN_BATCH = "generator.serving=batch"
 
 
 def config(tmp, output, *overrides):

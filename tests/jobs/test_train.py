@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.train_data import auc, held_out
-from tests.conftest import REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
+from tests.conftest import IN_BATCH, REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(1200)]
 
@@ -148,7 +148,7 @@ def test_raisf_answers_with_the_trained_judges(trained):
     tmp, _ = trained
     ragsift("answer", "--questions", tmp / "held.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out",
             "--strategy", "raisf", "--generator", "smollm2-135m-instruct", "--limit", "4",
-            "--set", "generator.serving=batch",  # ~25 s faster to start on a CPU (BENCHMARKS.md)
+            "--set", IN_BATCH,
             "--set", "raisf.judges=trained", "--set", f"know.model={tmp / 'm_know'}",
             "--set", f"reranker.model={tmp / 'm_rel'}", "--set", "raisf.d_th=1", "--set", "raisf.max_subquestions=2")
     rows = pq.read_table(tmp / "out" / "raisf").to_pylist()
