@@ -10,8 +10,9 @@ between; every candidate value is then scored offline against the gold answers:
                                 rag's instruction, or RA-ISF's own when it reads all k with the
                                 paper's): the t whose mix answers best (score = (F1 + accuracy) / 2;
                                 ties -> the higher t, i.e. retrieve more)
-    think_act.context           read the top 3 sentences or the top 3 passages: the one whose
-                                answers score better (ties -> sentences, the paper's reading)
+    think_act.context,          read the top 3 sentences, the top 3 passages, or k of either (the
+    think_act.top_sentences     probe's ``readings``): the one whose answers score best (ties ->
+                                sentences before passages, fewer before more: the paper's first)
     think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
                                 higher beta')
     think_act.ambiguity_threshold
@@ -56,7 +57,6 @@ from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from schemas.errors import UserError
 from strategies.registry import make_strategy
-from strategies.think_act import CONTEXTS
 
 PROBE = "calibration_probe"
 DECOMPOSITION_PASS = "decomposition_pass"
@@ -128,6 +128,9 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
         raise UserError(f"these probe rows were written by an older ragsift (no Think-then-Act split branch): {STALE}")
+    if any(set(p["ta_retrieval"]) != set(probes[0][0]["ta_retrieval"]) or ":" not in next(iter(p["ta_retrieval"]), "")
+           for p, _ in probes):
+        raise UserError(f"these probe rows were written by an older ragsift (Think-then-Act read at one count): {STALE}")
 
     def value(field, p, g):
         return quality(p[field], g["answers"])
@@ -137,11 +140,14 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
                                    [value("raisf_read" if "raisf_read" in p else "read", p, g) for p, g in probes])
     out["raisf.know_threshold"] = {"value": know, "n": len(probes), "curve": curve}
     # Think-then-Act: what it reads first, then both of its switches against that read
-    by_context = {c: sum(quality(p["ta_retrieval"][c], g["answers"]) for p, g in probes) / len(probes)
-                  for c in CONTEXTS}
-    context = max(CONTEXTS, key=lambda c: (round(by_context[c], 9), -CONTEXTS.index(c)))
-    out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_context}
-    read = [quality(p["ta_retrieval"][context], g["answers"]) for p, g in probes]
+    keys = list(probes[0][0]["ta_retrieval"])  # the probe's order: the paper's reading first
+    by_reading = {key: sum(quality(p["ta_retrieval"][key], g["answers"]) for p, g in probes) / len(probes)
+                  for key in keys}
+    best = max(keys, key=lambda key: (round(by_reading[key], 9), -keys.index(key)))
+    context, top = best.split(":")
+    out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_reading}
+    out["think_act.top_sentences"] = {"value": int(top), "n": len(probes)}
+    read = [quality(p["ta_retrieval"][best], g["answers"]) for p, g in probes]
     # it answers closed-book when beta >= beta', else retrieves
     beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes], read)
     out["think_act.beta_threshold"] = {"value": beta, "n": len(probes), "curve": curve}

@@ -35,6 +35,7 @@ from strategies.parsing import parse_string_list, same_question, string_list_sch
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
 CONTEXTS = ("sentences", "passages")
+PAPER_TOP = 3  # "we select the top 3 most similar to the query ... as context" (Section 4.2)
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
 
 
@@ -48,7 +49,8 @@ class ThinkActConfig(Section):
                                   "the model says RETRIEVAL / NO RETRIEVAL")
     beta_threshold: float = Field(0.5, ge=0, le=1, description="beta'; 0 = never retrieve, 1 = always")
     k: int = Field(5, ge=1, description="passages retrieved; their sentences are ranked")
-    top_sentences: int = Field(3, ge=1, description="units kept as context (the paper: top 3 by Sentence-BERT)")
+    top_sentences: int = Field(PAPER_TOP, ge=1, description="units (sentences or passages) kept as context (the paper: "
+                               "top 3 by Sentence-BERT; `ragsift calibrate` also weighs all k)")
     context: Literal["sentences", "passages"] = Field(
         "sentences", description="what the top 3 are: the sentences of the top-k passages, or the passages themselves "
         "(the paper ranks 'the top sentences from the relevant Wikipedia pages' and Google's organic results, "
@@ -167,6 +169,13 @@ def answer_prompt(chosen: list[str], question: str) -> str:
     """LM([D, q_final]): the chosen sentences or passages as D."""
     context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
     return prompt("think_act/answer_context").format(context=context, question=question)
+
+
+def readings(config: ThinkActConfig) -> list[tuple[str, int]]:
+    """The reads of the top-k passages that calibration weighs: each context unit at the paper's 3, at the
+    configured count and at k, the paper's own reading first (ties go to it)."""
+    counts = sorted({PAPER_TOP, config.top_sentences, config.k})
+    return [(c, n) for c in CONTEXTS for n in counts]
 
 
 def context_pool(passages, config: ThinkActConfig) -> list[str]:
