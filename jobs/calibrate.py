@@ -10,9 +10,10 @@ between; every candidate value is then scored offline against the gold answers:
                                 rag's instruction, or RA-ISF's own when it reads all k with the
                                 paper's): the t whose mix answers best (score = (F1 + accuracy) / 2;
                                 ties -> the higher t, i.e. retrieve more)
-    think_act.context,          read the top 3 sentences, the top 3 passages, or k of either (the
-    think_act.top_sentences     probe's ``readings``): the one whose answers score best (ties ->
-                                sentences before passages, fewer before more: the paper's first)
+    think_act.context,          read the top 3 sentences, the top 3 passages, or k of either, under
+    think_act.top_sentences,    its instruction or rag's (the probe's ``readings``): the one whose
+    think_act.answer_prompt     answers score best (ties -> its instruction before rag's, sentences
+                                before passages, fewer before more: the paper's reading first)
     think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
                                 higher beta')
     think_act.ambiguity_threshold
@@ -128,9 +129,10 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
         raise UserError(f"these probe rows were written by an older ragsift (no Think-then-Act split branch): {STALE}")
-    if any(set(p["ta_retrieval"]) != set(probes[0][0]["ta_retrieval"]) or ":" not in next(iter(p["ta_retrieval"]), "")
+    if any(set(p["ta_retrieval"]) != set(probes[0][0]["ta_retrieval"]) or next(iter(p["ta_retrieval"]), "").count(":") != 2
            for p, _ in probes):
-        raise UserError(f"these probe rows were written by an older ragsift (Think-then-Act read at one count): {STALE}")
+        raise UserError("these probe rows were written by an older ragsift (Think-then-Act read at one count, "
+                        f"one instruction): {STALE}")
 
     def value(field, p, g):
         return quality(p[field], g["answers"])
@@ -144,9 +146,10 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     by_reading = {key: sum(quality(p["ta_retrieval"][key], g["answers"]) for p, g in probes) / len(probes)
                   for key in keys}
     best = max(keys, key=lambda key: (round(by_reading[key], 9), -keys.index(key)))
-    context, top = best.split(":")
+    style, context, top = best.split(":")
     out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_reading}
     out["think_act.top_sentences"] = {"value": int(top), "n": len(probes)}
+    out["think_act.answer_prompt"] = {"value": style, "n": len(probes)}
     read = [quality(p["ta_retrieval"][best], g["answers"]) for p, g in probes]
     # it answers closed-book when beta >= beta', else retrieves
     beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes], read)

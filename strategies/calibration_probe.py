@@ -10,7 +10,8 @@ answers and for the score the threshold cuts, so every candidate value can be sc
                                   also RA-ISF's read of all top k (``raisf_read``), which ``ragsift
                                   calibrate`` sets against its decomposition answers
     think_act.context,            its answers from the top 3 sentences of the top-k passages, from
-    think_act.top_sentences       the top 3 passages, and from k of each (``readings``)
+    think_act.top_sentences,      the top 3 passages, and from k of each, under its instruction and
+    think_act.answer_prompt       under rag's (``readings``)
     think_act.beta_threshold      beta = P('yes') of Think-then-Act's confidence prompt; its closed-book
                                   answer vs its answer from the top-k passages
     think_act.ambiguity_threshold P(AMBIGUOUS) of its assessment; its answer by sub-queries (split,
@@ -53,9 +54,9 @@ from strategies.think_act import (
 )
 
 
-def reading_key(context: str, n: int) -> str:
-    """How the probe names a read in ``ta_retrieval``: 'passages:5'."""
-    return f"{context}:{n}"
+def reading_key(style: str, context: str, n: int) -> str:
+    """How the probe names a read in ``ta_retrieval``: 'rag:passages:5'."""
+    return f"{style}:{context}:{n}"
 
 
 class CalibrationProbe(Routine):
@@ -118,7 +119,7 @@ class CalibrationProbe(Routine):
         contexts = [c for c in CONTEXTS if pools[c]]
         reads_of = readings(self.think_act)
         # one ranking per unit: a read of the top n is its first n (best first)
-        requests += [Rank(q, tuple(pools[c]), max(n for _, n in reads_of)) for c in contexts]
+        requests += [Rank(q, tuple(pools[c]), max(n for *_, n in reads_of)) for c in contexts]
         if migres_top.passages:
             requests.append(passage_requests(q, migres_top.passages))
         responses = yield requests
@@ -131,10 +132,10 @@ class CalibrationProbe(Routine):
                      raisf_read=answered(raisf_read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
         reads = []
-        for c, n in reads_of:
+        for style, c, n in reads_of:
             chosen = [pools[c][i] for i in ranked[c].indices[:n]] if c in ranked else []
-            reads.append(answer(answer_prompt(chosen, q), "ta_retrieval"))
-        probe["ta_retrieval"] = dict(zip([reading_key(c, n) for c, n in reads_of], map(answered, (yield reads))))
+            reads.append(answer(answer_prompt(chosen, q, style), "ta_retrieval"))
+        probe["ta_retrieval"] = dict(zip([reading_key(*r) for r in reads_of], map(answered, (yield reads))))
         split = yield from self.ta.by_sub_queries(item)  # None: nothing to split into, the query goes on as it is
         probe["ta_sub_queries"] = split.answer if split else None
         return Done(probe["raisf_closed"], "probe")

@@ -35,6 +35,7 @@ from strategies.parsing import parse_string_list, same_question, string_list_sch
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
 CONTEXTS = ("sentences", "passages")
+PROMPTS = ("context", "rag")
 PAPER_TOP = 3  # "we select the top 3 most similar to the query ... as context" (Section 4.2)
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
 
@@ -55,6 +56,11 @@ class ThinkActConfig(Section):
         "sentences", description="what the top 3 are: the sentences of the top-k passages, or the passages themselves "
         "(the paper ranks 'the top sentences from the relevant Wikipedia pages' and Google's organic results, "
         "then keeps 'the top 3 most similar': either reading fits it)")
+    answer_prompt: Literal[PROMPTS] = Field(
+        "context", description="the instruction of LM([D, q_final]) when it retrieves (the paper publishes none): "
+        "ours ('Context: - ... Question: ... Answer:'), or rag's (D's units numbered, 'in a few words'), which "
+        "leaves the method (assessment, rewrite, capability check) as the only difference from rag. "
+        "`ragsift calibrate` chooses it with the context. Changes results")
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
     ambiguity_threshold: float | None = Field(
         None, ge=0, le=1, description="split the query into sub-queries when P('AMBIGUOUS') of the assessment "
@@ -102,7 +108,8 @@ class ThinkThenAct(Routine):
             ranking = yield Rank(query, tuple(pool), self.config.top_sentences, step="rank")
             chosen = [pool[i] for i in ranking.indices]
             item.trace.append({"step": "rank", "sentences": chosen, "scores": [round(x, 4) for x in ranking.scores]})
-        return (yield from self.answer(item, "answer", "retrieval", answer_prompt(chosen, query)))
+        return (yield from self.answer(item, "answer", "retrieval",
+                                       answer_prompt(chosen, query, self.config.answer_prompt)))
 
     def by_sub_queries(self, item: Item):
         """Split the query, answer each sub-query as a child item, aggregate; None when the split
@@ -165,17 +172,22 @@ def assessment(judgment, ambiguity_threshold: float | None) -> str:
     return max(ASSESSMENTS[:2], key=judgment.prob)  # without log-probs prob() is the label's 1 / 0
 
 
-def answer_prompt(chosen: list[str], question: str) -> str:
-    """LM([D, q_final]): the chosen sentences or passages as D."""
+def answer_prompt(chosen: list[str], question: str, style: str = "context") -> str:
+    """LM([D, q_final]): the chosen sentences or passages as D, under our instruction or rag's (its
+    passages numbered as rag numbers them: for D = all k passages, rag's own request)."""
+    if style == "rag":
+        units = "\n\n".join(f"[{i}] {s}" for i, s in enumerate(chosen, 1)) or "(nothing found)"
+        return prompt("rag/user").format(passages=units, question=question)
     context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
     return prompt("think_act/answer_context").format(context=context, question=question)
 
 
-def readings(config: ThinkActConfig) -> list[tuple[str, int]]:
-    """The reads of the top-k passages that calibration weighs: each context unit at the paper's 3, at the
-    configured count and at k, the paper's own reading first (ties go to it)."""
+def readings(config: ThinkActConfig) -> list[tuple[str, str, int]]:
+    """The reads of the top-k passages that calibration weighs, as (answer_prompt, context, units): each
+    context unit at the paper's 3, at the configured count and at k, under either instruction; the
+    paper's own reading first (ties go to it), our instruction before rag's, fewer units before more."""
     counts = sorted({PAPER_TOP, config.top_sentences, config.k})
-    return [(c, n) for c in CONTEXTS for n in counts]
+    return [(style, c, n) for style in PROMPTS for c in CONTEXTS for n in counts]
 
 
 def context_pool(passages, config: ThinkActConfig) -> list[str]:

@@ -365,13 +365,14 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
             # a small tree (1 + 2 nodes), which the calibrated file must carry to the answer run below
             "--set", "raisf.d_th=1", "--set", "raisf.max_subquestions=2")
     probes = [json.loads(r["trace"])[0] for r in pq.read_table(tmp / "cal" / "calibration_probe").to_pylist()]
-    keys = [reading_key(c, n) for c, n in readings(ThinkActConfig())]  # sentences and passages, 3 and 5 of each
+    keys = [reading_key(*r) for r in readings(ThinkActConfig())]  # sentences and passages, 3 and 5, 2 prompts
     assert len(probes) == 10 and all(list(p["ta_retrieval"]) == keys for p in probes)
     assert all(0 < p["ta_p_ambiguous"] < 1 for p in probes)  # log-probs of the assessment, not a label
     assert any(isinstance(p["ta_sub_queries"], str) for p in probes)  # some split, were answered, aggregated
     values = yaml.safe_load((tmp / "cal" / "calibrated.yaml").read_text())
     cut = values["think_act"]["ambiguity_threshold"]
     assert values["think_act"]["context"] in CONTEXTS and values["think_act"]["top_sentences"] in (3, 5) and 0 <= cut <= 1
+    assert values["think_act"]["answer_prompt"] in ("context", "rag")
     chosen = json.loads((tmp / "cal" / "calibration.json").read_text())["raisf.relevance_threshold"]
     rel = values["raisf"]["relevance_threshold"]
     assert chosen["by"].startswith("answers") and rel <= chosen["passage_f1_cut"]["value"] and rel == chosen["value"]

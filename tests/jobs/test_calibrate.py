@@ -72,9 +72,12 @@ def respond(request, item):
         return Generation(json.dumps({"sub_questions": ["Who first?", "Who then?"]}))
     if request.step == "aggregate":
         return Generation("aggregated" if "Answer 2: sentences" in user else "wrong")
-    units = sum(line.startswith("- ") for line in user.splitlines())  # Think-then-Act's context, one a line
-    return Generation("closed" if "[1]" not in user and "- " not in user else
-                      "read" if "[1]" in user else f"passages {units}" if "- T0:" in user else f"sentences {units}")
+    lines = user.splitlines()
+    units = sum(line.startswith("- ") for line in lines)  # Think-then-Act's context, one a line
+    numbered = sum(line.startswith("[") for line in lines)  # rag's, numbered
+    if "[1]" in user:  # rag's instruction: over passages rag's own read, over sentences Think-then-Act's
+        return Generation("read" if "[1] T0:" in user else f"read sentences {numbered}")
+    return Generation("closed" if "- " not in user else f"passages {units}" if "- T0:" in user else f"sentences {units}")
 
 
 def test_the_probe_records_every_score_and_both_branches_answers():
@@ -83,9 +86,12 @@ def test_the_probe_records_every_score_and_both_branches_answers():
     p = item.trace[0]
     assert (p["know_p_yes"], p["ta_beta"]) == (0.8, 0.3)
     assert (p["raisf_closed"], p["ta_closed"], p["read"]) == ("closed", "closed", "read")
-    # each unit read at the paper's 3 and at k = 5 (of the 3 passages retrieved, all 3)
-    assert p["ta_retrieval"] == {"sentences:3": "sentences 3", "sentences:5": "sentences 5",
-                                 "passages:3": "passages 3", "passages:5": "passages 3"}
+    # each unit read at the paper's 3 and at k = 5 (of the 3 passages retrieved, all 3), under its
+    # instruction and rag's; over all the passages, rag's instruction is rag's own read
+    assert p["ta_retrieval"] == {"context:sentences:3": "sentences 3", "context:sentences:5": "sentences 5",
+                                 "context:passages:3": "passages 3", "context:passages:5": "passages 3",
+                                 "rag:sentences:3": "read sentences 3", "rag:sentences:5": "read sentences 5",
+                                 "rag:passages:3": "read", "rag:passages:5": "read"}
     # the split branch: sub-queries answered as Think-then-Act answers them, then aggregated
     assert p["ta_p_ambiguous"] == 0.5 and p["ta_sub_queries"] == "aggregated"
     assert [t["step"] for t in item.trace] == ["probe", "split", "aggregate"]
@@ -149,8 +155,9 @@ def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
 def test_choose_reads_probe_rows_against_gold():
     def row(qid, know, beta, closed, read, rel, scores, ambiguous, split, passages=None, all_k=None):
         trace = [{"step": "probe", "know_p_yes": know, "ta_beta": beta, "raisf_closed": closed, "ta_closed": closed,
-                  "read": read, "ta_retrieval": {"sentences:3": read, "passages:3": passages or read,
-                                                 "passages:5": all_k or passages or read}, "top_k": ["a", "b"],
+                  "read": read, "ta_retrieval": {"context:sentences:3": read, "context:passages:3": passages or read,
+                                                 "context:passages:5": passages or read, "rag:passages:5": all_k or read},
+                  "top_k": ["a", "b"],
                   "relevance_p_yes": rel, "migres_scores": scores, "ta_p_ambiguous": ambiguous, "ta_sub_queries": split}]
         return {"id": qid, "error": None, "trace": json.dumps(trace)}
 
@@ -162,18 +169,21 @@ def test_choose_reads_probe_rows_against_gold():
     chosen = choose(rows, gold, keep=0.6)  # 2 of 3 questions keep a passage
     assert chosen["raisf.know_threshold"]["value"] == 0.775  # closed-book only for question 1
     # ties (1 of 3 each) -> the paper's reading, its 3 sentences
-    assert (chosen["think_act.context"]["value"], chosen["think_act.top_sentences"]["value"]) == ("sentences", 3)
+    assert [chosen[f"think_act.{f}"]["value"] for f in ("answer_prompt", "context", "top_sentences")] == [
+        "context", "sentences", 3]
     assert chosen["think_act.beta_threshold"]["value"] == 0.775  # retrieve below
     # splitting helps only question 3 (0.6); 2 has no split (it reads), so its 0.7 must not pull the cut up
     assert chosen["think_act.ambiguity_threshold"]["value"] == 0.55
     assert chosen["raisf.relevance_threshold"]["value"] == 0.45  # a, b, b relevant; nothing else
     assert chosen["migres.relevance_threshold"]["value"] == 0.6
-    # reading all k passages answers question 1 too: it wins, and beta' is then chosen against it
+    # reading all k passages with rag's instruction answers question 1 too: it wins, and beta' is then
+    # chosen against it
     rows[0] = row("1", 0.95, 0.95, "Paris", "Lyon", [0.9, 0.1], [0.8], 0.5, "Lyon", all_k="Paris")
     chosen = choose(rows, gold, keep=0.6)
-    assert (chosen["think_act.context"]["value"], chosen["think_act.top_sentences"]["value"]) == ("passages", 5)
+    assert [chosen[f"think_act.{f}"]["value"] for f in ("answer_prompt", "context", "top_sentences")] == [
+        "rag", "passages", 5]
     assert chosen["think_act.beta_threshold"]["value"] == 1.0  # closed-book is never better than that read
-    stale = [dict(r, trace=r["trace"].replace('"sentences:3"', '"sentences"')) for r in rows]
+    stale = [dict(r, trace=r["trace"].replace('"context:sentences:3"', '"sentences:3"')) for r in rows]
     with pytest.raises(UserError, match="older ragsift"):
         choose(stale, gold, keep=0.6)
     config = AnswerConfig(raisf={"know_threshold": 0.95},

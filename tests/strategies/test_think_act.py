@@ -144,3 +144,24 @@ def test_the_context_may_be_the_top_passages_instead_of_sentences():
     (rank,) = [r for _, r in log if isinstance(r, Rank)]
     assert rank.texts == ("Paris: Paris is the capital of France. It is large.", "Lyon: Lyon is a city. Lyon is in France!")
     assert "- Paris: Paris is the capital of France. It is large." in log[-1][1].messages[-1][1]
+
+
+def test_with_rags_instruction_over_all_k_passages_the_read_is_rags_own_request():
+    """answer_prompt: rag leaves the method as the only difference from rag: where the query is read as
+    it is and D is every retrieved passage (in rag's order), the answer request is rag's, to the byte."""
+    from strategies.base import StrategySettings
+    from strategies.rag import RetrieveThenRead
+
+    def in_order(request, item):  # a ranker that keeps the retrieval's order
+        if isinstance(request, Rank):
+            return Ranking(list(range(request.top)), [1.0] * request.top)
+        return Script(beta=0.2)(request, item)
+
+    ta_log, rag_log = [], []
+    drive(ThinkThenAct(ThinkActConfig(k=2, top_sentences=2, context="passages", answer_prompt="rag")), "Q?", in_order,
+          log=ta_log)
+    drive(RetrieveThenRead(StrategySettings(k=2)), "Q?", in_order, log=rag_log)
+    assert ta_log[-1][1].messages == rag_log[-1][1].messages and "[2] Lyon: Lyon is a city." in rag_log[-1][1].messages[-1][1]
+    ours = []
+    drive(ThinkThenAct(ThinkActConfig(k=2, top_sentences=2, context="passages")), "Q?", in_order, log=ours)
+    assert ours[-1][1].messages != rag_log[-1][1].messages  # the default: our instruction
