@@ -9,16 +9,17 @@ between; every candidate value is then scored offline against the gold answers:
     raisf.know_threshold        answer closed-book when P('yes') >= t, else read the top k (with
                                 rag's instruction, or RA-ISF's own when it reads all k with the
                                 paper's): the t whose mix answers best (score = (F1 + accuracy) / 2;
-                                ties -> the higher t, i.e. retrieve more)
+                                ties, within one question's worth (1/n) of the best -> the higher
+                                t, i.e. retrieve more)
     think_act.context,          read the top 3 sentences, the top 3 passages, or k of either, under
     think_act.top_sentences,    its instruction or rag's (the probe's ``readings``): the one whose
     think_act.answer_prompt     answers score best (ties -> its instruction before rag's, sentences
                                 before passages, fewer before more: the paper's reading first)
-    think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties -> the
-                                higher beta')
+    think_act.beta_threshold    retrieve when beta < beta': likewise, against that read (ties, as
+                                above -> the higher beta')
     think_act.ambiguity_threshold
                                 split into sub-queries when P(AMBIGUOUS) >= t, else go on (at that
-                                beta'): likewise (ties -> the higher t, i.e. split less). The probe
+                                beta'): likewise (ties, as above -> the higher t, i.e. split less). The probe
                                 answers sub-queries under the config it runs with (context, beta')
     raisf.relevance_threshold   a passage is relevant when P('yes') >= t: the t with the best F1
                                 against the gold passages among the top k. With ``raisf.read:
@@ -79,10 +80,13 @@ def switch_curve(scores: list[float], above: list[float], below: list[float], cu
 
 
 def switch_threshold(scores: list[float], above: list[float], below: list[float]) -> tuple[float, list[dict]]:
-    """The t for "use ``above`` when score >= t, else ``below``" with the best mean value (ties ->
-    the higher t), and every candidate's value."""
+    """The t for "use ``above`` when score >= t, else ``below``" with the best mean value, and every
+    candidate's value. A cut that beats a higher one by less than one question's worth (1/n) is a
+    tie, and ties go to the higher t: sending a fifth of the slice down a costlier branch for a tenth of
+    a question is noise, not a choice."""
     curve = switch_curve(scores, above, below, candidates(scores))
-    best = max(curve, key=lambda c: (round(c["value"], 9), c["t"]))
+    top = max(c["value"] for c in curve)
+    best = max((c for c in curve if c["value"] > top - 1 / len(scores) + 1e-9), key=lambda c: c["t"])
     return best["t"], curve
 
 

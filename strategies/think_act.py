@@ -9,7 +9,8 @@
                                      retrieve when beta < beta' (beta' = 0 never, 1 always)
                          decision:   the model says RETRIEVAL / NO RETRIEVAL
     answer  LM(q_final), or LM([D, q_final]) where D = the top 3 sentences of the top-k passages,
-            ranked by the embedder (the paper: Sentence-BERT)
+            ranked by the embedder (the paper: Sentence-BERT); calibration may choose passages for
+            sentences, all k for 3, and rag's instruction for ours (the paper publishes none)
 """
 
 from __future__ import annotations

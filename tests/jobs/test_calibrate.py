@@ -38,6 +38,8 @@ def test_a_switch_threshold_answers_closed_book_only_where_that_is_better():
     t, curve = switch_threshold(scores, closed, read)
     assert t == 0.8 and max(c["value"] for c in curve) == 0.75  # between 0.7 and 0.9
     assert switch_threshold([0.5, 0.5], [0, 0], [0, 0])[0] == 1.0  # ties: retrieve more
+    # a gain of less than one question's worth (half a question of 4) is a tie too
+    assert switch_threshold(scores, [0.5, 0, 0, 0], read)[0] == 1.0
 
 
 def test_relevance_threshold_maximises_f1_against_gold_passages():
