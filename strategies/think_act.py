@@ -60,7 +60,8 @@ class ThinkActConfig(Section):
     answer_prompt: Literal[PROMPTS] = Field(
         "context", description="the instruction of LM([D, q_final]) when it retrieves (the paper publishes none): "
         "ours ('Context: - ... Question: ... Answer:'), or rag's (D's units numbered, 'in a few words'), which "
-        "leaves the method (assessment, rewrite, capability check) as the only difference from rag. "
+        "leaves the method (assessment, rewrite, capability check) and the ranker's order of D as the only "
+        "differences from rag. "
         "`ragsift calibrate` chooses it with the context. Changes results")
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
     ambiguity_threshold: float | None = Field(
@@ -175,7 +176,8 @@ def assessment(judgment, ambiguity_threshold: float | None) -> str:
 
 def answer_prompt(chosen: list[str], question: str, style: str = "context") -> str:
     """LM([D, q_final]): the chosen sentences or passages as D, under our instruction or rag's (its
-    passages numbered as rag numbers them: for D = all k passages, rag's own request)."""
+    units numbered as rag numbers passages: D = all k passages in the retrieval's order is rag's own
+    request)."""
     if style == "rag":
         units = "\n\n".join(f"[{i}] {s}" for i, s in enumerate(chosen, 1)) or "(nothing found)"
         return prompt("rag/user").format(passages=units, question=question)
