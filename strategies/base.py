@@ -145,7 +145,12 @@ def answer_messages(user: str, system: str | None = "answer_system"):
 
 
 def format_passages(passages: list[Passage]) -> str:
-    return "\n\n".join(f"[{i}] {p.shown}" for i, p in enumerate(passages, 1))
+    return number_texts([p.shown for p in passages])
+
+
+def number_texts(texts: list[str]) -> str:
+    """Texts as the reading prompts list passages: '[1] ...', a blank line between."""
+    return "\n\n".join(f"[{i}] {t}" for i, t in enumerate(texts, 1))
 
 
 _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
@@ -161,4 +166,4 @@ def clean_answer(text: str) -> str:
 
 
 __all__ = ["Ask", "Done", "Item", "Lenient", "Routine", "Solve", "Spawn", "Step", "StrategySettings", "answer_messages",
-           "clean_answer", "format_passages", "prompt", "structured"]
+           "clean_answer", "format_passages", "number_texts", "prompt", "structured"]

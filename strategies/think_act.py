@@ -27,6 +27,7 @@ from strategies.base import (
     Solve,
     answer_messages,
     clean_answer,
+    number_texts,
     prompt,
     structured,
 )
@@ -179,7 +180,7 @@ def answer_prompt(chosen: list[str], question: str, style: str = "context") -> s
     units numbered as rag numbers passages: D = all k passages in the retrieval's order is rag's own
     request)."""
     if style == "rag":
-        units = "\n\n".join(f"[{i}] {s}" for i, s in enumerate(chosen, 1)) or "(nothing found)"
+        units = number_texts(chosen) or "(nothing found)"
         return prompt("rag/user").format(passages=units, question=question)
     context = "\n".join(f"- {s}" for s in chosen) or "(nothing found)"
     return prompt("think_act/answer_context").format(context=context, question=question)
