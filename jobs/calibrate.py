@@ -58,6 +58,7 @@ from jobs.questions import question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from schemas.errors import UserError
+from strategies.calibration_probe import reading_of
 from strategies.registry import make_strategy
 
 PROBE = "calibration_probe"
@@ -133,7 +134,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
         raise UserError(f"these probe rows were written by an older ragsift (no Think-then-Act split branch): {STALE}")
-    if any(set(p["ta_retrieval"]) != set(probes[0][0]["ta_retrieval"]) or next(iter(p["ta_retrieval"]), "").count(":") != 2
+    if any(set(p["ta_retrieval"]) != set(probes[0][0]["ta_retrieval"]) or reading_of(next(iter(p["ta_retrieval"]), "")) is None
            for p, _ in probes):
         raise UserError("these probe rows were written by an older ragsift (Think-then-Act read at one count, "
                         f"one instruction): {STALE}")
@@ -150,9 +151,9 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     by_reading = {key: sum(quality(p["ta_retrieval"][key], g["answers"]) for p, g in probes) / len(probes)
                   for key in keys}
     best = max(keys, key=lambda key: (round(by_reading[key], 9), -keys.index(key)))
-    style, context, top = best.split(":")
+    style, context, top = reading_of(best)
     out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_reading}
-    out["think_act.top_sentences"] = {"value": int(top), "n": len(probes)}
+    out["think_act.top_sentences"] = {"value": top, "n": len(probes)}
     out["think_act.answer_prompt"] = {"value": style, "n": len(probes)}
     read = [quality(p["ta_retrieval"][best], g["answers"]) for p, g in probes]
     # it answers closed-book when beta >= beta', else retrieves

@@ -59,6 +59,12 @@ def reading_key(style: str, context: str, n: int) -> str:
     return f"{style}:{context}:{n}"
 
 
+def reading_of(key: str) -> tuple[str, str, int] | None:
+    """The (answer_prompt, context, units) a ``reading_key`` names; None for a key of an older probe."""
+    parts = key.split(":")
+    return (parts[0], parts[1], int(parts[2])) if len(parts) == 3 else None
+
+
 class CalibrationProbe(Routine):
     name = "calibration_probe"
     answers = False  # its rows are probes for `ragsift calibrate`
