@@ -25,8 +25,17 @@ QUESTIONS = DATA / "sample_questions.parquet"
 CORPUS = DATA / "sample_corpus.parquet"
 
 
+def default_index_dir() -> Path:
+    return ragsift_home() / "indexes" / "demo"
+
+
+def corpus_sha256() -> str:
+    """What the demo's index records of its corpus, and checks before it reuses the index."""
+    return file_sha256(*filesystem(str(CORPUS)))
+
+
 def ensure_index(index_dir: Path, shards: int, log) -> None:
-    corpus_sha = file_sha256(*filesystem(str(CORPUS)))
+    corpus_sha = corpus_sha256()
     try:
         manifest = read_manifest(index_dir)
         if (manifest.get("format") == FORMAT and manifest.get("corpus_sha256") == corpus_sha
@@ -54,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
     started = time.perf_counter()
-    index_dir = Path(args.index_dir) if args.index_dir else ragsift_home() / "indexes" / "demo"
+    index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
     ensure_index(index_dir, args.shards, log)
     config = load_config(
         AnswerConfig, None, [f"index.path={index_dir}", f"generator.model={args.generator}", *args.set],

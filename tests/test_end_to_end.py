@@ -340,11 +340,12 @@ def test_demo_command_runs_on_the_embedded_data(tmp_path):
     the one `make demo` builds ($RAGSIFT_HOME/indexes/demo; built here when it is missing): CI runs
     `make demo` first, and building the 3,000 passages again took ~110 s of CI's time (when the demo
     reuses or rebuilds an index: tests/jobs/test_demo.py)."""
-    from jobs.models import ragsift_home
+    from jobs.demo import default_index_dir
+    from jobs.index import read_manifest
 
     proc = ragsift("demo", "--limit", 4, "--generator", "smollm2-135m-instruct", "--output", tmp_path / "out")
     assert "ragsift evaluation" in proc.stdout and "How questions were resolved" not in proc.stderr
-    manifest = json.loads((ragsift_home() / "indexes" / "demo" / "manifest.json").read_text())
+    manifest = read_manifest(default_index_dir())
     assert manifest["count"] == 3000 and len(manifest["shards"]) == 2
     table = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert {(r["strategy"], r["n"]) for r in table if r["dataset"] == "ALL"} == {("direct", 4), ("rag", 4)}

@@ -89,11 +89,13 @@ def calm_answers(ray, kind: str, questions=QUESTIONS) -> dict:
 @pytest.mark.parametrize("victim", ["generator replica", "retriever shard"])
 def test_a_killed_actor_restarts_and_its_batches_are_retried(ray_session, victim, kind):
     def kill(stages):
-        # a replica with a batch on it: one killed while idle (or still starting, as on a loaded box) fails no
-        # batch, and then there is nothing to retry
-        generator = stages["generator"]
-        busy = next((i for i, n in enumerate(generator.inflight) if n), 0)
-        actor = generator.replicas[busy] if victim == "generator replica" else stages["retriever"].shards[1]
+        if victim == "generator replica":
+            # a replica with a batch on it: one killed while idle (or still starting, as on a loaded box)
+            # fails no batch, and then there is nothing to retry
+            generator = stages["generator"]
+            actor = generator.replicas[next((i for i, n in enumerate(generator.inflight) if n), 0)]
+        else:
+            actor = stages["retriever"].shards[1]
         ray_session.kill(actor, no_restart=False)
 
     calm = calm_answers(ray_session, kind)

@@ -6,7 +6,6 @@ import pytest
 
 from jobs import demo
 from jobs.index import FORMAT, MANIFEST
-from jobs.storage import file_sha256, filesystem
 
 
 @pytest.fixture
@@ -18,8 +17,7 @@ def builds(monkeypatch):
 
 def write_manifest(index_dir, **fields):
     index_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"format": FORMAT, "corpus_sha256": file_sha256(*filesystem(str(demo.CORPUS))),
-                "shards": [{}, {}], **fields}
+    manifest = {"format": FORMAT, "corpus_sha256": demo.corpus_sha256(), "shards": [{}, {}], **fields}
     (index_dir / MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -27,7 +25,7 @@ def test_the_demo_builds_its_index_where_there_is_none(tmp_path, builds):
     demo.ensure_index(tmp_path / "idx", 2, log=lambda *a: None)
     [(config, extra)] = builds
     assert config.index.path == str(tmp_path / "idx") and config.index.shards == 2
-    assert extra == {"corpus_sha256": file_sha256(*filesystem(str(demo.CORPUS)))}
+    assert extra == {"corpus_sha256": demo.corpus_sha256()}
 
 
 def test_the_demo_reuses_an_index_of_its_corpus_and_shard_count(tmp_path, builds):
