@@ -31,9 +31,9 @@ def per_question(answers: str, questions: str) -> dict[str, dict[str, tuple[floa
     for (strategy, dataset), rows in grouped_rows(answers, questions):
         if dataset != "ALL":
             continue
-        scores[strategy] = {r["id"]: (100 * M.f1(r["answer"] or "", r["_gold"].get("answers") or []),
-                                      100 * M.accuracy(r["answer"] or "", r["_gold"].get("answers") or []))
-                            for r in rows}
+        scores[strategy] = {r["id"]: (100 * M.f1(r["answer"] or "", r["_answers"]),
+                                      100 * M.accuracy(r["answer"] or "", r["_answers"]))
+                            for r in rows if r["_answers"]}  # a question without a gold answer is not scored
     return scores
 
 
@@ -59,6 +59,8 @@ def compare(scores: dict, baseline: str, draws: int = 10_000, seed: int = 0) -> 
         if strategy == baseline:
             continue
         ids = sorted(set(mine) & set(base))
+        if not ids:
+            raise SystemExit(f"{strategy} and {baseline} answered no scored question in common")
         row = {"strategy": strategy, "baseline": baseline, "n": len(ids)}
         for i, name in enumerate(("F1", "acc")):
             diffs = [mine[q][i] - base[q][i] for q in ids]

@@ -2,7 +2,8 @@
 
 EM and F1 (SQuAD normalisation), accuracy (a gold answer contained in the prediction), yes/no
 accuracy on questions whose gold is yes/no, and retrieval recall@k (any / all gold passages in the
-top k) on questions with gold passages. Printed as a table, written as JSON and Markdown.
+top k) on questions with gold passages. Answer scores average over the questions that have a gold
+answer (`scored`); costs over all `n`. Printed as a table, written as JSON and Markdown.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from jobs.storage import filesystem, open_parquet, read_table
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
-COLUMNS = ["strategy", "dataset", "n", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
+COLUMNS = ["strategy", "dataset", "n", "scored", "EM", "F1", "acc", "yes/no acc (n)", "recall@k any", "recall@k all",
            "cite P / R (n)", "errors", "LLM calls/q", "retrievals/q", "sub-q/q", "tokens/q", "tokens/correct",
            "latency s"]
 
 
 ANSWER_COLUMNS = ("id", "strategy", "answer")  # what makes a Parquet file a part of ragsift answers
+SCORED_COLUMNS = ("error", "resolved_by", "retrieved_ids", "n_llm_calls", "n_retrievals", "n_subquestions", "depth",
+                  "n_parse_failures", "prompt_tokens", "completion_tokens", "latency_s")  # what evaluate reads of them
 
 
 def answer_files(output: str) -> list[str]:
@@ -38,7 +41,7 @@ def answer_files(output: str) -> list[str]:
         missing = [c for c in ANSWER_COLUMNS if c not in open_parquet(output).schema_arrow.names]
         if missing:
             raise SchemaError(f"{output} is not a file of ragsift answers (no column {missing})")
-        return [output]
+        return checked([output])
     if info.type == FileType.NotFound:
         raise FileNotFoundError(f"{output} does not exist")
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
@@ -48,6 +51,16 @@ def answer_files(output: str) -> list[str]:
     files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
+    return checked(files)
+
+
+def checked(files: list[str]) -> list[str]:
+    """Answer files that hold every column evaluate reads (an answer file written by hand may not)."""
+    for path in files:
+        missing = [c for c in SCORED_COLUMNS if c not in open_parquet(path).schema_arrow.names]
+        if missing:
+            raise SchemaError(f"{path} has answers but not the columns {missing} that evaluate reads: "
+                              "evaluate answers written by `ragsift answer` / `compare`")
     return files
 
 
@@ -70,14 +83,15 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
                  "modules": {}}
         for module in sorted({r["resolved_by"] for r in rows}):
             mine = [r for r in rows if r["resolved_by"] == module]
-            correct = sum(M.accuracy(r["answer"] or "", r["_gold"].get("answers") or []) for r in mine)
+            correct = sum(M.accuracy(r["answer"] or "", r["_answers"]) for r in mine)
             entry["modules"][module] = {"WR": round(100 * len(mine) / n, 1), "Corr": int(correct)}
         table.append(entry)
     return table
 
 
 def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], list[dict]]]:
-    """Answer rows joined with their gold question, grouped by (strategy, dataset) plus (strategy, ALL)."""
+    """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
+    grouped by (strategy, dataset) plus (strategy, ALL)."""
     cols = question_columns(questions)
     if "answers" not in cols:
         raise UserError(f"{questions}: no `answers` column to evaluate against")
@@ -85,19 +99,24 @@ def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], li
     gold_by_id = {r["id"]: r for r in gold.to_pylist()}
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()
     for path in answer_files(answers):
         for row in read_table(path).to_pylist():
             g = gold_by_id.get(row["id"])
             if g is None:
                 continue
-            row["_gold"] = g
+            if (row["strategy"], row["id"]) in seen:  # a run writes each once: these are several runs
+                raise UserError(f"{answers} holds more than one answer of {row['strategy']} to question {row['id']!r} "
+                                "(several runs under one folder, e.g. a sweep's): evaluate each run's folder")
+            seen.add((row["strategy"], row["id"]))
+            row["_gold"], row["_answers"] = g, M.gold_answers(g.get("answers"))
             groups[(row["strategy"], g.get("dataset") or "all")].append(row)
             groups[(row["strategy"], "ALL")].append(row)
     return sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))
 
 
 def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
-    n = len(rows)
+    n, scored = len(rows), sum(bool(r["_answers"]) for r in rows)
     em = f1 = acc = 0.0
     yn_n = yn_ok = 0
     rec_any, rec_all, rec_n, errors = 0.0, 0.0, 0, 0
@@ -105,15 +124,14 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
     cite_p = cite_r = 0.0
     cite_n = 0
     for row in rows:
-        golds = row["_gold"].get("answers") or []
-        pred = row["answer"] or ""
+        golds, pred = row["_answers"], row["answer"] or ""
         errors += row["error"] is not None
         em += M.exact_match(pred, golds)
         f1 += M.f1(pred, golds)
         acc += M.accuracy(pred, golds)
         if M.is_yes_no(golds):
             yn_n += 1
-            yn_ok += M.yes_no(pred) == M.normalize(golds[0])
+            yn_ok += M.accuracy(pred, golds)
         gold_ids = row["_gold"].get("gold_passage_ids") or []
         if gold_ids and row["retrieved_ids"]:
             a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
@@ -130,8 +148,8 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         latency += row["latency_s"]
     pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
     return {
-        "strategy": strategy, "dataset": dataset, "n": n,
-        "EM": pct(em, n), "F1": pct(f1, n), "acc": pct(acc, n),
+        "strategy": strategy, "dataset": dataset, "n": n, "scored": scored,
+        "EM": pct(em, scored), "F1": pct(f1, scored), "acc": pct(acc, scored),
         "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
         "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
         "cite P / R (n)": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)} ({cite_n})" if cite_n else None,
@@ -232,10 +250,16 @@ def chart(table: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", required=True, help="answers directory (from `answer`) or one Parquet file")
     p.add_argument("--questions", required=True, help="questions Parquet with gold `answers`")
-    p.add_argument("--k", type=int, help="recall@k cut-off (default: all retrieved)")
+    p.add_argument("--k", type=positive_int, help="recall@k cut-off (default: all retrieved)")
     p.add_argument("--out", help="where eval.json / eval.md go (default: the answers directory)")
 
 

@@ -16,30 +16,37 @@ def normalize(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def gold_answers(golds: list[str | None] | None) -> list[str]:
+    """The gold answers a prediction can be scored against: a null, or one that normalises to nothing
+    ("", "The"), is no answer (it would make an empty prediction exactly right)."""
+    return [g for g in golds or [] if g is not None and normalize(g)]
+
+
 def exact_match(prediction: str, golds: list[str]) -> float:
     p = normalize(prediction)
-    return float(any(p == normalize(g) for g in golds))
+    return float(any(p == normalize(g) for g in gold_answers(golds)))
 
 
 def f1(prediction: str, golds: list[str]) -> float:
-    def one(gold: str) -> float:
+    def one(gold: str) -> float:  # SQuAD v1.1: no shared token, no credit
         pred_tokens, gold_tokens = normalize(prediction).split(), normalize(gold).split()
-        common = Counter(pred_tokens) & Counter(gold_tokens)
-        same = sum(common.values())
-        if not pred_tokens or not gold_tokens:
-            return float(pred_tokens == gold_tokens)
+        same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
         if same == 0:
             return 0.0
         precision, recall = same / len(pred_tokens), same / len(gold_tokens)
         return 2 * precision * recall / (precision + recall)
 
-    return max((one(g) for g in golds), default=0.0)
+    return max((one(g) for g in gold_answers(golds)), default=0.0)
 
 
 def accuracy(prediction: str, golds: list[str]) -> float:
-    """A gold answer appears (normalised, on word boundaries) inside the prediction."""
+    """A gold answer appears (normalised, on word boundaries) inside the prediction; for a yes/no gold,
+    the prediction's first yes/no word is the gold ("Yes, there is no doubt" is not a "no")."""
+    golds = gold_answers(golds)
+    if is_yes_no(golds):
+        return float(yes_no(prediction) in {normalize(g) for g in golds})
     p = f" {normalize(prediction)} "
-    return float(any(normalize(g) and f" {normalize(g)} " in p for g in golds))
+    return float(any(f" {normalize(g)} " in p for g in golds))
 
 
 YES_NO = {"yes", "no"}
@@ -54,6 +61,7 @@ def yes_no(prediction: str) -> str | None:
 
 
 def is_yes_no(golds: list[str]) -> bool:
+    golds = gold_answers(golds)
     return bool(golds) and all(normalize(g) in YES_NO for g in golds)
 
 

@@ -34,3 +34,17 @@ def test_recall_at_k_any_and_all():
     assert M.recall_at_k(["a", "b", "c"], ["b", "z"], 2) == (1.0, 0.0)
     assert M.recall_at_k(["a", "b", "c"], ["a", "c"], 3) == (1.0, 1.0)
     assert M.recall_at_k(["a", "b", "c"], ["c"], 2) == (0.0, 0.0)
+
+
+def test_a_gold_that_is_null_or_normalises_to_nothing_makes_no_empty_answer_right():
+    for golds in ([""], ["The"], [None], ["", None]):
+        assert M.gold_answers(golds) == []
+        assert (M.exact_match("", golds), M.f1("", golds), M.accuracy("", golds)) == (0.0, 0.0, 0.0)
+    assert M.exact_match("Paris", [None, "Paris"]) == 1.0  # a null beside a real gold is only skipped
+
+
+def test_a_yes_no_gold_is_scored_by_the_answers_first_yes_no_word_not_by_containment():
+    assert M.accuracy("Yes, there is no doubt", ["no"]) == 0.0
+    assert M.accuracy("Yes, there is no doubt", ["yes"]) == 1.0
+    assert M.accuracy("yes or no", ["no"]) == 0.0
+    assert M.accuracy("Norway", ["no"]) == 0.0

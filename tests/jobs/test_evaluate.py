@@ -1,0 +1,81 @@
+"""ragsift evaluate's scores: which rows they average over, and the answer files it accepts."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.evaluate import evaluate
+from schemas.errors import UserError
+from schemas.tables import ANSWERS, SchemaError
+
+
+def answer_row(qid: str, answer: str, strategy: str = "rag", **values) -> dict:
+    row = {f.name: None for f in ANSWERS}
+    row.update(id=qid, question=f"question {qid}", strategy=strategy, answer=answer, resolved_by="passages",
+               retrieved_ids=[], citations=[], n_llm_calls=1, n_retrievals=1, n_subquestions=0, depth=0,
+               n_parse_failures=0, prompt_tokens=100, completion_tokens=5, latency_s=1.0)
+    row.update(values)
+    return row
+
+
+def write(tmp_path, rows: list[dict], questions: list[dict], part: str = "rag/part-00000.parquet"):
+    (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), tmp_path / part)
+    pq.write_table(pa.Table.from_pylist(questions), tmp_path / "questions.parquet")
+    return str(tmp_path), str(tmp_path / "questions.parquet")
+
+
+def overall(table: list[dict]) -> dict:
+    (row,) = [r for r in table if r["dataset"] == "ALL"]
+    return row
+
+
+def test_answer_scores_average_over_the_questions_with_a_gold_answer_and_costs_over_all(tmp_path):
+    questions = [{"id": "a", "question": "?", "answers": ["Paris"]}, {"id": "b", "question": "?", "answers": []},
+                 {"id": "c", "question": "?", "answers": [None, ""]}]
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", ""), answer_row("c", "")], questions)
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["n"], row["scored"], row["EM"], row["F1"], row["acc"]) == (3, 1, 100.0, 100.0, 100.0)
+    assert row["tokens/q"] == 105.0
+
+
+def test_a_null_inside_a_gold_list_is_skipped_not_a_crash(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "Rome")],
+                        [{"id": "a", "question": "?", "answers": ["Paris", None]}, {"id": "b", "question": "?", "answers": ["Oslo"]}])
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["scored"], row["EM"]) == (2, 50.0)
+
+
+def test_yes_no_accuracy_and_accuracy_agree_on_a_yes_no_question(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Yes, there is no doubt")],
+                        [{"id": "a", "question": "?", "answers": ["no"]}])
+    row = overall(evaluate(answers, qs)[0])
+    assert row["acc"] == 0.0 and row["yes/no acc (n)"] == "0.0 (1)"
+
+
+def test_a_file_with_only_the_answer_columns_is_a_schema_error_naming_what_is_missing(tmp_path):
+    pq.write_table(pa.table({"id": ["a"], "strategy": ["rag"], "answer": ["Paris"]}), tmp_path / "mine.parquet")
+    pq.write_table(pa.table({"id": ["a"], "question": ["?"], "answers": [["Paris"]]}), tmp_path / "q.parquet")
+    with pytest.raises(SchemaError, match="error"):
+        evaluate(str(tmp_path / "mine.parquet"), str(tmp_path / "q.parquet"))
+
+
+def test_two_runs_under_one_folder_are_a_clear_error_not_one_merged_score(tmp_path):
+    questions = [{"id": "a", "question": "?", "answers": ["Paris"]}]
+    write(tmp_path, [answer_row("a", "Paris")], questions, "beta=0/rag/part-00000.parquet")
+    answers, qs = write(tmp_path, [answer_row("a", "Rome")], questions, "beta=1/rag/part-00000.parquet")
+    with pytest.raises(UserError, match="evaluate each run's folder"):
+        evaluate(answers, qs)
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "two"])
+def test_a_recall_cut_off_below_one_is_refused_by_the_cli(k, capsys):
+    import argparse
+
+    from jobs.evaluate import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--answers", "a", "--questions", "q", "--k", k])
+    assert "at least 1" in capsys.readouterr().err
