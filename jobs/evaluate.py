@@ -41,7 +41,7 @@ def answer_files(output: str) -> list[str]:
         missing = [c for c in ANSWER_COLUMNS if c not in open_parquet(output).schema_arrow.names]
         if missing:
             raise SchemaError(f"{output} is not a file of ragsift answers (no column {missing})")
-        return checked([output])
+        return [output]
     if info.type == FileType.NotFound:
         raise FileNotFoundError(f"{output} does not exist")
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
@@ -51,7 +51,7 @@ def answer_files(output: str) -> list[str]:
     files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
-    return checked(files)
+    return files
 
 
 def checked(files: list[str]) -> list[str]:
@@ -100,7 +100,7 @@ def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], li
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     seen: set[tuple[str, str]] = set()
-    for path in answer_files(answers):
+    for path in checked(answer_files(answers)):
         for row in read_table(path).to_pylist():
             g = gold_by_id.get(row["id"])
             if g is None:
