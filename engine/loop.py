@@ -162,8 +162,9 @@ class Engine:
     def _wait_and_route(self) -> None:
         now = time.perf_counter()
         deadlines = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
-        deadlines += [b.started + b.stage.batching.timeout_s for b in self.launched.values()
-                      if b.stage.batching.timeout_s is not None]
+        # the same deadline overdue() keeps: a batch past started + timeout whose replica still answers
+        # is not overdue, and waking for it would spin the driver at a timeout of 0
+        deadlines += [d for b in self.launched.values() if (d := b.deadline()) is not None]
         timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
         if self.on_progress:  # wake up to report even while one long batch runs
             timeout = min(timeout, self.progress_every_s)
@@ -183,7 +184,14 @@ class Engine:
             if launched.pending == 0:
                 self._finish_batch(launched)
         now = time.perf_counter()
-        for launched in {id(b): b for b in self.launched.values() if b.overdue(now)}.values():
+        # one restart per replica, blaming its oldest overdue batch: the restart takes the others off it
+        # (retried as queued behind that one), so restarting for them too would kill it twice and fail
+        # a batch already queued again
+        overdue: dict[tuple[int, int], Launched] = {}
+        for b in self.launched.values():
+            if b.overdue(now):
+                overdue.setdefault((id(b.stage), b.replica), b)
+        for launched in overdue.values():
             self._restart_replica(launched)
 
     def _restart_replica(self, overdue: Launched) -> None:

@@ -509,11 +509,15 @@ class Launched:
     def remaining(self) -> list[Request]:
         return [r for i, r in enumerate(self.batch) if i not in self.answered]
 
-    def overdue(self, now: float) -> bool:
+    def deadline(self) -> float | None:
+        """When this batch is overdue (None: never)."""
         timeout = self.stage.batching.timeout_s
         # its replica's last result counts too: vLLM serves requests first come, first served, so a call
         # sent behind a long one gets nothing until that one's sequences end. Timed alone it ran out its
         # timeout while the replica streamed the other call, and the restart threw both away (a 1.5B model
         # on 2 cores, Self-Reasoning trajectories of minutes: killed every 30 min, no pair finished)
-        last = max(self.started, self.stage.last_result[self.replica])
-        return timeout is not None and now - last > timeout
+        return None if timeout is None else max(self.started, self.stage.last_result[self.replica]) + timeout
+
+    def overdue(self, now: float) -> bool:
+        deadline = self.deadline()
+        return deadline is not None and now > deadline

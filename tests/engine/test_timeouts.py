@@ -1,0 +1,61 @@
+"""The engine's batch timeouts, without Ray: when the driver wakes for them and what a wake-up restarts."""
+
+import time
+
+import pytest
+
+from engine import loop
+from engine.loop import Engine
+from engine.stages import GeneratorStage, Launched
+from schemas.config import EngineConfig, StageBatching
+from schemas.records import Generate
+
+
+def request(i: int) -> Generate:
+    return Generate(((("user", f"question {i}"),)))
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """An engine over one generator replica (timeout 5 s, two calls in flight) whose Ray is stubbed:
+    nothing is ready, kills and readiness probes are recorded, ``waits`` has each wait's timeout."""
+    stage = GeneratorStage(["replica"], StageBatching(max_batch=1, timeout_s=5.0, max_inflight_per_replica=2))
+    eng = Engine({"generator": stage}, {}, EngineConfig(), lambda row: None)
+    eng.kills, eng.waits = [], []
+    monkeypatch.setattr(stage, "restart", eng.kills.append)
+    monkeypatch.setattr(eng.supervisor, "_probe", lambda stage, replica: stage.restarting.add(replica))
+
+    def wait(refs, num_returns, timeout):
+        eng.waits.append(timeout)
+        return [], refs
+
+    monkeypatch.setattr(loop.ray, "wait", wait)
+    return eng
+
+
+def launch(eng: Engine, i: int, started: float) -> Launched:
+    stage = eng.stages["generator"]
+    launched = Launched(stage, 0, [request(i)], [f"ref{i}"], started=started, pending=1)
+    stage.inflight[0] += 1
+    eng.launched[launched.refs[0]] = launched
+    return launched
+
+
+def test_two_overdue_batches_on_one_replica_restart_it_once_and_each_request_is_queued_again_once(engine):
+    long_ago = time.perf_counter() - 60
+    first, second = launch(engine, 0, long_ago), launch(engine, 1, long_ago + 0.001)
+    engine._wait_and_route()
+    stage = engine.stages["generator"]
+    assert engine.kills == [0] and engine.batch_failures == 1 and engine.supervisor.restarts == 1
+    queued = [r for batch, _ in stage.retry for r in batch]
+    assert sorted(queued, key=str) == sorted([*first.batch, *second.batch], key=str)
+    assert not engine.launched and stage.inflight == [0]
+
+
+def test_the_driver_sleeps_until_a_batch_is_overdue_even_past_its_own_start_plus_timeout(engine):
+    # the replica answered another call a second ago: this batch, sent 10 s ago, is not overdue for 4 s
+    now = time.perf_counter()
+    launch(engine, 0, now - 10)
+    engine.stages["generator"].last_result[0] = now - 1
+    engine._wait_and_route()
+    assert engine.kills == [] and engine.waits[0] == pytest.approx(4, abs=0.5)
