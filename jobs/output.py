@@ -118,8 +118,10 @@ class ShardedOutput:
                         self.fs.delete_file(entries[f"_{name}.sha256"])
 
     def _strategy_dirs(self) -> list[str]:
-        return [e.path.rsplit("/", 1)[-1] for e in self.fs.get_file_info(pafs.FileSelector(self.root))
-                if e.type == pafs.FileType.Directory]
+        """The run's output folders; ``_input`` (the questions converted for this run, written before the
+        output opens) is not one."""
+        return [name for e in self.fs.get_file_info(pafs.FileSelector(self.root))
+                if e.type == pafs.FileType.Directory and not (name := e.path.rsplit("/", 1)[-1]).startswith("_")]
 
     def _valid(self, path: str) -> bool:
         """A part of this run that is whole: its checksum matches, its footer reads, its identity agrees.

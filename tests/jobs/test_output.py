@@ -104,8 +104,11 @@ def test_a_different_run_is_refused_unless_forced(tmp_path):
     changed = {**IDENTITY, "generator.model": "other"}
     with pytest.raises(ConfigError, match="differs in: generator.model"):
         ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3)
+    (tmp_path / "_input").mkdir()  # this run's questions, converted (hf:, a datasets folder...) before the output opens
+    (tmp_path / "_input" / "questions.parquet").write_bytes(b"converted")
     forced = ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3, force=True, log=lambda *_: None)
     assert forced.committed == set() and not list((tmp_path / "rag").iterdir())
+    assert (tmp_path / "_input" / "questions.parquet").read_bytes() == b"converted"
 
 
 def test_a_setting_added_later_keeps_old_output_resumable_while_it_has_its_default(tmp_path):
