@@ -96,8 +96,25 @@ class Engine:
         """Answer every (question, strategy) pair, or those ``todo`` accepts (resume)."""
         try:
             self._run(questions, strategy_names, todo)
-        finally:  # what was computed before a failure is kept for the rerun
-            self.cache.flush()
+        except BaseException:
+            # the stages outlive this run (a Session's next call): what it left on them would hold their
+            # replicas busy for good and its requests queued for nobody
+            self._abandon()
+            try:  # what was computed before the failure is kept for the rerun, and the failure is the error
+                self.cache.flush()
+            except Exception as err:  # noqa: BLE001 - a full disk must not hide why the run stopped
+                self.supervisor.log(f"could not save the request cache: {_describe(err)}")
+            raise
+        self.cache.flush()
+
+    def _abandon(self) -> None:
+        for launched in {id(b): b for b in self.launched.values()}.values():
+            self._drop(launched)
+        for stage in self.stages.values():
+            stage.queue.clear()
+            stage.retry.clear()
+            stage.canary = None
+        self.waiters.clear()
 
     def _run(self, questions: Iterable[Question], strategy_names: list[str],
              todo: Callable[[str, Question], bool] | None) -> None:
@@ -353,7 +370,7 @@ class Engine:
         if canary:
             stage.canary = None  # it answered (answered_ok reset the count)
         for request, response in zip(batch, responses):
-            if isinstance(response, (Generation, Judgment)):
+            if isinstance(response, (Generation, Judgment)) and not response.error:  # a refused prompt computed nothing
                 self.tokens += response.prompt_tokens + response.completion_tokens
                 stage.stats.prompt_tokens += response.prompt_tokens
                 stage.stats.cached_tokens += response.cached_tokens
@@ -435,7 +452,7 @@ class Engine:
         responses, node.slots = node.slots, []
         asked, node.asked = node.asked, []
         for request, r in zip(asked, responses):
-            if isinstance(r, (Generation, Judgment)):
+            if isinstance(r, (Generation, Judgment)) and not r.error:
                 node.root.counters["prompt_tokens"] += r.prompt_tokens
                 node.root.counters["completion_tokens"] += r.completion_tokens
                 tokens = node.root.step_tokens

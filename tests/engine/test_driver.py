@@ -1,4 +1,4 @@
-"""The engine's batch timeouts, without Ray: when the driver wakes for them and what a wake-up restarts."""
+"""The engine's driver with Ray stubbed: batch timeouts, a run that fails, token accounting."""
 
 import time
 
@@ -59,3 +59,38 @@ def test_the_driver_sleeps_until_a_batch_is_overdue_even_past_its_own_start_plus
     engine.stages["generator"].last_result[0] = now - 1
     engine._wait_and_route()
     assert engine.kills == [] and engine.waits[0] == pytest.approx(4, abs=0.5)
+
+
+def test_a_run_that_fails_leaves_its_stages_idle_for_the_next_run_and_its_own_error_not_the_caches(engine, monkeypatch):
+    # a Session keeps its stages across calls: batches and queues left by an aborted run kept the
+    # replica "busy" for good, and the next call waited forever
+    from schemas.errors import StageDown
+
+    stage = engine.stages["generator"]
+    launch(engine, 0, time.perf_counter())
+    stage.queue.append((request(1), time.perf_counter()))
+    stage.retry.append(([request(2)], 1))
+
+    def fails(*args):
+        raise StageDown("the generator stage is down")
+
+    def disk_full():
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(engine, "_run", fails)
+    monkeypatch.setattr(engine.cache, "flush", disk_full)
+    logged = []
+    monkeypatch.setattr(engine.supervisor, "log", logged.append)
+    with pytest.raises(StageDown, match="the generator stage is down"):
+        engine.run([], ["direct"])
+    assert stage.inflight == [0] and not stage.queue and not stage.retry and not engine.launched
+    assert "No space left on device" in logged[0]
+
+
+def test_a_prompt_refused_before_the_model_counts_no_computed_tokens(engine):
+    from schemas.records import Generation
+
+    stage = engine.stages["generator"]
+    engine._deliver_batch(stage, [request(0), request(1)],
+                          [Generation("", 900, error="prompt of 900 tokens leaves no room"), Generation("Paris", 50, 2)])
+    assert engine.tokens == 52 and stage.stats.prompt_tokens == 50
