@@ -29,6 +29,7 @@ import pyarrow.dataset as ds  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from jobs.calibrate import candidates, first_step, quality, switch_curve  # noqa: E402
+from strategies.raisf import DECOMPOSED  # noqa: E402
 
 
 def rows_of(run: str, questions: str) -> list[dict]:
@@ -38,12 +39,12 @@ def rows_of(run: str, questions: str) -> list[dict]:
     out = []
     for r in ds.dataset(f"{run}/raisf").to_table(columns=["id", "answer", "resolved_by", "trace"]).to_pylist():
         relevance = first_step(r, "relevance")
-        if r["id"] not in rag or relevance is None or r["resolved_by"] not in ("passages", "decomposition"):
+        if r["id"] not in rag or relevance is None or r["resolved_by"] not in ("passages", *DECOMPOSED):
             continue
         g = gold[r["id"]]
         out.append({"best": max(relevance["p_yes"], default=0.0),
                     "rag": quality(rag[r["id"]]["answer"] or "", g), "raisf": quality(r["answer"] or "", g),
-                    "decomposed": r["resolved_by"] == "decomposition"})
+                    "decomposed": r["resolved_by"] in DECOMPOSED})
     return out
 
 

@@ -59,6 +59,7 @@ from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from schemas.errors import UserError
 from strategies.calibration_probe import reading_of
+from strategies.raisf import DECOMPOSED
 from strategies.registry import make_strategy
 
 PROBE = "calibration_probe"
@@ -203,9 +204,9 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
         relevance = first_step(row, "relevance")
         # a question answered closed-book (self-knowledge) never reaches the cut
         if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or relevance is None
-                or row["resolved_by"] not in ("passages", "decomposition")):
+                or row["resolved_by"] not in ("passages", *DECOMPOSED)):
             continue
-        decomposed = row["resolved_by"] == "decomposition"
+        decomposed = row["resolved_by"] in DECOMPOSED
         # the trace's scores are rounded: at t0 the pass's own branch decides; no passage is always decomposed
         best = max(relevance["p_yes"], default=-math.inf)
         scores.append(min(best, math.nextafter(t0, -math.inf)) if decomposed else max(best, t0))

@@ -48,6 +48,10 @@ from strategies.parsing import parse_string_list, same_question, string_list_sch
 
 UNKNOWN = "unknown"
 DECOMPOSE_TOKENS = 160
+# a decomposition that gave no sub-question answers closed-book (Algorithm 1's M(q, {}, {})): the
+# decomposition branch, under its own label so that Table 7 does not count it as answered by sub-questions
+EMPTY_DECOMPOSITION = "decomposition_empty"
+DECOMPOSED = ("decomposition", EMPTY_DECOMPOSITION)
 
 
 class RaisfConfig(Section):
@@ -152,22 +156,24 @@ class RAISF(Routine):
                 user = self.read_prompt.format(passages=format_passages(read), question=q)
                 done = yield from self.answer(item, "answer_passages", "passages", user)
                 return Done(done.answer, done.resolved_by, [p.id for p in relevant])
-            if not c.decomposition:
-                item.trace.append({"step": "no_relevant_passage"})
-                return Done(UNKNOWN, "unknown")
+        if not c.decomposition:  # the paper's "No QDM": what no passage (or, without M_rel, no knowledge) answers is unknown
+            item.trace.append({"step": "no_relevant_passage" if c.passage_relevance else "not_known"})
+            return Done(UNKNOWN, "unknown")
         subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
-        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q)
-            return (yield from self.answer(item, "synthesize", "decomposition", prompt("raisf/answer").format(question=q)))
+        if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), a closed-book answer: its own label
+            return (yield from self.answer(item, "synthesize", EMPTY_DECOMPOSITION, prompt("raisf/answer").format(question=q)))
         if item.depth + 1 > c.d_th:  # Problem-solving(q_i, iter + 1) with iter + 1 > D_th
             item.trace.append({"step": "depth_cap", "depth": item.depth + 1, "sub_questions": len(subs)})
-            answers = [UNKNOWN] * len(subs)
+            answers, cited = [UNKNOWN] * len(subs), []
         else:
             children = yield Spawn(subs)  # a_i = Problem-solving(q_i, iter + 1)
             # a sub-question that failed, or that the engine did not run (its node cap), is unknown
             answers = [child.answer if child.answer and not child.error else UNKNOWN for child in children]
+            cited = list(dict.fromkeys(p for child in children if not child.error for p in child.citations))
         pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))
-        return (yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
-                                       prompt("raisf/synthesize").format(pairs=pairs, question=q)))
+        done = yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
+                                      prompt("raisf/synthesize").format(pairs=pairs, question=q))
+        return Done(done.answer, done.resolved_by, cited)  # the evidence is the sub-answers' evidence
 
     def decompose(self, item: Item):
         user = prompt("raisf/decompose").format(question=item.question)

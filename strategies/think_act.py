@@ -116,12 +116,17 @@ class ThinkThenAct(Routine):
 
     def by_sub_queries(self, item: Item):
         """Split the query, answer each sub-query as a child item, aggregate; None when the split
-        gives nothing but the query itself (it then goes on as it is)."""
+        gives nothing but the query itself, or no sub-query was answered (it then goes on as it is)."""
         subs = yield from self.split(item)
         if not subs:
             return None
         children = yield Spawn(subs)
-        pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {c.answer}" for i, (q, c) in enumerate(zip(subs, children), 1))
+        if all(c.error or not c.answer for c in children):  # nothing to aggregate
+            item.trace.append({"step": "sub_queries_failed", "errors": [c.error for c in children]})
+            return None
+        # a sub-query that failed, or that the engine did not run (its node cap), is unknown (as in RA-ISF)
+        answers = [c.answer if c.answer and not c.error else "unknown" for c in children]
+        pairs = "\n".join(f"Sub-query {i}: {q}\nAnswer {i}: {a}" for i, (q, a) in enumerate(zip(subs, answers), 1))
         return (yield from self.answer(item, "aggregate", "sub_queries",
                                        prompt("think_act/aggregate").format(pairs=pairs, question=item.question)))
 

@@ -91,7 +91,7 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     assert sorted(r["id"] for r in raisf) == ids
     for row in raisf:
         assert row["error"] is None
-        assert row["resolved_by"] in {"self_knowledge", "passages", "decomposition", "unknown"}
+        assert row["resolved_by"] in {"self_knowledge", "passages", "decomposition", "decomposition_empty", "unknown"}
         trace = json.loads(row["trace"])
         assert trace[0]["step"] == "self_knowledge" and 0.0 <= trace[0]["p_yes"] <= 1.0
         if row["resolved_by"] == "self_knowledge":
@@ -99,8 +99,9 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
         if row["resolved_by"] == "passages":
             assert row["n_retrievals"] == 1 and row["n_llm_calls"] == 1 + 5 + 1
             assert set(row["citations"]) <= set(row["retrieved_ids"]) and row["citations"]
-        if row["resolved_by"] == "decomposition":
+        if row["resolved_by"] in ("decomposition", "decomposition_empty"):
             decompose = next(t for t in trace if t.get("step") == "decompose")
+            assert bool(decompose["sub_questions"]) == (row["resolved_by"] == "decomposition")
             if decompose["sub_questions"]:
                 assert row["n_subquestions"] >= 1 and 1 <= row["depth"] <= 3
             else:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), no child
@@ -147,7 +148,8 @@ def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
     for row in rows:
         trace = json.loads(row["trace"])
         children = list(nodes(trace))
-        assert row["resolved_by"] == "decomposition" and row["n_subquestions"] == len(children) <= 2 + 4
+        assert row["resolved_by"] in ("decomposition", "decomposition_empty") and row["n_subquestions"] == len(children) <= 2 + 4
+        assert (row["resolved_by"] == "decomposition_empty") == (not children)
         assert row["depth"] == max((d for d, _ in children), default=0) <= 2
         for d, node_trace in [(0, trace)] + [(d, t["trace"]) for d, t in children]:
             subs = next(s for s in node_trace if s.get("step") == "decompose")["sub_questions"]
@@ -389,7 +391,7 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
         relevance = first_step(row, "relevance")
         best = max(relevance["p_yes"], default=-1.0) if relevance else None
         if relevance and abs(best - t0) > 1e-4:
-            assert (row["resolved_by"] == "decomposition") == (best < t0)
+            assert (row["resolved_by"] in ("decomposition", "decomposition_empty")) == (best < t0)
     ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
             "--strategy", "think_act,raisf", "--config", tmp / "cal" / "calibrated.yaml")
     for row in pq.read_table(tmp / "ta" / "think_act").to_pylist():
@@ -401,4 +403,4 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
         assert row["error"] is None
         best = max(relevance["p_yes"], default=-1.0) if relevance else None
         if row["resolved_by"] != "self_knowledge" and abs(best - rel) > 1e-4:
-            assert (row["resolved_by"] == "decomposition") == (best < rel)
+            assert (row["resolved_by"] in ("decomposition", "decomposition_empty")) == (best < rel)

@@ -143,7 +143,8 @@ def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
     # the pass decides the branch at t0 (its trace's scores are rounded: 0.5 was 0.49996 there), and a
     # question with no passage is decomposed at every cut
     gold.update({"5": {"answers": ["Lima"]}, "6": {"answers": ["Kyiv"]}})
-    more = [raisf_row("5", 0.5, "decomposition", "Lima"), raisf_row("6", 0.0, "decomposition", "Kyiv", p_yes=[])]
+    more = [raisf_row("5", 0.5, "decomposition", "Lima"),  # a decomposition that gave no sub-question is one too
+            raisf_row("6", 0.0, "decomposition_empty", "Kyiv", p_yes=[])]
     curve = read_all_threshold(rows + more, probes + [probe_row("5", "x"), probe_row("6", "x")], gold, f1_cut)["curve"]
     # cuts 0, 0.25, ~0.45 (between 0.4 and 5's score), 0.5: 5 gains only at t0, 6 at every cut
     assert [c["value"] for c in curve] == pytest.approx([3 / 5, 4 / 5, 3 / 5, 4 / 5])

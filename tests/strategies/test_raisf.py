@@ -131,6 +131,20 @@ def test_no_relevance_ablation_decomposes_without_retrieving():
     assert "Retrieve" not in kinds(log) and done.resolved_by == "decomposition"
 
 
+def test_without_relevance_and_decomposition_what_the_model_does_not_know_is_unknown():
+    # the paper's "No QDM" ablation, with M_rel ablated too: nothing decomposes, nothing is retrieved
+    log = []
+    done, item = drive(RAISF(RaisfConfig(passage_relevance=False, decomposition=False)), "Q", Script(), log=log)
+    assert (done.answer, done.resolved_by) == ("unknown", "unknown") and kinds(log) == ["Judge"]
+    assert item.trace[-1]["step"] == "not_known"
+
+
+def test_a_synthesis_cites_the_passages_its_sub_answers_cited():
+    script = Script(subs={"Q": ["A?", "B?", "C?"]}, relevant={"A?": {"p1"}, "B?": {"p1", "p3"}})
+    done, _ = drive(RAISF(RaisfConfig()), "Q", script)
+    assert done.resolved_by == "decomposition" and done.citations == ["p1", "p3"]  # C? cited nothing: it decomposed
+
+
 def test_no_decomposition_ablation_gives_unknown():
     log = []
     done, _ = drive(RAISF(RaisfConfig(decomposition=False)), "Q", Script(), log=log)
@@ -145,7 +159,7 @@ def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_ans
     assert [r.max_tokens for r in decompositions] == [160, 320]  # one retry, with room to finish the JSON
     assert item.counts["parse_failures"] == 2
     assert [t.get("retry", False) for t in item.trace if t["step"] == "decompose"] == [True, False]
-    assert done.resolved_by == "decomposition" and done.answer == "closed(Q)"  # M(q, {}, {}) is M(q)
+    assert done.resolved_by == "decomposition_empty" and done.answer == "closed(Q)"  # M(q, {}, {}) is M(q)
     # a numbered list outside JSON is used, but still counted as a parse failure
     done, item = drive(RAISF(RaisfConfig()), "Q", Script(subs={"Q": "1. A?\n2. B?"}, know={"A?": .9, "B?": .9}))
     assert decomposed(item) == ["A?", "B?"] and item.counts["parse_failures"] == 2

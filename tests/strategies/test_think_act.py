@@ -165,3 +165,22 @@ def test_with_rags_instruction_over_all_k_passages_the_read_is_rags_own_request(
     ours = []
     drive(ThinkThenAct(ThinkActConfig(k=2, top_sentences=2, context="passages")), "Q?", in_order, log=ours)
     assert ours[-1][1].messages != rag_log[-1][1].messages  # the default: our instruction
+
+
+def test_a_failed_sub_query_is_unknown_in_the_aggregate_and_if_all_fail_the_query_is_read_as_asked():
+    from engine.steps import Done, Item
+
+    strategy, script = ThinkThenAct(ThinkActConfig()), Script(assess="AMBIGUOUS", subs=["A?", "B?"])
+    item = Item("Q?")
+    step = strategy.start(item)  # assess
+    step = strategy.resume(item, [script(r, item) for r in step.requests])  # split
+    spawn = strategy.resume(item, [script(r, item) for r in step.requests])
+    assert spawn.questions == ["A?", "B?"]
+    failed = Done("", "error", error="generator failed 3 times")
+    step = strategy.resume(item, [Done("Paris", "retrieval"), failed])
+    aggregate = step.requests[0].messages[-1][1]
+    assert "Answer 1: Paris" in aggregate and "Answer 2: unknown" in aggregate
+
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", lambda r, i: (
+        Generation("", error="down") if i.depth and isinstance(r, Generate) else script(r, i)))
+    assert done.resolved_by == "retrieval" and "sub_queries_failed" in steps(item)
