@@ -229,10 +229,12 @@ class MIGRES(Routine):
                          if isinstance(i, int) and 0 <= i < len(ps)]
                 if cited:  # a statement citing nothing cannot be verified: dropped
                     statements.append((e["info"].strip(), cited))
+        # the premise shows each passage with its title, as the leaf saw it: a passage cut to "He is an
+        # American filmmaker." entails "Ed Solomon is American" only beside its title "Ed Solomon"
         if self.nli:
-            checks = [Entail(" ".join(p.text for p in cited), statement) for statement, cited in statements]
+            checks = [Entail(" ".join(p.shown for p in cited), statement) for statement, cited in statements]
         else:
-            checks = [Judge((("user", prompt("migres/entail").format(premise=" ".join(p.text for p in cited),
+            checks = [Judge((("user", prompt("migres/entail").format(premise=" ".join(p.shown for p in cited),
                                                                      statement=statement)),), step="entail")
                       for statement, cited in statements]
         if not checks:
