@@ -6,6 +6,7 @@ One model per concern. Unknown keys and bad values fail at load time with the do
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -466,6 +467,31 @@ class ConfigError(UserError):
     """A setting that is not valid, named by its field."""
 
 
+class Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's core schema for booleans and integers: `no`, `on`, `y` stay
+    strings (a license, a split, a dataset named so), `010` is ten (not octal eight), `1:30` is a string
+    (not sexagesimal ninety); only true / false are booleans."""
+
+
+def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text[:2] in ("0o", "0x") else int(text)
+
+
+Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                   list("-+0123456789"))
+Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
@@ -476,7 +502,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} must look like dotted.key=value")
     key, raw = text.split("=", 1)
     try:
-        return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+        return key.strip().split("."), load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {text!r}: its value is not valid YAML ({_one_line(err)})") from None
 
@@ -490,7 +516,7 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = load_yaml(path.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
         if not isinstance(loaded, dict):

@@ -67,3 +67,12 @@ def test_fields_say_whether_they_change_answers(key, speed):
     """The resume identity reads the schema: speed settings may change between runs, the rest may not."""
     from schemas.config import speed_setting
     assert speed_setting(AnswerConfig, key) is speed
+
+
+def test_values_are_read_as_yaml_1_2_where_no_is_a_word_and_010_is_ten(tmp_path):
+    """YAML 1.1 (PyYAML's default) made `no` / `off` booleans, refused as a split's name, and `010` octal 8."""
+    c = load_config(AnswerConfig, None, ["retrieval.k=010", "input.split=no", "cache.enabled=false"])
+    assert (c.retrieval.k, c.input.split, c.cache.enabled) == (10, "no", False)
+    f = tmp_path / "c.yaml"
+    f.write_text("input: {split: off}\nretrieval: {k: 0x8}\n")
+    assert (load_config(AnswerConfig, f).input.split, load_config(AnswerConfig, f).retrieval.k) == ("off", 8)
