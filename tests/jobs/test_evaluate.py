@@ -41,7 +41,8 @@ def test_answer_scores_average_over_the_questions_with_a_gold_answer_and_costs_o
 
 def test_a_null_inside_a_gold_list_is_skipped_not_a_crash(tmp_path):
     answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "Rome")],
-                        [{"id": "a", "question": "?", "answers": ["Paris", None]}, {"id": "b", "question": "?", "answers": ["Oslo"]}])
+                        [{"id": "a", "question": "?", "answers": ["Paris", None]},
+                         {"id": "b", "question": "?", "answers": ["Oslo"]}])
     row = overall(evaluate(answers, qs)[0])
     assert (row["scored"], row["EM"]) == (2, 50.0)
 
