@@ -62,7 +62,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
         if row["error"]:
             continue
         q, steps = row["question"], _steps(row)
-        golds = (gold.get(row["id"]) or {}).get("answers") or []
+        golds = M.gold_answers((gold.get(row["id"]) or {}).get("answers"))
         if golds:
             know = _correct(row["answer"], golds, config.match)
             out["self_knowledge"].append({
@@ -100,10 +100,10 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         if row["error"] or not trajectory or trajectory.get("parsed") is False:
             dropped["no parsed trajectory"] += 1
             continue
-        if not g.get("answers"):
+        if not M.gold_answers(g.get("answers")):
             dropped["no gold answer"] += 1
             continue
-        if not _correct(row["answer"], g["answers"], config.match):
+        if not _correct(row["answer"], M.gold_answers(g["answers"]), config.match):
             dropped["wrong answer"] += 1
             continue
         gold_ids, cited = set(g.get("gold_passage_ids") or []), set(row["citations"] or [])

@@ -72,7 +72,8 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
         table = read_table(settings.pairs, ["id", "question", "passage", "label"])
         source = json.loads((table.schema.metadata or {}).get(b"ragsift", b"{}"))
         # a question excluded now is dropped, whatever the mining excluded
-        pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist() if p["id"] not in skip]
+        pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist()
+                 if str(p["id"]) not in skip]
         if settings.exclude:
             source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
@@ -80,7 +81,7 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
     optional = [c for c in ["dataset"] if c in question_columns(settings.questions)]
     rows = [{"dataset": None, **r} for r in read_table(settings.questions, ["id", "question", "gold_passage_ids",
                                                                           *optional]).to_pylist()
-            if r["gold_passage_ids"] and r["id"] not in skip]
+            if r["gold_passage_ids"] and str(r["id"]) not in skip]
     if settings.per_dataset:
         seen, kept = collections.Counter(), []
         for r in rows:

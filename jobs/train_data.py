@@ -7,17 +7,28 @@ import hashlib
 import json
 from pathlib import Path
 
+from jobs import formats
+from jobs.formats import is_foreign
 from jobs.storage import read_table
+from schemas.errors import UserError
 
 
 def excluded_ids(sources: list[str]) -> set[str]:
-    """Ids from id-list files (one per line) or question Parquet files (their ``id`` column)."""
+    """Ids kept out of training, as text: a question file's ``id`` column (Parquet, JSON Lines, CSV, as
+    the jobs read them) or an id list (any other file: one id per line). A question file read as an id
+    list would exclude nothing, silently."""
     ids: set[str] = set()
     for source in sources:
-        if source.endswith(".parquet"):
-            ids |= set(read_table(source, ["id"])["id"].to_pylist())
-        else:
-            ids |= {line.strip() for line in Path(source).read_text().splitlines() if line.strip()}
+        if source.lower().endswith(".parquet"):
+            column = read_table(source, ["id"])["id"].to_pylist()
+        elif is_foreign(source):
+            table = formats.read(source)
+            if "id" not in table.column_names:
+                raise UserError(f"--exclude {source}: no `id` column")
+            column = table["id"].to_pylist()
+        else:  # utf-8-sig: a byte-order mark would stick to the first id, which then matches nothing
+            column = [line.strip() for line in Path(source).read_text(encoding="utf-8-sig").splitlines()]
+        ids |= {str(i) for i in column if i is not None and str(i)}
     return ids
 
 

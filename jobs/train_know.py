@@ -23,7 +23,8 @@ def train_know(settings: KnowTraining, log) -> dict:
 
     skip = excluded_ids(settings.exclude)
     source = str(Path(settings.labels) / "labels" / "self_knowledge.parquet")
-    rows = [r for r in read_table(source, ["id", "question", "label"]).to_pylist() if r["id"] not in skip]
+    labelled = read_table(source, ["id", "question", "label"]).to_pylist()
+    rows = [r for r in labelled if str(r["id"]) not in skip]
     if not rows:
         raise UserError(f"{source}: no self-knowledge label left to train on")
     train = [r for r in rows if not held_out(r["id"], settings.held_out)]
@@ -52,7 +53,7 @@ def train_know(settings: KnowTraining, log) -> dict:
     (out / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
                                            "intercept": float(classifier.intercept_[0])}))
     card = {"model": "self-knowledge (M_know) classifier", "embedder": settings.embedder, "labels": source,
-            "excluded": settings.exclude, "examples": len(rows), "train": len(train), "held_out": len(test),
+            "excluded": settings.exclude, "excluded_labels_dropped": len(labelled) - len(rows), "examples": len(rows), "train": len(train), "held_out": len(test),
             "know_share": round(sum(r["label"] == "know" for r in rows) / len(rows), 4),
             "settings": {"C": settings.c, "class_weight": "balanced", "held_out_share": settings.held_out},
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}

@@ -64,3 +64,17 @@ def test_a_file_that_lacks_a_column_training_reads_is_one_line_naming_the_column
     assert main(["train", "relevance", "--questions", str(tmp_path / "q.parquet"), "--index-dir", str(tmp_path),
                  "--output", str(tmp_path / "m")]) == 2
     assert "no column ['gold_passage_ids']" in capsys.readouterr().err
+
+
+def test_excluded_ids_come_from_question_files_of_every_format_and_from_id_lists_as_text(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.train_data import excluded_ids
+
+    (tmp_path / "eval.jsonl").write_text('{"id": "nq-1", "question": "q"}\n{"id": "nq-2", "question": "q"}\n')
+    (tmp_path / "eval.csv").write_text("id,question\nsq-1,q\n")
+    (tmp_path / "ids.txt").write_text("\ufeffhp-1\n\nhp-2\n", encoding="utf-8")  # a BOM, a blank line
+    pq.write_table(pa.table({"id": [7, 8], "question": ["q", "q"]}), tmp_path / "ints.PARQUET")
+    sources = [str(tmp_path / n) for n in ("eval.jsonl", "eval.csv", "ids.txt", "ints.PARQUET")]
+    assert excluded_ids(sources) == {"nq-1", "nq-2", "sq-1", "hp-1", "hp-2", "7", "8"}
