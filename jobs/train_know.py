@@ -53,7 +53,8 @@ def train_know(settings: KnowTraining, log) -> dict:
     (out / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
                                            "intercept": float(classifier.intercept_[0])}))
     card = {"model": "self-knowledge (M_know) classifier", "embedder": settings.embedder, "labels": source,
-            "excluded": settings.exclude, "excluded_labels_dropped": len(labelled) - len(rows), "examples": len(rows), "train": len(train), "held_out": len(test),
+            "excluded": settings.exclude, "excluded_labels_dropped": len(labelled) - len(rows),
+            "examples": len(rows), "train": len(train), "held_out": len(test),
             "know_share": round(sum(r["label"] == "know" for r in rows) / len(rows), 4),
             "settings": {"C": settings.c, "class_weight": "balanced", "held_out_share": settings.held_out},
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
