@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -120,7 +121,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
     from jobs.ray_session import init_ray
 
-    corpus = open_parquet(corpus_parquet(config.corpus, Path(config.index.path), log))
+    corpus_path = corpus_parquet(config.corpus, Path(config.index.path), log)
+    corpus = open_parquet(corpus_path)
     has = check_schema(corpus.schema_arrow, CORPUS_REQUIRED, CORPUS_OPTIONAL, config.corpus)
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
@@ -130,10 +132,15 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     out.mkdir(parents=True, exist_ok=True)
     n_shards = min(config.index.shards, total_rows)
     bounds = [total_rows * s // n_shards for s in range(n_shards + 1)]
-    build_key = _build_key(config, total_rows, bounds)
+    # the corpus's bytes, not only its path and length: a corpus rewritten in place with as many rows
+    # (corrected texts) resumed on its old shards
+    corpus_sha = file_sha256(*filesystem(corpus_path))
+    build_key = _build_key(config, total_rows, bounds, corpus_sha)
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), build_key))}
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
+    # until the new manifest is written, no run may read the old one over shards being rebuilt
+    (out / MANIFEST).unlink(missing_ok=True)
 
     init_ray(config.ray)
     if encoders is None:
@@ -162,6 +169,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
     columns = ["id", "text"] + (["title"] if "title" in has else [])
     row, shard = 0, 0
+    turn = itertools.count()  # encoders take batches in turn (the queue's length is 2 x replicas once full)
     for batch in corpus.iter_batches(batch_size=config.index.encode_batch_rows, columns=columns):
         data = batch.to_pydict()
         titles = data.get("title") or [None] * batch.num_rows
@@ -181,7 +189,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
                 continue
             rows.append((shard, {"id": pid, "title": title or "", "text": text}))
         texts = [embedding_text(r["title"], r["text"]) for _, r in rows]
-        ref = encoders[len(in_flight) % len(encoders)].encode.remote(texts) if texts else None
+        ref = encoders[next(turn) % len(encoders)].encode.remote(texts) if texts else None
         in_flight.append((row, rows, ref))
         drain(2 * len(encoders))
         log(f"indexed {row:,}/{total_rows:,} rows", end="\r")
@@ -200,6 +208,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         "index_type": config.index.index_type,
         "bm25": _bm25_settings(config.index),
         "corpus": config.corpus,
+        "corpus_sha256": corpus_sha,
         "count": sum(s["count"] for s in shards),
         "skipped": dict(skipped),
         "shards": shards,
@@ -222,9 +231,10 @@ def _bm25_settings(index: IndexConfig) -> dict | None:
     return {"k1": index.bm25_k1, "b": index.bm25_b, "tokenization": TOKENIZATION} if index.bm25 else None
 
 
-def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int]) -> str:
+def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpus_sha: str) -> str:
     """What a committed shard was built from; a shard built from anything else is rebuilt."""
-    what = {"corpus": config.corpus, "rows": total_rows, "bounds": bounds, "embedder": config.embedder.model,
+    what = {"corpus": config.corpus, "corpus_sha256": corpus_sha, "rows": total_rows, "bounds": bounds,
+            "embedder": config.embedder.model,
             "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search"})}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 

@@ -30,6 +30,9 @@ class HashEncoder:
     def dims(self):
         return 32
 
+    def n_calls(self):
+        return self.calls
+
     def encode(self, texts):
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
@@ -191,6 +194,39 @@ def test_an_index_rebuilt_from_a_copy_of_its_corpus_keeps_its_identity_and_other
     _build(tmp_path / "edited.parquet", tmp_path / "other_passages", 2, encoders=encoders)
     _build(corpus, tmp_path / "hnsw", 2, "index.index_type=hnsw", encoders=encoders)
     assert len({manifest_sha256(tmp_path / d) for d in ("first", "other_passages", "hnsw")}) == 3
+
+
+def test_encoder_replicas_take_the_batches_in_turn(ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote() for _ in range(2)]
+    _build(corpus, tmp_path / "idx", 1, "index.encode_batch_rows=16", encoders=encoders)  # 19 batches
+    # before: once 2 x replicas batches were queued, every further batch went to the first replica (17 / 2)
+    assert ray.get([e.n_calls.remote() for e in encoders]) == [10, 9]
+
+
+def test_a_corpus_rewritten_in_place_with_as_many_rows_is_indexed_again_and_a_rebuild_hides_the_old_manifest(
+        ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    mine, out = tmp_path / "corpus.parquet", tmp_path / "idx"
+    rows = pq.read_table(corpus).to_pylist()
+    pq.write_table(pa.Table.from_pylist(rows), mine)
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    first = _build(mine, out, 2, encoders=encoders)
+    rows[0]["text"] += " (corrected)"
+    pq.write_table(pa.Table.from_pylist(rows), mine)
+    lines = []
+    second = _build(mine, out, 2, encoders=encoders, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert not any("resuming" in line for line in lines)
+    assert second["shards"][0]["passages_sha256"] != first["shards"][0]["passages_sha256"]
+    assert second["shards"][1] == first["shards"][1] | {"build_key": second["shards"][1]["build_key"]}
+    # a rebuild that fails leaves no manifest naming shards it was replacing
+    with pytest.raises(ray.exceptions.RayTaskError, match="encoder died"):
+        _build(mine, out, 2, "index.index_type=hnsw", encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote(fail_after=1)])
+    assert not (out / "manifest.json").exists()
 
 
 class DyingOnceEncoder(HashEncoder):
