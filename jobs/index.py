@@ -30,7 +30,7 @@ from pydantic import Field
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.models import loadable
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
-from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
+from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -150,7 +150,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         actor = ray.remote(Encoder).options(**encoder_options(emb))
         threads = encoder_threads(emb, len(os.sched_getaffinity(0)))  # the cores this job may use
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
-        encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
+        encoders = [actor.remote(model, emb.batch_size, device_of(emb), threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()

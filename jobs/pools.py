@@ -30,6 +30,7 @@ from engine.stages import (
 )
 from jobs.index import read_manifest
 from jobs.models import embedding_dims, loadable
+from schemas.config import device_of
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig, retrieval_methods
 
@@ -93,24 +94,24 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
             raise UserError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
                             f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "
                             "with `ragsift index`")
-        plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, e.device),) * e.replicas,
+        plan["encoder"] = Pool(Encoder, e.num_cpus, e.num_gpus, ((model, e.batch_size, device_of(e)),) * e.replicas,
                                e.resources)
         if manifest:
             plan["shards"] = _shards(config, manifest)
         rr = config.reranker
         if "ranker" in needs and rr.model:
             plan["ranker"] = Pool(ranker_class(loadable(rr.model)), rr.num_cpus, rr.num_gpus,
-                                  ((loadable(rr.model), rr.batch_size, rr.max_length, rr.device),) * rr.replicas,
+                                  ((loadable(rr.model), rr.batch_size, rr.max_length, device_of(rr)),) * rr.replicas,
                                   rr.resources)
     if "know" in needs:
         k = config.know
         path = loadable(k.model)
         plan["know"] = Pool(KnowClassifier, k.num_cpus, k.num_gpus,
-                            ((path, loadable(embedder_of(path)), k.batch_size, k.device),) * k.replicas, k.resources)
+                            ((path, loadable(embedder_of(path)), k.batch_size, device_of(k)),) * k.replicas, k.resources)
     if "nli" in needs:
         n = config.nli
         plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
-                           ((loadable(n.model), n.batch_size, n.max_length, n.device),) * n.replicas, n.resources)
+                           ((loadable(n.model), n.batch_size, n.max_length, device_of(n)),) * n.replicas, n.resources)
     return plan
 
 

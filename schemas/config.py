@@ -150,7 +150,8 @@ class SamplingConfig(Section):
 class EmbedderConfig(Section):
     model: str = DEFAULT_EMBEDDER
     batch_size: int = Field(64, json_schema_extra=SPEED, ge=1)
-    device: str | None = Field(None, json_schema_extra=SPEED, description="None = cuda when available, else cpu")
+    device: str | None = Field(None, json_schema_extra=SPEED, description="None = the GPU when num_gpus > 0 (cuda when "
+                               "available), else cpu")
     replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
     num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
@@ -461,6 +462,14 @@ def speed_setting(model: type[BaseModel], key: str) -> bool:
             return True
         model = section
     return False
+
+
+def device_of(section: Any) -> str | None:
+    """Where a model actor of ``section`` (embedder, reranker, know, nli) runs: its ``device``, else the
+    CPU when its pool reserves no GPU (None: the actor's choice, cuda when available). Ray does not hide
+    the GPUs from an actor that reserved none: "cuda when available" put these models on the GPU beside
+    vLLM's preallocated memory, unseen by the scheduler."""
+    return section.device or (None if section.num_gpus else "cpu")
 
 
 class ConfigError(UserError):

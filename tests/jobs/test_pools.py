@@ -26,6 +26,14 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     # generator 1 + embedder 0.5 + 2 shards x 0.25 + cross-encoder 0.5 + know 0.5
     assert cpus_requested(plan) == 3.0
     assert cpus_requested(pool_plan(config, {"generator"})) == 1.0
+    # a model pool that reserves no GPU runs on the CPU (Ray does not hide the GPUs from it); one that
+    # reserves a GPU lets the actor take it; an explicit device is kept
+    devices = {name: plan[name].replicas[0][-1] for name in ("encoder", "ranker", "know")}
+    assert devices == {"encoder": "cpu", "ranker": "cpu", "know": "cpu"}
+    on_gpu = AnswerConfig.model_validate({**config.model_dump(), "embedder": {"num_gpus": 0.25},
+                                          "reranker": {"model": "m_rel", "device": "cuda:1"}})
+    plan = pool_plan(on_gpu, {"generator", "retriever", "ranker"})
+    assert (plan["encoder"].replicas[0][-1], plan["ranker"].replicas[0][-1]) == (None, "cuda:1")
     # without a reranker.model the ranker is the embedder pool: nothing more
     bare = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "embedder": {"model": "e"}})
     assert list(pool_plan(bare, {"ranker"})) == ["encoder"]
