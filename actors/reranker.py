@@ -23,9 +23,11 @@ class CrossEncoderRanker:
         import torch
         from sentence_transformers import CrossEncoder
 
-
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = CrossEncoder(model, max_length=max_length, device=device)
+        if self.model.num_labels != 1:  # its scores would interleave, and rank() would read them as one text each
+            raise ValueError(f"reranker.model {model} has {self.model.num_labels} outputs; a reranker scores a pair "
+                             "with one relevance logit (an NLI cross-encoder belongs in nli.model)")
         self.batch_size = batch_size
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:
@@ -55,6 +57,9 @@ class BiEncoderRanker(Encoder):
         super().__init__(model, batch_size, device)
         self.model.max_seq_length = min(max_length, self.model.max_seq_length or max_length)
         fit = json.loads((Path(model) / LOGIT).read_text())
+        if fit["scale"] <= 0:  # rank() keeps the top by cosine: a falling fit would keep the least relevant
+            raise ValueError(f"{model}/{LOGIT}: scale {fit['scale']} <= 0, so a higher cosine would mean less "
+                             "relevant; this model did not learn relevance: retrain it")
         self.scale, self.bias = fit["scale"], fit["bias"]
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:

@@ -10,19 +10,44 @@ from schemas.records import Rank
 from strategies.registry import AnswerConfig
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder(tmp_path_factory):
+def tiny_bert(path, num_labels: int) -> str:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from jobs.models import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("all-minilm-l6-v2"))
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=64, num_labels=1)
-    path = tmp_path_factory.mktemp("xenc")
+                        num_attention_heads=2, intermediate_size=64, num_labels=num_labels)
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("xenc"), 1)
+
+
+@pytest.mark.model
+def test_a_cross_encoder_with_several_outputs_is_refused_as_a_reranker(tmp_path):
+    # its N x 3 logits, flattened, were read as one score per text: rankings of the wrong texts
+    with pytest.raises(ValueError, match="3 outputs"):
+        CrossEncoderRanker(tiny_bert(tmp_path, 3), device="cpu")
+
+
+@pytest.mark.model
+def test_a_bi_encoder_relevance_fit_that_falls_with_the_cosine_is_refused(tmp_path):
+    import json
+    import shutil
+
+    from actors.reranker import LOGIT, BiEncoderRanker
+    from jobs.models import resolve
+
+    model = tmp_path / "m_rel"
+    shutil.copytree(resolve("all-minilm-l6-v2"), model)
+    (model / LOGIT).write_text(json.dumps({"scale": -3.0, "bias": 1.0}))
+    with pytest.raises(ValueError, match="scale -3.0 <= 0"):
+        BiEncoderRanker(str(model), device="cpu")
 
 
 @pytest.mark.model
