@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     base = answer_job.config_from_args(args)
     configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
-    needs = set().union(*(make_strategy(n, base).stages for n in base.strategies))
+    needs = stages_needed(base)
     pools = pool_plan(base, needs)
     for value, config in configs:
         check_shared_pools(base, config, needs, pools, f"{args.param}={value}")
@@ -66,10 +66,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def stages_needed(config) -> set[str]:
+    return set().union(*(make_strategy(n, config).stages for n in config.strategies))
+
+
 def check_shared_pools(base, config, needs: set[str], pools: dict, what: str) -> None:
     """A sweep starts its pools once, from the base config: a value that would change them (a model,
-    sampling, the index, a stage's batching or retrieval settings) would silently not apply."""
-    if (pool_plan(config, needs) != pools or config.engine != base.engine
+    sampling, the index, a stage's batching or retrieval settings, or which pools the strategies ask
+    for, e.g. raisf.judges) would silently not apply, or fail the run after the values before it."""
+    if (stages_needed(config) != needs or pool_plan(config, needs) != pools or config.engine != base.engine
             or config.retrieval.model_copy(update={"k": base.retrieval.k}) != base.retrieval):
         raise ConfigError(f"sweep {what}: this setting configures the actor pools, which the values share "
                           "(they start once); run `ragsift answer` once per value instead")

@@ -42,6 +42,13 @@ def test_a_value_that_would_change_the_shared_pools_is_refused():
                          ("retrieval.method", "bm25"), ("engine.window", "4")]:
         with pytest.raises(ConfigError, match=f"sweep {param}={value}: this setting configures the actor pools"):
             check_shared_pools(base, with_value(base, param, value), needs, pools, f"{param}={value}")
+    # a value that changes which pools the strategies ask for: trained judges need the know and ranker
+    # pools the base's judge-by-prompt run never built (before: a KeyError after the values before it)
+    raisf = AnswerConfig(questions="q.parquet", output="out", strategies=["raisf"], know={"model": "m_know"},
+                         reranker={"model": "m_rel"})
+    needs = {"generator", "retriever", "judge"}
+    with pytest.raises(ConfigError, match="raisf.judges=trained: this setting configures the actor pools"):
+        check_shared_pools(raisf, with_value(raisf, "raisf.judges", "trained"), needs, {}, "raisf.judges=trained")
 
 
 @pytest.mark.ray
