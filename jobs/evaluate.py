@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jobs import metrics as M
 from jobs.questions import question_columns
-from jobs.storage import filesystem, open_parquet, read_table
+from jobs.storage import filesystem, open_parquet, read_table, redact
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -51,6 +51,20 @@ def answer_files(output: str) -> list[str]:
     files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
+    return files
+
+
+def one_run(answers: str, files: list[str], job: str) -> list[str]:
+    """``files``, once it is sure they hold one run: a run writes each (strategy, question) once, so a
+    second answer means several runs under one folder (a sweep's), whose rows would be merged."""
+    seen: set[tuple[str, str]] = set()
+    for path in files:
+        table = open_parquet(path).read(columns=["strategy", "id"])
+        for key in zip(table["strategy"].to_pylist(), table["id"].to_pylist()):
+            if key in seen:
+                raise UserError(f"{redact(answers)} holds more than one answer of {key[0]} to question {key[1]!r} "
+                                f"(several runs under one folder, e.g. a sweep's): {job} each run's folder")
+            seen.add(key)
     return files
 
 
@@ -99,16 +113,11 @@ def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], li
     gold_by_id = {r["id"]: r for r in gold.to_pylist()}
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    seen: set[tuple[str, str]] = set()
-    for path in checked(answer_files(answers)):
+    for path in one_run(answers, checked(answer_files(answers)), "evaluate"):
         for row in read_table(path).to_pylist():
             g = gold_by_id.get(row["id"])
             if g is None:
                 continue
-            if (row["strategy"], row["id"]) in seen:  # a run writes each once: these are several runs
-                raise UserError(f"{answers} holds more than one answer of {row['strategy']} to question {row['id']!r} "
-                                "(several runs under one folder, e.g. a sweep's): evaluate each run's folder")
-            seen.add((row["strategy"], row["id"]))
             row["_gold"], row["_answers"] = g, M.gold_answers(g.get("answers"))
             groups[(row["strategy"], g.get("dataset") or "all")].append(row)
             groups[(row["strategy"], "ALL")].append(row)

@@ -22,7 +22,7 @@ import uuid
 
 import pyarrow.parquet as pq
 
-from jobs.evaluate import answer_files
+from jobs.evaluate import answer_files, one_run
 from jobs.storage import filesystem, open_parquet, redact
 from schemas.errors import UserError
 
@@ -56,7 +56,8 @@ def strategy_of(part: str) -> str:
 
 
 def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
-    files = answer_files(answers)
+    # an empty part (a shard with no question) names no strategy
+    files = [f for f in one_run(answers, answer_files(answers), "export") if open_parquet(f).metadata.num_rows]
     if strategy:
         files = [f for f in files if strategy_of(f) == strategy]
         if not files:

@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,6 +26,7 @@ from jobs.evaluate import (
     resolution_markdown,
     score,
 )
+from schemas.errors import UserError
 
 
 def load_run(run: str, questions: str, label: str | None) -> dict:
@@ -207,9 +209,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="HTML file to write")
 
 
+def run_labels(runs: list[str]) -> list[str]:
+    """A name per run: its folder's, or where two are alike (runs/a/out, runs/b/out) its path below the
+    runs' common folder (a label names a run's rows in every plot: two alike would overwrite each other)."""
+    names = [Path(r).name for r in runs]
+    if len(set(names)) == len(names):
+        return names
+    paths = [Path(r).resolve() for r in runs]
+    if len(set(paths)) < len(paths):
+        raise UserError("--runs names the same run twice")
+    common = Path(os.path.commonpath(paths))
+    return [str(p.relative_to(common)) for p in paths]
+
+
 def run(args: argparse.Namespace) -> int:
-    labelled = len(args.runs) > 1
-    runs = [load_run(r, args.questions, Path(r).name if labelled else None) for r in args.runs]
+    labels = run_labels(args.runs) if len(args.runs) > 1 else [None]
+    runs = [load_run(r, args.questions, label) for r, label in zip(args.runs, labels)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(runs))

@@ -80,3 +80,15 @@ def test_a_recall_cut_off_below_one_is_refused_by_the_cli(k, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--answers", "a", "--questions", "q", "--k", k])
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_export_refuses_several_runs_under_one_folder_and_skips_an_empty_part(tmp_path):
+    from jobs.export import export
+
+    questions = [{"id": "a", "question": "?", "answers": ["Paris"]}]
+    write(tmp_path, [answer_row("a", "Paris")], questions, "run/rag/part-00000.parquet")
+    write(tmp_path, [], questions, "run/rag/part-00001.parquet")  # a shard with no question: no strategy
+    assert export(str(tmp_path / "run"), str(tmp_path / "out.jsonl"), "openai-batch") == 1
+    write(tmp_path, [answer_row("a", "Rome")], questions, "beta=1/rag/part-00000.parquet")
+    with pytest.raises(UserError, match="export each run's folder"):
+        export(str(tmp_path), str(tmp_path / "out.jsonl"), "rows")

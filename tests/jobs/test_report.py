@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from jobs.report import main
+from schemas.errors import UserError
 from schemas.tables import ANSWERS
 
 
@@ -104,3 +105,13 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
 
     assert painted((31, 119, 180)) > 2_000  # tab:blue bars (resolution, depth) and the utilisation line
     assert painted((68, 1, 84)) > 2_000  # the accuracy heatmap's 0% cells (viridis)
+
+
+def test_runs_in_folders_of_the_same_name_get_labels_that_tell_them_apart(tmp_path):
+    from jobs.report import run_labels
+
+    assert run_labels(["runs/beta", "runs/rag"]) == ["beta", "rag"]
+    a, b = tmp_path / "a" / "out", tmp_path / "b" / "out"
+    assert run_labels([str(a), str(b)]) == ["a/out", "b/out"]  # both "out" before: one overwrote the other
+    with pytest.raises(UserError, match="same run twice"):
+        run_labels([str(a), str(a)])
