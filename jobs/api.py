@@ -18,6 +18,7 @@ may name other strategies (a pool a new strategy needs is started then) and othe
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,34 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.question_sources import to_arrow
+
+
+def write_questions(table: pa.Table, folder: str) -> str:
+    """The questions as Parquet under ``folder``/_input, named by their content: a run's identity names
+    its input's path, so the same questions resume the same run, and other questions cannot overwrite
+    the file an earlier run was answered from."""
+    from jobs.storage import filesystem
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    digest = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
+    fs, root = filesystem(folder)
+    fs.create_dir(f"{root}/_input", recursive=True)
+    path = f"{root}/_input/questions-{digest}.parquet"
+    pq.write_table(table, path, filesystem=fs)
+    return (folder[: folder.index("://") + 3] if "://" in folder else "") + path
+
+
+def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]) -> pa.Table:
+    """The rows of ``strategies`` (an output may hold others), each strategy's in the questions' order
+    (the engine writes them as they finish)."""
+    position = {qid: i for i, qid in reversed(list(enumerate(questions["id"].to_pylist())))}
+    rank = {s: i for i, s in enumerate(strategies)}
+    ids, names = answers["id"].to_pylist(), answers["strategy"].to_pylist()
+    keep = sorted((i for i in range(answers.num_rows) if names[i] in rank),
+                  key=lambda i: (rank[names[i]], position.get(ids[i], len(position)), str(ids[i])))
+    return answers.take(pa.array(keep, pa.int64()))
 
 
 class Session:
@@ -51,24 +80,26 @@ class Session:
 
     def answer(self, questions: Any, strategies: list[str] | str = "rag", *, columns: dict[str, str] | None = None,
                output: str | None = None):
-        """Answer ``questions`` with each strategy on this Session's pools; ``output`` keeps the run
-        (answers, metrics.json) there instead of in a temporary directory."""
+        """Answer ``questions`` with each strategy on this Session's pools: one row per (question,
+        strategy), strategies in the order given, questions in the input's order. ``output`` keeps the
+        run (answers, metrics.json) there instead of in a temporary directory, and resumes it: a later
+        call with the same questions adds strategies to it; one with other questions is refused."""
         from jobs.answer import answer
         from jobs.evaluate import answer_files
 
         table = to_arrow(questions, columns)
         strategies = [strategies] if isinstance(strategies, str) else list(strategies)
         with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
-            path = Path(tmp) / "questions.parquet"
-            pq.write_table(table, path)
-            config = self.config.model_copy(update={"questions": str(path), "strategies": strategies,
+            config = self.config.model_copy(update={"questions": write_questions(table, output or tmp),
+                                                    "strategies": strategies,
                                                     "output": output or str(Path(tmp) / "answers")})
             self._start(config)
             for stage in self.stages.values():  # each call's metrics.json counts its own work
                 stage.stats = type(stage.stats)()
-            answer(config, log=self.log, force=True, stages=self.stages, cache=self.cache)
+            answer(config, log=self.log, stages=self.stages, cache=self.cache)
             answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
         self.calls += 1
+        answers = in_input_order(answers, table, strategies)
         return answers.to_pandas() if type(questions).__module__.startswith("pandas") else answers
 
     def _start(self, config) -> None:

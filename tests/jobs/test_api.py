@@ -98,3 +98,28 @@ def test_closing_a_session_on_a_ray_it_did_not_start_returns_once_its_pools_are_
             with pytest.raises(ray.exceptions.RayActorError):
                 ray.get(call, timeout=60)
     assert ray.is_initialized()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed_never_discarded(ray_session, tmp_path):
+    from engine.cache import RequestCache
+    from engine.stages import GeneratorStage
+    from jobs.api import Session
+    from schemas.config import ConfigError, StageBatching
+    from tests.engine.fakes import FakeGenerator
+
+    session = Session(generator="smollm2-135m-instruct")
+    actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    session.stages = {"generator": GeneratorStage([actor], StageBatching(max_batch=2))}
+    session.cache = RequestCache(100)
+    questions = pd.DataFrame({"id": ["q3", "q1", "q10", "q2", "q0"], "question": [f"question {i}" for i in range(5)]})
+    out = str(tmp_path / "kept")
+    first = session.answer(questions, "direct", output=out)
+    assert first["id"].tolist() == ["q3", "q1", "q10", "q2", "q0"]  # before: in the order they finished
+    both = session.answer(questions, ["least_to_most", "direct"], output=out)  # before: force discarded direct's
+    assert both["strategy"].tolist() == ["least_to_most"] * 5 + ["direct"] * 5
+    assert both[both["strategy"] == "direct"]["answer"].tolist() == first["answer"].tolist()
+    with pytest.raises(ConfigError, match="holds output of a different run"):
+        session.answer(questions.head(2), "direct", output=out)
+    assert len(session.answer(questions, "direct", output=out)) == 5  # the earlier answers are still there
