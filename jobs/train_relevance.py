@@ -47,8 +47,11 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     started = time.perf_counter()
     scores = relevance_scores(model, test, bi)
     predict_s = time.perf_counter() - started
-    metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if test else None,
-               "held_out_auc_base_cosine": base_cosine_auc(settings.base, test) if test else None,
+    # an AUC needs both classes held out (a small --limit can hold out positives only): without, none
+    # is reported, where sklearn's error came before save_pretrained and the trained model was lost
+    two_classes = len({p["label"] for p in test}) == 2
+    metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if two_classes else None,
+               "held_out_auc_base_cosine": base_cosine_auc(settings.base, test) if two_classes else None,
                "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
                "train_loss_last": losses[-1] if losses else None, "train_loss_logged": losses,
                "train_loss_before": loss_before, "train_loss_after": loss_after, "loss_probe_examples": len(probe),
@@ -57,7 +60,7 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
                "mine_s": source.get("mine_s"), "train_s": round(train_s, 1), "device": device}
     model.save_pretrained(settings.output)
     if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
-        fitted, fitted_scores = (test, scores) if test else (train, relevance_scores(model, train, bi))
+        fitted, fitted_scores = (test, scores) if two_classes else (train, relevance_scores(model, train, bi))
         (Path(settings.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
     card = {"model": f"relevance (M_rel) {settings.architecture}", "architecture": settings.architecture, "base": settings.base,
             **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
