@@ -63,8 +63,8 @@ def test_report_has_every_plot_and_the_scores(run_dir, tmp_path):
                   "Sub-question depth", "Stage utilisation"):
         assert f"<h2>{title}</h2>" in page
     # raisf: 2/2 correct overall, the decomposition module resolved b (50% of questions) correctly
-    assert "<td>raisf</td><td>ALL</td><td>2</td><td>100.0</td>" in page
-    assert "<td>rag</td><td>ALL</td><td>2</td><td>50.0</td>" in page
+    assert "<td>raisf</td><td>ALL</td><td>2</td><td>2</td><td>100.0</td>" in page  # n, scored, EM
+    assert "<td>rag</td><td>ALL</td><td>2</td><td>2</td><td>50.0</td>" in page
     assert "<td>50.0 / 1</td>" in page
 
 
