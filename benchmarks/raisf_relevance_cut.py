@@ -49,6 +49,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from engine.steps import Item
+    from jobs import metrics as M
     from jobs.calibrate import candidates, first_step, quality
     from schemas.config import AnswerFormConfig
     from strategies.base import format_passages, prompt
@@ -58,7 +59,7 @@ def main() -> None:
     probes = {}
     for row in pq.read_table(f"{args.probe_run}/calibration_probe", columns=["id", "trace", "error"]).to_pylist():
         probe = first_step(row, "probe")
-        if not row["error"] and probe and row["id"] in questions and questions[row["id"]]["answers"]:
+        if not row["error"] and probe and row["id"] in questions and M.gold_answers(questions[row["id"]]["answers"]):
             probes[row["id"]] = probe
     ids = sorted(probes)
     qs = [questions[i] for i in ids]

@@ -19,6 +19,8 @@ may name other strategies (a pool a new strategy needs is started then) and othe
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,8 @@ def write_questions(table: pa.Table, folder: str) -> str:
     the file an earlier run was answered from."""
     from jobs.storage import filesystem
 
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    digest = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
+    # the rows, not their Arrow layout: a DataFrame and a Dataset of the same questions are one run
+    digest = hashlib.sha256(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     fs, root = filesystem(folder)
     fs.create_dir(f"{root}/_input", recursive=True)
     path = f"{root}/_input/questions-{digest}.parquet"
@@ -48,12 +48,19 @@ def write_questions(table: pa.Table, folder: str) -> str:
 
 def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]) -> pa.Table:
     """The rows of ``strategies`` (an output may hold others), each strategy's in the questions' order
-    (the engine writes them as they finish)."""
+    (the engine writes them as they finish); a repeated id is answered once, at its first row."""
     position = {qid: i for i, qid in reversed(list(enumerate(questions["id"].to_pylist())))}
     rank = {s: i for i, s in enumerate(strategies)}
     ids, names = answers["id"].to_pylist(), answers["strategy"].to_pylist()
+
+    def row_of(qid) -> int:  # a null id is answered as "<row N>" (jobs/questions.py)
+        if qid in position:
+            return position[qid]
+        match = re.fullmatch(r"<+row (\d+)>", str(qid))
+        return int(match.group(1)) if match else questions.num_rows
+
     keep = sorted((i for i in range(answers.num_rows) if names[i] in rank),
-                  key=lambda i: (rank[names[i]], position.get(ids[i], len(position)), str(ids[i])))
+                  key=lambda i: (rank[names[i]], row_of(ids[i]), str(ids[i])))
     return answers.take(pa.array(keep, pa.int64()))
 
 
@@ -80,7 +87,7 @@ class Session:
 
     def answer(self, questions: Any, strategies: list[str] | str = "rag", *, columns: dict[str, str] | None = None,
                output: str | None = None):
-        """Answer ``questions`` with each strategy on this Session's pools: one row per (question,
+        """Answer ``questions`` with each strategy on this Session's pools: one row per (question id,
         strategy), strategies in the order given, questions in the input's order. ``output`` keeps the
         run (answers, metrics.json) there instead of in a temporary directory, and resumes it: a later
         call with the same questions adds strategies to it; one with other questions is refused."""

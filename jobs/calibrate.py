@@ -128,7 +128,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     for row in rows:
         g = gold.get(row["id"])
         p = first_step(row, "probe")
-        if row["error"] or not g or not g.get("answers") or not p or "ta_retrieval" not in p:
+        if row["error"] or not g or not M.gold_answers(g.get("answers")) or not p or "ta_retrieval" not in p:
             continue
         probes.append((p, g))
     if not probes:
@@ -203,7 +203,7 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
         g = gold.get(row["id"])
         relevance = first_step(row, "relevance")
         # a question answered closed-book (self-knowledge) never reaches the cut
-        if (row["error"] or not g or not g.get("answers") or row["id"] not in reads or relevance is None
+        if (row["error"] or not g or not M.gold_answers(g.get("answers")) or row["id"] not in reads or relevance is None
                 or row["resolved_by"] not in ("passages", *DECOMPOSED)):
             continue
         decomposed = row["resolved_by"] in DECOMPOSED

@@ -30,7 +30,7 @@ from pydantic import Field
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.models import loadable
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
-from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, load_config
+from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -57,9 +57,10 @@ def read_manifest(index_dir: str | Path) -> dict:
 
 
 # what a rebuild of the same passages with the same settings changes by itself: the build's time, the
-# corpus's path (a copy elsewhere is the same corpus; each shard's passages_sha256 says what it holds)
+# corpus file (its path and bytes: a copy elsewhere, or the same passages written again, is the same corpus;
+# each shard's passages_sha256 says what it holds)
 # and the vectors' bytes (the embedder's float arithmetic differs in its last bits between CPUs)
-REBUILD_NOISE = {"build_s", "corpus"}
+REBUILD_NOISE = {"build_s", "corpus", "corpus_sha256"}
 SHARD_REBUILD_NOISE = {"build_key", "index_sha256"}
 
 
@@ -134,13 +135,13 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     bounds = [total_rows * s // n_shards for s in range(n_shards + 1)]
     # the corpus's bytes, not only its path and length: a corpus rewritten in place with as many rows
     # (corrected texts) resumed on its old shards
-    corpus_sha = file_sha256(*filesystem(corpus_path))
+    corpus_sha = file_sha256(*filesystem(config.corpus))  # the file given: a JSONL's Parquet copy is rewritten
     build_key = _build_key(config, total_rows, bounds, corpus_sha)
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), build_key))}
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
-    # until the new manifest is written, no run may read the old one over shards being rebuilt
-    (out / MANIFEST).unlink(missing_ok=True)
+    if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
+        (out / MANIFEST).unlink(missing_ok=True)
 
     init_ray(config.ray)
     if encoders is None:
@@ -150,7 +151,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         actor = ray.remote(Encoder).options(**encoder_options(emb))
         threads = encoder_threads(emb, len(os.sched_getaffinity(0)))  # the cores this job may use
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
-        encoders = [actor.remote(model, emb.batch_size, device_of(emb), threads) for _ in range(emb.replicas)]
+        encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
 
     started = time.perf_counter()

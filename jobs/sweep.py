@@ -74,7 +74,7 @@ def check_shared_pools(base, config, needs: set[str], pools: dict, what: str) ->
     """A sweep starts its pools once, from the base config: a value that would change them (a model,
     sampling, the index, a stage's batching or retrieval settings, or which pools the strategies ask
     for, e.g. raisf.judges) would silently not apply, or fail the run after the values before it."""
-    if (stages_needed(config) != needs or pool_plan(config, needs) != pools or config.engine != base.engine
+    if (not stages_needed(config) <= needs or pool_plan(config, needs) != pools or config.engine != base.engine
             or config.retrieval.model_copy(update={"k": base.retrieval.k}) != base.retrieval):
         raise ConfigError(f"sweep {what}: this setting configures the actor pools, which the values share "
                           "(they start once); run `ragsift answer` once per value instead")

@@ -58,10 +58,20 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
                "train_examples": examples, "train_examples_per_s": round(examples * settings.epochs / train_s, 1),
                "predict_pairs_per_s": round(len(test) / predict_s, 1) if test else None,
                "mine_s": source.get("mine_s"), "train_s": round(train_s, 1), "device": device}
-    model.save_pretrained(settings.output)
+    fit = None
     if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
         fitted, fitted_scores = (test, scores) if two_classes else (train, relevance_scores(model, train, bi))
-        (Path(settings.output) / LOGIT).write_text(json.dumps(logit_fit(fitted_scores, fitted)))
+        if len({p["label"] > 0.5 for p in fitted}) < 2:
+            raise UserError("the relevance pairs are of one class: a bi-encoder's logit needs relevant and irrelevant "
+                            "pairs; nothing was written")
+        fit = logit_fit(fitted_scores, fitted)
+        if fit["scale"] <= 0:  # the reranker refuses such a model; say so now, not at answer time
+            raise UserError(f"the trained bi-encoder's cosine falls as relevance rises (fitted scale {fit['scale']:.3g}): "
+                            "it did not learn relevance; nothing was written")
+    # written only once it is whole: a directory without its logit would be served as a cross-encoder
+    model.save_pretrained(settings.output)
+    if fit:
+        (Path(settings.output) / LOGIT).write_text(json.dumps(fit))
     card = {"model": f"relevance (M_rel) {settings.architecture}", "architecture": settings.architecture, "base": settings.base,
             **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
                                       "datasets", "mining", "excluded_when_training", "pairs_excluded") if k in source},

@@ -123,3 +123,13 @@ def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed
     with pytest.raises(ConfigError, match="holds output of a different run"):
         session.answer(questions.head(2), "direct", output=out)
     assert len(session.answer(questions, "direct", output=out)) == 5  # the earlier answers are still there
+
+
+def test_answers_come_back_in_the_input_order_with_a_null_id_at_its_row_and_only_the_strategies_asked():
+    from jobs.api import in_input_order
+
+    questions = pa.table({"id": ["b", "a", "b", None, "c"], "question": list("vwxyz")})
+    answers = pa.table({"id": ["c", "<row 3>", "a", "b", "c", "b"], "strategy": ["rag"] * 4 + ["direct", "raisf"]})
+    ordered = in_input_order(answers, questions, ["raisf", "rag"])
+    assert list(zip(ordered["strategy"].to_pylist(), ordered["id"].to_pylist())) == [
+        ("raisf", "b"), ("rag", "b"), ("rag", "a"), ("rag", "<row 3>"), ("rag", "c")]

@@ -248,4 +248,4 @@ def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
     trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
               "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
     with pytest.raises(UserError, match="older ragsift.*new --output"):
-        choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["a"]}}, keep=0.8)
+        choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["Paris"]}}, keep=0.8)
