@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jobs import metrics as M
 from jobs.questions import question_columns
-from jobs.storage import filesystem, open_parquet, read_table, redact
+from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -47,7 +47,7 @@ def answer_files(output: str) -> list[str]:
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
                    if i.type == FileType.File and i.path.endswith(".parquet")
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
-    scheme = output[: output.index("://") + 3] if "://" in output else ""
+    scheme = scheme_of(output)
     files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from jobs.formats import is_foreign
 from jobs.formats import read as read_foreign
-from jobs.storage import filesystem, read_table, redact
+from jobs.storage import filesystem, read_table, redact, scheme_of
 from schemas.errors import UserError
 
 
@@ -80,7 +80,7 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
     fs, root = filesystem(output)
     fs.create_dir(f"{root}/_input", recursive=True)
     pq.write_table(table, f"{root}/_input/questions.parquet", filesystem=fs)
-    scheme = output[: output.index("://") + 3] if "://" in output else ""
+    scheme = scheme_of(output)
     target = f"{scheme}{root}/_input/questions.parquet"
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
     return target

@@ -22,6 +22,12 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), uri
 
 
+def scheme_of(uri: str) -> str:
+    """``s3://`` of ``s3://bucket/x`` ("" for a local path): what turns a path ``filesystem`` returned
+    back into a URI."""
+    return uri[: uri.index("://") + 3] if "://" in uri else ""
+
+
 def redact(uri: str) -> str:
     """A URI without credentials (``s3://key:secret@bucket`` -> ``s3://***@bucket``), for logs and manifests."""
     parts = urlsplit(uri)
