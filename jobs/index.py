@@ -122,8 +122,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
 
     from jobs.ray_session import init_ray
 
-    corpus_path = corpus_parquet(config.corpus, Path(config.index.path), log)
-    corpus = open_parquet(corpus_path)
+    corpus = open_parquet(corpus_parquet(config.corpus, Path(config.index.path), log))
     has = check_schema(corpus.schema_arrow, CORPUS_REQUIRED, CORPUS_OPTIONAL, config.corpus)
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
