@@ -54,11 +54,21 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
 
 def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool,
             retry_errors: bool, cache) -> dict:
-    from jobs.ray_session import init_ray
-
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
+    try:
+        return _answer_into(out, identity, config, plan, strategies, needs, pools, stages, log, retry_errors, cache)
+    finally:
+        # closing twice is harmless; this closes the parts --retry-errors reopened when the start fails
+        # (Ray, the pools, the cache) before the engine's own try, so no .tmp stream is left open
+        out.close()
+
+
+def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan, strategies: dict, needs: set[str],
+                 pools, stages, log, retry_errors: bool, cache) -> dict:
+    from jobs.ray_session import init_ray
+
     retried = out.reopen_errors() if retry_errors else 0
     if retried:
         log(f"--retry-errors: answering {retried} error rows of {len(out.retrying)} committed parts again")

@@ -67,3 +67,30 @@ def test_retry_errors_answers_only_the_error_rows_again_and_keeps_every_other_ro
                           commit={"shard_rows": 10}, engine={"window": 8, "max_attempts": 2})
     answer(config, log=log.append, retry_errors=True)  # no error left: nothing starts
     assert "nothing to do" in log[-1]
+
+
+def test_a_retry_whose_start_fails_leaves_no_reopened_part_open_and_the_old_parts_as_they_were(
+        ray_session, tmp_path, monkeypatch):
+    import jobs.answer as answer_job
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    texts = [f"question {i}" + (" POISON" if i == 3 else "") for i in range(10)]
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(10)], "question": texts}), questions)
+    run(ray_session, questions, out, FakeGenerator)
+    committed = (out / "direct" / "part-00000.parquet").read_bytes()
+    outputs = []
+
+    class Recorded(answer_job.ShardedOutput):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            outputs.append(self)
+
+    def no_metrics(*_):
+        raise RuntimeError("metrics exporter down")
+
+    monkeypatch.setattr(answer_job, "ShardedOutput", Recorded)
+    monkeypatch.setattr(answer_job, "RayMetrics", no_metrics)  # fails after the error part was reopened
+    with pytest.raises(RuntimeError, match="exporter down"):
+        run(ray_session, questions, out, Healed, retry_errors=True)
+    assert len(outputs) == 1 and outputs[0].open == {}
+    assert (out / "direct" / "part-00000.parquet").read_bytes() == committed
