@@ -37,10 +37,13 @@ class Supervisor:
         if replica in stage.restarting:
             return
         self.restarts += 1
-        stage.deaths[replica] += 1
+        deaths = stage.deaths[replica] + 1
         self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
-                 f"(death {stage.deaths[replica]} of this replica in this run)")
-        self._probe(stage, replica)
+                 f"(death {deaths} of this replica in this run)")
+        for peer, r in self._same_actor(stage, replica):
+            peer.deaths[r] = deaths
+            if r not in peer.restarting:
+                self._probe(peer, r)
 
     def answered(self, ref) -> None:
         """A readiness call returned: the replica is back, still restarting, or gone for good."""
@@ -71,10 +74,17 @@ class Supervisor:
         if restarts is None or restarts <= stage.deaths[replica]:
             return
         self.restarts += restarts - stage.deaths[replica]
-        stage.deaths[replica] = restarts
+        for peer, r in self._same_actor(stage, replica):
+            peer.deaths[r] = restarts
         self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
                  "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
                  "killed the replica for memory")
+
+    def _same_actor(self, stage: Stage, replica: int) -> list[tuple[Stage, int]]:
+        """Every (stage, replica) served by this replica's actor: the ranker shares the retriever's query
+        encoders when no cross-encoder is configured, and one death is one restart, seen by both."""
+        actor = stage.replicas[replica]
+        return [(s, r) for s in self.stages.values() for r, a in enumerate(s.replicas) if a is actor]
 
     def _probe(self, stage: Stage, replica: int) -> None:
         stage.restarting.add(replica)

@@ -94,3 +94,26 @@ def test_a_prompt_refused_before_the_model_counts_no_computed_tokens(engine):
     engine._deliver_batch(stage, [request(0), request(1)],
                           [Generation("", 900, error="prompt of 900 tokens leaves no room"), Generation("Paris", 50, 2)])
     assert engine.tokens == 52 and stage.stats.prompt_tokens == 50
+
+
+def test_an_encoder_shared_by_the_retriever_and_the_ranker_that_dies_once_counts_one_restart(monkeypatch):
+    # without a cross-encoder the ranker ranks with the retriever's query encoders: one actor, two stages
+    from engine.stages import RankerStage, RetrieverStage
+    from engine.supervision import Supervisor
+
+    encoders = [object(), object()]
+    retriever = RetrieverStage(encoders, ["shard"], StageBatching())
+    ranker = RankerStage(encoders, StageBatching())
+    supervisor = Supervisor({"retriever": retriever, "ranker": ranker}, log=lambda line: None)
+    probed = []
+    monkeypatch.setattr(supervisor, "_probe", lambda stage, r: (stage.restarting.add(r), probed.append((stage.name, r))))
+
+    supervisor.died(retriever, 1, "killed")
+    supervisor.died(ranker, 1, "its batch failed on the same dead actor")
+    for stage in (retriever, ranker):  # Ray then says that actor restarted once
+        monkeypatch.setattr(stage, "ray_restarts", lambda r: 1 if r == 1 else 0)
+    supervisor.watch(0.0, force=True)
+
+    assert supervisor.restarts == 1
+    assert retriever.deaths == ranker.deaths == [0, 1]
+    assert sorted(probed) == [("ranker", 1), ("retriever", 1)]  # neither stage sends it work until it answers
