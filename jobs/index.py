@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.models import loadable
+from jobs.models import REGISTRY, loadable
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.errors import UserError
@@ -236,7 +236,22 @@ def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpu
     what = {"corpus": config.corpus, "corpus_sha256": corpus_sha, "rows": total_rows, "bounds": bounds,
             "embedder": config.embedder.model,
             "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search"})}
+    if weights := _local_weights_sha256(config.embedder.model):
+        what["embedder_sha256"] = weights
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _local_weights_sha256(model: str) -> str | None:
+    """The content of a local model directory (a model retrained in the same place encodes differently, so
+    its shards are rebuilt); None for an offline alias (pinned and verified, its name says which weights)
+    or a hub name. Read once a build (hidden files, a hub client's bookkeeping, left out)."""
+    if model in REGISTRY or not os.path.isdir(path := os.path.expanduser(model)):
+        return None
+    digest = hashlib.sha256()
+    files = (p for p in Path(path).rglob("*") if p.is_file())
+    for file in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(path).parts)):
+        digest.update(f"{file.relative_to(path)}\0{file_sha256(*filesystem(str(file)))}\0".encode())
+    return digest.hexdigest()
 
 
 def _committed(shard_dir: Path, build_key: str) -> dict | None:

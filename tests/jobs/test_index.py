@@ -307,3 +307,26 @@ def test_the_index_job_encodes_on_every_core_of_its_machine_unless_told_otherwis
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(ray_session, squad_slice, tmp_path):
+    import ray
+
+    corpus, _ = squad_slice
+    model, out = tmp_path / "m_embed", tmp_path / "idx"
+    (model / ".cache").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights of the first training")
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+
+    def build():
+        lines = []
+        manifest = _build(corpus, out, 2, f"embedder.model={model}", encoders=encoders,
+                          log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+        return manifest["shards"][0]["build_key"], any("resuming" in line for line in lines)
+
+    first, _ = build()
+    (model / ".cache" / "download.lock").write_bytes(b"a hub client's bookkeeping")
+    assert build() == (first, True)
+    (model / "model.safetensors").write_bytes(b"weights of the second training")
+    retrained, resumed = build()
+    assert retrained != first and not resumed
