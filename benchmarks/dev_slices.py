@@ -9,9 +9,17 @@
     train    every other DEV question (judge models train on these: `ragsift train`), and
     know     400 of them per dataset of nq, squad, hotpotqa, 2wiki, musique, strategyqa, triviaqa
              and popqa in the same order: the questions `ragsift label` collects M_know's labels on
+    tune360  the first 60 per dataset (the six above) of train outside know: a second tuning set
 
 Order: sha256 of the question id, so the cut is fixed and independent of file order. Writes
-<out>/{eval,calib}.parquet and their id lists (results/slices/*.txt keep the ids under version control).
+<out>/<slice>.parquet for each, the id lists (results/slices/*.txt keep them under version control;
+a list that differs from the one there is refused, not overwritten) and <out>/near_copies.json.
+
+Near copies: MuSiQue composes its questions from single-hop ones, and DEV holds several questions
+ending in the same last hop ("Who plays Marty's girlfriend ...?" worded two ways; id
+`musique-2hop__<hop>_<last hop>`), so one answer. The cut goes by id and does not separate them;
+near_copies.json counts, for each reported set, the questions of every other set that share a last
+hop with it (results/README.md, "Question sets").
 
     python benchmarks/dev_slices.py --dev ../shared/data/questions_dev.parquet --out runs/slices
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,7 +55,22 @@ def cut(dev: pa.Table, sample_ids: set[str]) -> dict[str, list[str]]:
                   key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
     slices["train"] = [r["id"] for r in rest]
     slices["know"] = [r["id"] for d in KNOW_DATASETS for r in [r for r in rest if r["dataset"] == d][:400]]
+    know = set(slices["know"])
+    slices["tune360"] = [r["id"] for d in DATASETS for r in [r for r in rest if r["dataset"] == d and r["id"] not in know][:60]]
     return slices
+
+
+def last_hop(qid: str) -> str | None:
+    """The last single-hop question a MuSiQue question is composed of (None for other datasets)."""
+    return qid.split("__")[1].split("_")[-1] if qid.startswith("musique-") and "__" in qid else None
+
+
+def near_copies(slices: dict[str, list[str]], reported=("sample", "eval")) -> dict:
+    """For each reported set, the questions of each other set that share a MuSiQue last hop with it."""
+    hops = {name: {last_hop(i) for i in ids} - {None} for name, ids in slices.items()}
+    return {shown: {name: sorted(i for i in ids if last_hop(i) in hops[shown])
+                    for name, ids in slices.items() if name != shown}
+            for shown in reported}
 
 
 def main() -> None:
@@ -58,15 +82,28 @@ def main() -> None:
     args = p.parse_args()
     dev = pq.read_table(args.dev)
     sample_ids = set(pq.read_table(args.sample, columns=["id"])["id"].to_pylist())
+    index = {qid: i for i, qid in enumerate(dev["id"].to_pylist())}
+    if not sample_ids or not sample_ids <= set(index):  # else sample questions would be cut into the slices
+        raise SystemExit(f"{args.sample}: not the sample of {args.dev} ({len(sample_ids - set(index))} of "
+                         f"{len(sample_ids)} ids are not DEV questions)")
     out, ids_dir = Path(args.out), Path(args.ids)
     out.mkdir(parents=True, exist_ok=True)
     ids_dir.mkdir(parents=True, exist_ok=True)
-    index = {qid: i for i, qid in enumerate(dev["id"].to_pylist())}
-    for name, ids in cut(dev, sample_ids).items():
+    slices = cut(dev, sample_ids)
+    for name, ids in slices.items():
+        listed = ids_dir / f"{name}.txt"
+        if name != "train" and listed.exists() and listed.read_text().split() != ids:
+            raise SystemExit(f"{listed}: the committed list differs from this cut (another DEV file or sample?); "
+                             "the tables were made with the committed one, so it is not overwritten")
         pq.write_table(dev.take([index[i] for i in ids]), out / f"{name}.parquet")
         if name != "train":  # the rest of DEV: its rule is enough
-            (ids_dir / f"{name}.txt").write_text("".join(f"{i}\n" for i in ids))
+            listed.write_text("".join(f"{i}\n" for i in ids))
         print(f"{name}: {len(ids)} questions -> {out / name}.parquet")
+    copies = near_copies({"sample": sorted(sample_ids), **slices})
+    (out / "near_copies.json").write_text(json.dumps(copies, indent=1))
+    for shown, others in copies.items():
+        print(f"MuSiQue questions sharing a last hop with {shown}: "
+              + ", ".join(f"{name} {len(ids)}" for name, ids in others.items()))
 
 
 if __name__ == "__main__":
