@@ -155,10 +155,12 @@ def previous_metrics(output: str) -> dict | None:
         return None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, retry_errors: bool = True) -> None:
+    """``answer``'s flags; the jobs built on it (compare, calibrate, label, sweep) share them, and those that
+    do not answer error rows again pass ``retry_errors=False`` rather than accept a flag they ignore."""
     p.add_argument("--questions", help="questions: Parquet (id, question[, answers...]; local, s3://, gs://), a "
                    "datasets save_to_disk directory or hf:NAME; rename columns with --set input.columns=...")
-    p.add_argument("--output", help="output directory for <strategy>.parquet and metrics.json")
+    p.add_argument("--output", help="output directory: <strategy>/part-NNNNN.parquet, metrics.json, config.yaml")
     p.add_argument("--index-dir", help="index directory (index.path)")
     p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
     p.add_argument("--generator", help="generator model: offline alias, local path or hub name")
@@ -168,8 +170,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the disk request cache (cache.enabled=false); a sweep's values "
                         "then share no request either")
-    p.add_argument("--retry-errors", action="store_true",
-                   help="answer the error rows of an existing output again, in place (the other rows are kept)")
+    if retry_errors:
+        p.add_argument("--retry-errors", action="store_true",
+                       help="answer the error rows of an existing output again, in place (the other rows are kept)")
     add_config_arguments(p)
 
 

@@ -288,7 +288,7 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    answer_job.add_arguments(p)
+    answer_job.add_arguments(p, retry_errors=False)
     p.add_argument("--keep", type=float, default=0.8,
                    help="MIGRES: share of questions that must keep a passage at delta (its paper: 0.8)")
 

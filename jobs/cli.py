@@ -17,7 +17,7 @@ JOBS = {
     "evaluate": ("jobs.evaluate", "score answers against gold answers and passages"),
     "compare": ("jobs.compare", "answer with several strategies and evaluate them side by side"),
     "calibrate": ("jobs.calibrate", "choose the strategies' thresholds on a calibration slice, write a config file"),
-    "train": ("jobs.train", "train judge models (relevance cross-encoder, self-knowledge) from labelled questions"),
+    "train": ("jobs.train", "train judge models (relevance bi- or cross-encoder, self-knowledge) from labelled questions"),
     "sweep": ("jobs.sweep", "one answer run per value of a config field (e.g. think_act.beta_threshold)"),
     "label": ("jobs.label", "training data for judge models (RA-ISF Appendix A, Self-Reasoning trajectories)"),
     "report": ("jobs.report", "turn runs into one HTML page of plots and tables"),

@@ -225,7 +225,7 @@ def label(config, log=print, force: bool = False) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    answer_job.add_arguments(p)
+    answer_job.add_arguments(p, retry_errors=False)
     p.add_argument("--push-to-hub", metavar="REPO",
                    help="upload <output>/labels/dataset as a Hugging Face dataset repository (needs a hub login)")
 

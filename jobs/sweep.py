@@ -30,7 +30,7 @@ from strategies.registry import make_strategy
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
     p.add_argument("--values", required=True, help="comma-separated values (parsed as YAML)")
-    answer_job.add_arguments(p)
+    answer_job.add_arguments(p, retry_errors=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -134,9 +134,10 @@ class StrategySettings:
 
 
 @cache
-def prompt(name: str) -> str:
-    """The prompt file ``prompts/<name>.txt``; a strategy's own prompts live in ``prompts/<strategy>/``."""
-    return files("strategies").joinpath("prompts", *f"{name}.txt".split("/")).read_text().strip()
+def prompt(name: str, package: str = "strategies") -> str:
+    """The prompt file ``prompts/<name>.txt`` of ``package``: a built-in strategy's own prompts live in
+    ``strategies/prompts/<strategy>/``; a strategy from another package passes its own (``__package__``)."""
+    return files(package).joinpath("prompts", *f"{name}.txt".split("/")).read_text().strip()
 
 
 def answer_messages(user: str, system: str | None = "answer_system"):

@@ -98,3 +98,19 @@ def test_an_answers_directory_counts_the_files_a_single_answers_file_would_be_ac
     # strategy and answer but no id: refused when named alone, so not an answer part inside a directory either
     pq.write_table(pa.table({"strategy": ["rag"], "answer": ["x"]}), tmp_path / "notes" / "x.parquet")
     assert answer_files(str(tmp_path)) == [str(part)]
+
+
+@pytest.mark.parametrize("job", ["calibrate", "label", "sweep"])
+def test_a_job_that_does_not_answer_error_rows_again_refuses_retry_errors_rather_than_ignore_it(job, capsys):
+    import importlib
+
+    from jobs.cli import JOBS, _parser
+
+    with pytest.raises(SystemExit) as usage:
+        _parser(job, importlib.import_module(JOBS[job][0])).parse_args(
+            (["--param", "k", "--values", "1"] if job == "sweep" else []) + ["--retry-errors"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert usage.value.code == 2 and "unrecognized arguments:" in err and err.endswith("--retry-errors")
+    for answering in ("answer", "compare"):  # where it is carried out
+        args = _parser(answering, importlib.import_module(JOBS[answering][0])).parse_args(["--retry-errors"])
+        assert args.retry_errors

@@ -1,5 +1,5 @@
 """One registry: a strategy installed by another package (entry point ``ragsift.strategies``) runs
-through the CLI with its own config section, without editing ragsift."""
+through the CLI with its own config section and its own prompt files, without editing ragsift."""
 
 import os
 import subprocess
@@ -17,7 +17,7 @@ from pydantic import Field
 
 from engine.steps import Done
 from schemas.config import Section
-from strategies.base import Routine
+from strategies.base import Routine, prompt
 
 
 class ShoutConfig(Section):
@@ -34,7 +34,7 @@ class Shout(Routine):
 
     def solve(self, item):
         item.trace.append({"step": "shout"})
-        return Done(item.question.upper() + self.config.suffix, "shouted")
+        return Done(prompt("shout/prefix", __package__) + item.question.upper() + self.config.suffix, "shouted")
         yield  # a generator, like every strategy
 '''
 
@@ -46,10 +46,12 @@ def test_built_in_strategies_declare_what_the_registry_needs():
     assert config.raisf.d_th == 3 and config.migres.max_iterations == 5  # each strategy's own section
 
 
-def test_a_strategy_from_an_entry_point_runs_through_the_cli(tmp_path):
+def test_a_strategy_from_an_entry_point_runs_through_the_cli_with_prompts_from_its_own_package(tmp_path):
     site = tmp_path / "site"
     (site / "tiny_shout-0.1.dist-info").mkdir(parents=True)
-    (site / "tiny_shout.py").write_text(textwrap.dedent(TINY))
+    (site / "tiny_shout" / "prompts" / "shout").mkdir(parents=True)
+    (site / "tiny_shout" / "__init__.py").write_text(textwrap.dedent(TINY))
+    (site / "tiny_shout" / "prompts" / "shout" / "prefix.txt").write_text("LOUDLY: \n")  # stripped, as ragsift's are
     (site / "tiny_shout-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-shout\nVersion: 0.1\n")
     (site / "tiny_shout-0.1.dist-info" / "entry_points.txt").write_text("[ragsift.strategies]\nshout = tiny_shout:Shout\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "RAY_ADDRESS": ""}
@@ -59,5 +61,5 @@ def test_a_strategy_from_an_entry_point_runs_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = pq.read_table(tmp_path / "out" / "shout").to_pylist()
     questions = pq.read_table(SAMPLE_QUESTIONS).slice(0, 3)["question"].to_pylist()
-    assert sorted(r["answer"] for r in rows) == sorted(q.upper() + "?!" for q in questions)
+    assert sorted(r["answer"] for r in rows) == sorted("LOUDLY:" + q.upper() + "?!" for q in questions)
     assert {r["resolved_by"] for r in rows} == {"shouted"}
