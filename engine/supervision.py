@@ -42,8 +42,10 @@ class Supervisor:
                  f"(death {deaths} of this replica in this run)")
         for peer, r in self._same_actor(stage, replica):
             peer.deaths[r] = deaths
-            if r not in peer.restarting:
-                self._probe(peer, r)
+            # a peer's earlier readiness call may have been answered before this death and not yet read:
+            # it would send the peer work that fails and counts this death again
+            self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (peer, r)}
+            self._probe(peer, r)
 
     def answered(self, ref) -> None:
         """A readiness call returned: the replica is back, still restarting, or gone for good."""
@@ -84,7 +86,7 @@ class Supervisor:
         """Every (stage, replica) served by this replica's actor: the ranker shares the retriever's query
         encoders when no cross-encoder is configured, and one death is one restart, seen by both."""
         actor = stage.replicas[replica]
-        return [(s, r) for s in self.stages.values() for r, a in enumerate(s.replicas) if a is actor]
+        return [(s, r) for s in self.stages.values() for r, a in enumerate(s.replicas) if a == actor]
 
     def _probe(self, stage: Stage, replica: int) -> None:
         stage.restarting.add(replica)

@@ -96,18 +96,22 @@ def test_a_prompt_refused_before_the_model_counts_no_computed_tokens(engine):
     assert engine.tokens == 52 and stage.stats.prompt_tokens == 50
 
 
-def test_an_encoder_shared_by_the_retriever_and_the_ranker_that_dies_once_counts_one_restart(monkeypatch):
-    # without a cross-encoder the ranker ranks with the retriever's query encoders: one actor, two stages
+def shared_encoders(monkeypatch):
+    """Without a cross-encoder the ranker ranks with the retriever's query encoders: one actor, two stages.
+    Readiness calls are recorded, never answered."""
     from engine.stages import RankerStage, RetrieverStage
     from engine.supervision import Supervisor
 
     encoders = [object(), object()]
     retriever = RetrieverStage(encoders, ["shard"], StageBatching())
     ranker = RankerStage(encoders, StageBatching())
-    supervisor = Supervisor({"retriever": retriever, "ranker": ranker}, log=lambda line: None)
-    probed = []
-    monkeypatch.setattr(supervisor, "_probe", lambda stage, r: (stage.restarting.add(r), probed.append((stage.name, r))))
+    for stage in (retriever, ranker):
+        monkeypatch.setattr(stage, "probe", lambda replica: object())
+    return retriever, ranker, Supervisor({"retriever": retriever, "ranker": ranker}, log=lambda line: None)
 
+
+def test_an_encoder_shared_by_the_retriever_and_the_ranker_that_dies_once_counts_one_restart(monkeypatch):
+    retriever, ranker, supervisor = shared_encoders(monkeypatch)
     supervisor.died(retriever, 1, "killed")
     supervisor.died(ranker, 1, "its batch failed on the same dead actor")
     for stage in (retriever, ranker):  # Ray then says that actor restarted once
@@ -116,4 +120,26 @@ def test_an_encoder_shared_by_the_retriever_and_the_ranker_that_dies_once_counts
 
     assert supervisor.restarts == 1
     assert retriever.deaths == ranker.deaths == [0, 1]
-    assert sorted(probed) == [("ranker", 1), ("retriever", 1)]  # neither stage sends it work until it answers
+    assert retriever.restarting == ranker.restarting == {1}  # neither sends it work until it answers
+    assert sorted(stage.name for stage, _ in supervisor.probes.values()) == ["ranker", "retriever"]
+
+
+def test_a_shared_encoder_that_died_while_idle_counts_one_restart(monkeypatch):
+    retriever, ranker, supervisor = shared_encoders(monkeypatch)
+    for stage in (retriever, ranker):  # no call failed: only Ray's restart count says it
+        monkeypatch.setattr(stage, "ray_restarts", lambda r: 1 if r == 1 else 0)
+    supervisor.watch(0.0, force=True)
+    assert supervisor.restarts == 1 and retriever.deaths == ranker.deaths == [0, 1]
+
+
+def test_a_second_death_makes_every_stage_on_that_actor_wait_for_a_new_readiness_call(monkeypatch):
+    retriever, ranker, supervisor = shared_encoders(monkeypatch)
+    supervisor.died(retriever, 1, "killed")
+    stale = next(ref for ref, (stage, _) in supervisor.probes.items() if stage is ranker)
+    back = next(ref for ref, (stage, _) in supervisor.probes.items() if stage is retriever)
+    supervisor.probes.pop(back)  # the retriever's call was answered: it takes work again
+    retriever.restarting.discard(1)
+    supervisor.died(retriever, 1, "died again")  # the ranker's call, answered before this, would say "ready"
+    supervisor.died(ranker, 1, "its batch failed on the same dead actor")
+    assert stale not in supervisor.probes and ranker.restarting == {1}
+    assert supervisor.restarts == 2 and retriever.deaths == ranker.deaths == [0, 2]
