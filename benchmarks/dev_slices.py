@@ -13,7 +13,7 @@
 
 Order: sha256 of the question id, so the cut is fixed and independent of file order. Writes
 <out>/<slice>.parquet for each, the id lists (results/slices/*.txt keep them under version control;
-a list that differs from the one there is refused, not overwritten) and <out>/near_copies.json.
+a list that differs from the one there is refused, not overwritten) and near_copies.json beside them.
 
 Near copies: MuSiQue composes its questions from single-hop ones, and DEV holds several questions
 ending in the same last hop ("Who plays Marty's girlfriend ...?" worded two ways; id
@@ -90,21 +90,21 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ids_dir.mkdir(parents=True, exist_ok=True)
     slices = cut(dev, sample_ids)
-    for name, ids in slices.items():
+    for name, ids in slices.items():  # all checked before anything is written
         listed = ids_dir / f"{name}.txt"
         if name != "train" and listed.exists() and listed.read_text().split() != ids:
             raise SystemExit(f"{listed}: the committed list differs from this cut (another DEV file or sample?); "
                              "the tables were made with the committed one, so it is not overwritten")
+    for name, ids in slices.items():
         pq.write_table(dev.take([index[i] for i in ids]), out / f"{name}.parquet")
         if name != "train":  # the rest of DEV: its rule is enough
-            listed.write_text("".join(f"{i}\n" for i in ids))
+            (ids_dir / f"{name}.txt").write_text("".join(f"{i}\n" for i in ids))
         print(f"{name}: {len(ids)} questions -> {out / name}.parquet")
     copies = near_copies({"sample": sorted(sample_ids), **slices})
-    (out / "near_copies.json").write_text(json.dumps(copies, indent=1))
+    (ids_dir / "near_copies.json").write_text(json.dumps(copies, indent=1))
     for shown, others in copies.items():
         print(f"MuSiQue questions sharing a last hop with {shown}: "
-              + ", ".join(f"{name} {len(ids)}" for name, ids in others.items()))
-
+              + ", ".join(f"{name} {len(ids)}" for name, ids in others.items()) + " (train holds know and tune360)")
 
 if __name__ == "__main__":
     main()

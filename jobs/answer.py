@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import suppress
 
 import yaml
 
@@ -59,10 +60,12 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
     try:
         return _answer_into(out, identity, config, plan, strategies, needs, pools, stages, log, retry_errors, cache)
-    finally:
-        # closing twice is harmless; this closes the parts --retry-errors reopened when the start fails
-        # (Ray, the pools, the cache) before the engine's own try, so no .tmp stream is left open
-        out.close()
+    except BaseException:
+        # the parts --retry-errors reopened, when the start (Ray, the pools, the cache) fails before the
+        # engine's own try: no .tmp stream is left open, and a failing close does not hide why the run failed
+        with suppress(Exception):
+            out.close()
+        raise
 
 
 def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan, strategies: dict, needs: set[str],

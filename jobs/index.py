@@ -244,13 +244,17 @@ def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpu
 def _local_weights_sha256(model: str) -> str | None:
     """The content of a local model directory (a model retrained in the same place encodes differently, so
     its shards are rebuilt); None for an offline alias (pinned and verified, its name says which weights)
-    or a hub name. Read once a build (hidden files, a hub client's bookkeeping, left out)."""
-    if model in REGISTRY or not os.path.isdir(path := os.path.expanduser(model)):
+    or a hub name. Read once a build; symlinked folders are followed, hidden ones (a hub client's
+    bookkeeping, .git) left out."""
+    if model in REGISTRY or not os.path.isdir(root := os.path.expanduser(model)):
         return None
+    files = []
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        files += [os.path.join(folder, n) for n in names if not n.startswith(".")]
     digest = hashlib.sha256()
-    files = (p for p in Path(path).rglob("*") if p.is_file())
-    for file in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(path).parts)):
-        digest.update(f"{file.relative_to(path)}\0{file_sha256(*filesystem(str(file)))}\0".encode())
+    for file in sorted(files):
+        digest.update(f"{os.path.relpath(file, root)}\0{file_sha256(*filesystem(file))}\0".encode())
     return digest.hexdigest()
 
 

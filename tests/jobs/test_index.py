@@ -313,9 +313,14 @@ def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(
     import ray
 
     corpus, _ = squad_slice
-    model, out = tmp_path / "m_embed", tmp_path / "idx"
+    from jobs.index import _local_weights_sha256
+
+    model, out, pooling = tmp_path / "m_embed", tmp_path / "idx", tmp_path / "pooling"
     (model / ".cache").mkdir(parents=True)
     (model / "model.safetensors").write_bytes(b"weights of the first training")
+    pooling.mkdir()
+    (pooling / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (model / "1_Pooling").symlink_to(pooling)  # a folder shared by link
     encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
 
     def build():
@@ -330,3 +335,8 @@ def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(
     (model / "model.safetensors").write_bytes(b"weights of the second training")
     retrained, resumed = build()
     assert retrained != first and not resumed
+    (pooling / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    assert build()[0] != retrained
+    # an offline alias or a hub name is named by its name: indexes built with one keep their build key
+    assert _local_weights_sha256("all-minilm-l6-v2") is None
+    assert _local_weights_sha256("sentence-transformers/all-MiniLM-L6-v2") is None

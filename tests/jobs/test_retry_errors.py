@@ -92,5 +92,5 @@ def test_a_retry_whose_start_fails_leaves_no_reopened_part_open_and_the_old_part
     monkeypatch.setattr(answer_job, "RayMetrics", no_metrics)  # fails after the error part was reopened
     with pytest.raises(RuntimeError, match="exporter down"):
         run(ray_session, questions, out, Healed, retry_errors=True)
-    assert len(outputs) == 1 and outputs[0].open == {}
+    assert len(outputs) == 1 and outputs[0].retrying and outputs[0].open == {}  # reopened, then closed
     assert (out / "direct" / "part-00000.parquet").read_bytes() == committed
