@@ -99,7 +99,7 @@ def main() -> None:
         value = {m: [quality(a, q["answers"]) for a, q in zip(answers[name][m], qs)] for m in answers[name]}
         curve = [cut_value(t, judged, value, args.empty_value) for t in cuts]
         curves[name] = {"best": max(curve, key=lambda c: (c["value"], -c["t"])), "keep_all": curve[0],
-                        "calibrated_by_passage_f1": next(c for c in curve if c["t"] >= calibrated),
+                        "calibrated_by_passage_f1": cut_value(calibrated, judged, value, args.empty_value),
                         "curve": thinned(curve)}
         print(name, {key: c for key, c in curves[name].items() if key != "curve"}, flush=True)
     if args.out:

@@ -53,12 +53,14 @@ def generator(model: str):
 
 
 def score(answers: list[str], questions: list[dict]) -> dict[str, float]:
-    """EM, F1 and accuracy (gold contained) in percent, as ``ragsift evaluate``."""
+    """EM, F1 and accuracy (gold contained) in percent over the questions with a gold answer, as
+    ``ragsift evaluate``."""
     from jobs import metrics as M
 
     s = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
-    for answer, q in zip(answers, questions):
-        s["EM"] += M.exact_match(answer, q["answers"])
-        s["F1"] += M.f1(answer, q["answers"])
-        s["acc"] += M.accuracy(answer, q["answers"])
-    return {k: round(100 * v / len(questions), 1) for k, v in s.items()}
+    scored = [(answer, q["answers"]) for answer, q in zip(answers, questions) if M.gold_answers(q["answers"])]
+    for answer, gold in scored:
+        s["EM"] += M.exact_match(answer, gold)
+        s["F1"] += M.f1(answer, gold)
+        s["acc"] += M.accuracy(answer, gold)
+    return {k: round(100 * v / max(len(scored), 1), 1) for k, v in s.items()}
