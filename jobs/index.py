@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.models import REGISTRY, loadable
+from jobs.models import REGISTRY, loadable, model_files
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.errors import UserError
@@ -248,13 +248,10 @@ def _local_weights_sha256(model: str) -> str | None:
     bookkeeping, .git) left out."""
     if model in REGISTRY or not os.path.isdir(root := os.path.expanduser(model)):
         return None
-    files = []
-    for folder, subfolders, names in os.walk(root, followlinks=True):
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        files += [os.path.join(folder, n) for n in names if not n.startswith(".")]
     digest = hashlib.sha256()
-    for file in sorted(files):
-        digest.update(f"{os.path.relpath(file, root)}\0{file_sha256(*filesystem(file))}\0".encode())
+    for file in model_files(root):
+        if not any(part.startswith(".") for part in Path(file).parts):
+            digest.update(f"{file}\0{file_sha256(*filesystem(os.path.join(root, file)))}\0".encode())
     return digest.hexdigest()
 
 

@@ -103,6 +103,15 @@ def is_prepared(alias: str) -> bool:
     return (model_dir(alias) / DONE_MARKER).exists()
 
 
+def model_files(root: str) -> list[str]:
+    """Every file of a local model folder, relative to it and sorted; folders linked in are followed (a
+    pooling or tokenizer folder shared by link is part of the model), dangling links left out."""
+    found = []
+    for folder, _, names in os.walk(root, followlinks=True):
+        found += [os.path.relpath(p, root) for n in names if os.path.isfile(p := os.path.join(folder, n))]
+    return sorted(found)
+
+
 def resolve(name_or_path: str) -> str:
     """The path or hub name a library should load for a model setting."""
     if name_or_path in REGISTRY:

@@ -11,7 +11,7 @@ from pathlib import Path
 from actors.generator import resolve_dtype
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
-from jobs.models import ragsift_home, resolve
+from jobs.models import model_files, ragsift_home, resolve
 from schemas.config import LLMConfig, RetrievalConfig, speed_setting
 from strategies.registry import AnswerConfig
 
@@ -64,8 +64,7 @@ def revision(model: str | None) -> str:
     path = Path(resolve(model))
     if not path.is_dir():
         return model
-    files = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                   for p in path.rglob("*") if p.is_file())
+    files = [(f, (s := (path / f).stat()).st_size, s.st_mtime_ns) for f in model_files(str(path))]
     return f"{model}@{digest(files)}"
 
 

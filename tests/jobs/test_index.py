@@ -312,9 +312,9 @@ def test_the_index_job_encodes_on_every_core_of_its_machine_unless_told_otherwis
 def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(ray_session, squad_slice, tmp_path):
     import ray
 
-    corpus, _ = squad_slice
     from jobs.index import _local_weights_sha256
 
+    corpus, _ = squad_slice
     model, out, pooling = tmp_path / "m_embed", tmp_path / "idx", tmp_path / "pooling"
     (model / ".cache").mkdir(parents=True)
     (model / "model.safetensors").write_bytes(b"weights of the first training")
