@@ -13,7 +13,8 @@ yes/no system prompt, direct's and rag's user prompts); P("yes") is the answer f
 probability (strategies/forms.py). Reported: AUC of P("yes") against the gold, accuracy of the
 shipped rule (the likelier of yes / no), and the accuracy of the best single cut on P("yes") with
 2-fold cross-validation (a cut fitted on one half, scored on the other), which is what a calibrated
-yes/no threshold could add.
+yes/no threshold could add. A question whose request returned no probability is left out of its
+part's scores and counted as ``no_probability``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,28 @@ PARTS = (("all", lambda q: True), ("strategyqa", lambda q: q["dataset"] == "stra
          ("hotpotqa+2wiki", lambda q: q["dataset"] != "strategyqa"))  # the slice's parts, each scored alone
 
 
+def part_scores(questions: list[dict], p_yes: list[float | None]) -> dict[str, dict]:
+    """Each part's scores of P("yes") against the gold; a choice without a probability (its request
+    failed) is left out and counted, not scored as "no"."""
+    from sklearn.metrics import roc_auc_score
+
+    scores = {}
+    for part, keep in PARTS:
+        idx = [i for i, q in enumerate(questions) if keep(q) and p_yes[i] is not None]
+        y = [str(questions[i]["answers"][0]).lower() == "yes" for i in idx]
+        p = [p_yes[i] for i in idx]
+        if not idx:
+            continue
+        scores[part] = {
+            "n": len(idx), "no_probability": sum(keep(q) and p_yes[i] is None for i, q in enumerate(questions)),
+            "gold_yes": round(100 * sum(y) / len(y), 1),
+            "auc": round(float(roc_auc_score(y, p)), 3),
+            "answered_yes": round(100 * sum(v >= 0.5 for v in p) / len(p), 1),
+            "acc_likelier": round(100 * sum((v >= 0.5) == g for v, g in zip(p, y)) / len(y), 1),
+            "acc_best_cut_2fold": round(100 * best_cut_accuracy(p, y), 1)}
+    return scores
+
+
 def user_prompts(questions: list[dict], retrieved: dict, passages: dict) -> dict[str, list[str]]:
     """direct's and rag's user prompts per question; rag's over the passages ``retrieved`` names for it."""
     from strategies.base import format_passages, prompt
@@ -71,7 +94,6 @@ def user_prompts(questions: list[dict], retrieved: dict, passages: dict) -> dict
 
 def score(args: argparse.Namespace) -> None:
     import pyarrow.parquet as pq
-    from sklearn.metrics import roc_auc_score
 
     from actors.generator import Generator
     from jobs.label import passages_by_id
@@ -88,18 +110,9 @@ def score(args: argparse.Namespace) -> None:
     result = {"questions": args.questions, "n": len(questions), "generator": args.generator, "by": {}}
     for strategy, texts in users.items():
         judged = generator.generate([final_request(t, YES_NO, AnswerFormConfig()) for t in texts])
-        p_yes = [(j.probs or {}).get("yes", 0.0) for j in judged]
-        for part, keep in PARTS:
-            idx = [i for i, q in enumerate(questions) if keep(q)]
-            y = [str(questions[i]["answers"][0]).lower() == "yes" for i in idx]
-            p = [p_yes[i] for i in idx]
-            result["by"][f"{strategy}/{part}"] = {
-                "n": len(idx), "gold_yes": round(100 * sum(y) / len(y), 1),
-                "auc": round(float(roc_auc_score(y, p)), 3),
-                "answered_yes": round(100 * sum(v >= 0.5 for v in p) / len(p), 1),
-                "acc_likelier": round(100 * sum((v >= 0.5) == g for v, g in zip(p, y)) / len(y), 1),
-                "acc_best_cut_2fold": round(100 * best_cut_accuracy(p, y), 1)}
-            print(strategy, part, result["by"][f"{strategy}/{part}"], flush=True)
+        for part, scores in part_scores(questions, [(j.probs or {}).get("yes") for j in judged]).items():
+            result["by"][f"{strategy}/{part}"] = scores
+            print(strategy, part, scores, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
