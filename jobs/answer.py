@@ -47,8 +47,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     needs = set().union(*(s.stages for s in strategies.values()))
     # a fresh output is claimed only after the index and the models are checked (pool_plan reads the
     # index manifest and resolves every model name): a mistyped --index-dir must not leave a manifest
-    # behind. A finished output is left alone before that: "nothing to do" needs neither.
-    pools = pool_plan(config, needs) if stages is None and not claimed(config.output) else None
+    # behind, nor (with --force) discard an output it cannot replace. A finished output is left alone
+    # before that: "nothing to do" needs neither.
+    pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log):  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache)
 

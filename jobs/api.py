@@ -28,22 +28,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs.question_sources import to_arrow
+from jobs.question_sources import to_arrow, write_input
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
     """The questions as Parquet under ``folder``/_input, named by their content: a run's identity names
     its input's path, so the same questions resume the same run, and other questions cannot overwrite
     the file an earlier run was answered from."""
-    from jobs.storage import filesystem, scheme_of
-
     # the rows, not their Arrow layout: a DataFrame and a Dataset of the same questions are one run
     digest = hashlib.sha256(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
-    fs, root = filesystem(folder)
-    fs.create_dir(f"{root}/_input", recursive=True)
-    path = f"{root}/_input/questions-{digest}.parquet"
-    pq.write_table(table, path, filesystem=fs)
-    return scheme_of(folder) + path
+    return write_input(table, folder, digest)
 
 
 def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]) -> pa.Table:

@@ -1,8 +1,10 @@
 """What decides a run's answers (its identity, checked on resume) and what its metadata records.
 
 A config field marked as a speed setting (schemas/config.py ``SPEED``) may change between a run and
-its resumption; every other field, the input's size and fingerprint and the index manifest decide
-the answers, so an output written with different values is refused (``--force`` discards it).
+its resumption; every other field, the input's content (its sha256, rows and size) and the index
+manifest's digest decide the answers, so an output written with different values is refused
+(``--force`` discards it). Locations (the questions' path, the index's) are not part of it: what they
+hold is.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
     identity = {k: v for k, v in flat.items() if not _operational(k)}
-    identity.update({"input.uri": plan.uri, "input.rows": plan.rows, "input.bytes": plan.file_size,
+    # the input by its content, not its path: the same questions moved elsewhere resume, an edited file does not
+    identity.update({"input.sha256": plan.sha256, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})
     digest = manifest_sha256(config.index.path) if config.index.path else None
     if digest:

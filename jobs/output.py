@@ -57,11 +57,19 @@ def claimed(output: str) -> bool:
     return fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File
 
 
+# Identity fields compared only when both runs recorded them: the input's and the index's paths, which
+# earlier versions recorded and which are now checked by content (a moved file resumes), and the input's
+# digest, which those versions did not record (their outputs stay resumable, by rows and size as before).
+RECORDED_BY_SOME = frozenset({"input.uri", "index.path", "input.sha256"})
+
+
 def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
     """Fields that differ between two run identities. A field the previous run did not record (a
     setting added by a later ragsift) counts only when the current value is not its default."""
     return sorted(k for k in set(previous) | set(current)
-                  if previous.get(k) != current.get(k) and not (k not in previous and current.get(k) == defaults.get(k, [])))
+                  if previous.get(k) != current.get(k)
+                  and not (k in RECORDED_BY_SOME and (k not in previous or k not in current))
+                  and not (k not in previous and current.get(k) == defaults.get(k, [])))
 
 
 class ShardedOutput:
@@ -106,8 +114,11 @@ class ShardedOutput:
         self.fs.move(manifest + ".tmp", manifest)
         for strategy in self.strategies:
             self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
-            entries = {e.path.rsplit("/", 1)[-1]: e.path
-                       for e in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}"))}
+            entries = self._entries(strategy)
+            finished = [self._finish_commit(path) for name, path in entries.items()
+                        if name.endswith(".tmp") and _PART.fullmatch(name.removesuffix(".tmp"))]
+            if any(finished):
+                entries = self._entries(strategy)
             for name, path in sorted(entries.items()):
                 match = _PART.fullmatch(name)
                 if match and self._valid(path):
@@ -116,6 +127,25 @@ class ShardedOutput:
                     self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part
                     if match and f"_{name}.sha256" in entries:
                         self.fs.delete_file(entries[f"_{name}.sha256"])
+
+    def _entries(self, strategy: str) -> dict[str, str]:
+        return {e.path.rsplit("/", 1)[-1]: e.path for e in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}"))}
+
+    def _finish_commit(self, tmp: str) -> bool:
+        """Rename a part's ``.tmp`` whose checksum was written when the run stopped before the rename: it
+        is whole (the checksum is taken of it), and where ``--retry-errors`` reopened the part the old
+        one beside it no longer matches that checksum, so without this both would be lost."""
+        try:
+            with self.fs.open_input_stream(checksum_path(tmp.removesuffix(".tmp"))) as f:
+                recorded = json.loads(f.read())
+        except (FileNotFoundError, ValueError):
+            return False
+        if not isinstance(recorded, dict) or recorded.get("sha256") != file_sha256(self.fs, tmp):
+            return False
+        self.fs.move(tmp, tmp.removesuffix(".tmp"))
+        self.log(f"finishing the commit of {redact(self.output)}/{tmp.rsplit('/', 2)[-2]}/"
+                 f"{tmp.rsplit('/', 1)[-1].removesuffix('.tmp')}, interrupted before its rename")
+        return True
 
     def _strategy_dirs(self) -> list[str]:
         """The run's output folders; ``_input`` (the questions converted for this run, written before the

@@ -3,21 +3,23 @@ files too: jobs/formats.py), a ``datasets`` directory written by
 ``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), ``hf:NAME`` for
 ``datasets.load_dataset(NAME, split=input.split or "train")`` (a hub name when online, or a local
 folder of Parquet / JSON / CSV files), or any file whose columns need renaming (``input.columns``,
-ours -> yours). They are converted once to ``<output>/_input/questions.parquet``, which the run then
-reads like any question file."""
+ours -> yours). They are converted to ``<output>/_input/questions-<digest>.parquet`` (named by content),
+which the run then reads like any question file."""
 
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.formats import is_foreign
 from jobs.formats import read as read_foreign
-from jobs.storage import filesystem, read_table, redact, scheme_of
+from jobs.storage import file_sha256, filesystem, read_table, redact, scheme_of
 from schemas.errors import UserError
 
 
@@ -77,10 +79,23 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
         table = to_arrow(read_foreign(uri), columns)
     else:
         table = to_arrow(read_table(uri), columns)
-    fs, root = filesystem(output)
-    fs.create_dir(f"{root}/_input", recursive=True)
-    pq.write_table(table, f"{root}/_input/questions.parquet", filesystem=fs)
-    scheme = scheme_of(output)
-    target = f"{scheme}{root}/_input/questions.parquet"
+    target = write_input(table, output)
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
     return target
+
+
+def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:
+    """``table`` as ``<output>/_input/questions-<digest>.parquet``, named by its content (the file's
+    sha256 unless ``digest`` is given), written under a temporary name and renamed, never rewritten:
+    the conversion runs before the output's lease and identity check, so other questions must not
+    overwrite the file an earlier run answered from, nor a second driver the file a first one reads."""
+    fs, root = filesystem(output)
+    fs.create_dir(f"{root}/_input", recursive=True)
+    tmp = f"{root}/_input/.questions-{uuid.uuid4().hex}.parquet.tmp"
+    pq.write_table(table, tmp, filesystem=fs)
+    path = f"{root}/_input/questions-{digest or file_sha256(fs, tmp)[:16]}.parquet"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        fs.delete_file(tmp)
+    else:
+        fs.move(tmp, path)
+    return scheme_of(output) + path

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.storage import filesystem, hash_ids, open_parquet, redact
+from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.records import Question
 from schemas.tables import (
     QUESTION_OPTIONAL,
@@ -67,6 +67,7 @@ class InputPlan:
     duplicate_rows: set[int] = field(default_factory=set)
     file_size: int | None = None
     null_id_prefix: str = NULL_ID_PREFIX  # of the stand-in ids of rows without an id
+    sha256: str | None = None  # of the file's bytes: an edit that keeps its size is another input
 
     @property
     def answered(self) -> int:
@@ -131,7 +132,7 @@ def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> I
                         first[qid] = n + i
             n += len(ids)
     fs, path = filesystem(uri)
-    return InputPlan(redact(uri), total, duplicates, fs.get_file_info(path).size, prefix)
+    return InputPlan(redact(uri), total, duplicates, fs.get_file_info(path).size, prefix, file_sha256(fs, path))
 
 
 def _id_batches(pf: pq.ParquetFile, batch_rows: int, total: int) -> Iterator[list]:

@@ -165,7 +165,8 @@ class EmbedderConfig(Section):
 class IndexConfig(Section):
     """How ``ragsift index`` builds shards (FAISS ``index_factory`` types) and how searches probe them."""
 
-    path: str = Field(".ragsift/index", description="directory holding manifest.json and shard-*/")
+    path: str = Field(".ragsift/index", json_schema_extra=SPEED,  # a location: a run's identity holds its manifest's digest
+                      description="directory holding manifest.json and shard-*/")
     shards: int = Field(2, json_schema_extra=SPEED, ge=1)
     index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
         "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")
@@ -281,10 +282,14 @@ class EngineConfig(Section):
                                     "strategies; sub-questions past it are not run (their parent gets them back as "
                                     "failed, metrics.json counts trees_capped). Must hold a whole RA-ISF tree")
     max_depth: int = Field(8, ge=0, description="hard depth cap for any strategy's sub-questions")
-    max_attempts: int = Field(3, ge=1, description="tries of a request on its own (after its batch failed twice "
-                                                   "and was split to isolate it) before it becomes an error row")
-    failure_cooldown_s: float = Field(2.0, ge=0, description="a replica that failed gets no batch for this long")
-    fail_fast_after: int = Field(64, ge=0, description="failures in a row, none of a stage's calls answering in "
+    # how the engine rides out failures decides which rows are error rows, never an answer: a resumed run may change them
+    max_attempts: int = Field(3, json_schema_extra=SPEED, ge=1,
+                              description="tries of a request on its own (after its batch failed twice and was split to "
+                              "isolate it) before it becomes an error row")
+    failure_cooldown_s: float = Field(2.0, json_schema_extra=SPEED, ge=0,
+                                      description="a replica that failed gets no batch for this long")
+    fail_fast_after: int = Field(64, json_schema_extra=SPEED, ge=0,
+                                 description="failures in a row, none of a stage's calls answering in "
                                  "between, after which the stage is tested: requests retried alone that raised "
                                  "(any retried call while nothing has answered in this run). An error every request "
                                  "hits (a schema the server rejects) would otherwise isolate each request at a "
@@ -292,7 +297,8 @@ class EngineConfig(Section):
                                  "run stops (committed parts kept, resumable); else a request the stage answered is "
                                  "asked again, on each replica in turn, and the run stops only if it fails on every "
                                  "one with nothing answering meanwhile. 0 = never")
-    replica_max_restarts: int = Field(-1, ge=-1, description="Ray restarts of a dead replica (-1 = always)")
+    replica_max_restarts: int = Field(-1, json_schema_extra=SPEED, ge=-1,
+                                      description="Ray restarts of a dead replica (-1 = always)")
     actors: int = Field(1, json_schema_extra=SPEED, ge=1, description="engines driving the pools: 1 = in the job's "
                         "own process; n > 1 = n engine actors, each over every n-th question, for more requests/s "
                         "than one process drives (about 5,000: BENCHMARKS.md); the job's process then writes and reports")

@@ -60,6 +60,26 @@ def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_n
     assert not (tmp_path / "out").exists()
 
 
+def test_force_with_a_mistyped_index_dir_keeps_the_output_it_could_not_replace(tmp_path, monkeypatch, capsys):
+    """Before, --force skipped the index check on a claimed output, discarded every part, then failed."""
+    import jobs.ray_session
+    from jobs.cli import run_job
+    from jobs.output import ShardedOutput
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    earlier = ShardedOutput(str(tmp_path / "out"), {"generator.model": "earlier"}, ["rag"], shard_rows=10)
+    earlier.sealed(0, 1)
+    earlier.write({"id": "a", "strategy": "rag", "answer": "x", "_shard": 0})
+    code = run_job("answer", ["--questions", str(questions), "--output", str(tmp_path / "out"), "--force",
+                              "--index-dir", str(tmp_path / "no-index"), "--strategy", "rag"])
+    assert code == 2 and "no index at" in capsys.readouterr().err
+    assert (tmp_path / "out" / "rag" / "part-00000.parquet").exists()
+
+
 def test_an_unwritable_output_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
     from jobs.cli import run_job
 

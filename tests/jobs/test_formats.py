@@ -2,6 +2,7 @@
 corpora; bad files are clear errors."""
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,7 +27,7 @@ def test_a_flashrag_dataset_file_becomes_a_question_file_with_gold_answers(tmp_p
         {"id": "dev_1", "question": "capital of france", "golden_answers": ["Paris"], "metadata": {"source": "nq"}}])
     converted = materialize_questions(source, str(tmp_path / "out"), {}, None)
     table = pq.read_table(converted)
-    assert converted.endswith("_input/questions.parquet") and plan_input(converted).rows == 2
+    assert re.search(r"_input/questions-[0-9a-f]{16}\.parquet$", converted) and plan_input(converted).rows == 2
     assert table["id"].to_pylist() == ["dev_0", "dev_1"]
     assert table["answers"].to_pylist() == [["Shakespeare", "William Shakespeare"], ["Paris"]]
 

@@ -139,3 +139,95 @@ def test_verify_counts_missing_and_duplicated_ids(tmp_path):
     for qid in ["a", "b", "b"]:
         bad.write(row(qid, "rag", 0))
     assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1, "ok": False}
+
+
+def test_a_questions_file_edited_to_the_same_size_is_another_input(tmp_path):
+    """Before, the identity held the input's path, rows and size only: an edit of one question that kept
+    the file's size resumed, and the edited question kept its old answer."""
+    from jobs.identity import run_identity
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["What is number 2?", "Who?"]}), questions)
+    config = AnswerConfig(questions=str(questions), output=str(tmp_path / "out"), strategies=["direct"])
+    out = ShardedOutput(str(tmp_path / "out"), run_identity(config, plan_input(str(questions))), ["direct"], 10)
+    out.sealed(0, 2)
+    out.write(row("q0", "direct", 0))
+    out.write(row("q1", "direct", 0))
+    out.close()
+    size = questions.stat().st_size
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["What is number 7?", "Who?"]}), questions)
+    assert questions.stat().st_size == size
+    with pytest.raises(ConfigError, match="differs in: input.sha256"):
+        ShardedOutput(str(tmp_path / "out"), run_identity(config, plan_input(str(questions))), ["direct"], 10)
+
+
+def test_the_same_questions_and_index_moved_elsewhere_resume(tmp_path):
+    """The identity names the input and the index by content: a copy of the questions at another path,
+    or the index at another path, resumes (the index's path was refused before)."""
+    from jobs.identity import identity_defaults, run_identity
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+    config = AnswerConfig(questions=str(questions), output=str(tmp_path / "out"), strategies=["direct"],
+                          index={"path": str(tmp_path / "idx")})
+    out = ShardedOutput(str(tmp_path / "out"), run_identity(config, plan_input(str(questions))), ["direct"], 10)
+    out.sealed(0, 1)
+    out.write(row("q0", "direct", 0))
+    out.close()
+    moved = tmp_path / "elsewhere.parquet"
+    moved.write_bytes(questions.read_bytes())
+    config = config.model_copy(update={"questions": str(moved), "index": config.index.model_copy(
+        update={"path": str(tmp_path / "idx2")})})
+    again = ShardedOutput(str(tmp_path / "out"), run_identity(config, plan_input(str(moved))), ["direct"], 10,
+                          defaults=identity_defaults())
+    assert again.committed == {("direct", 0)}
+
+
+def test_an_output_recorded_with_the_input_path_before_digests_existed_still_resumes(tmp_path):
+    old = {**IDENTITY, "input.uri": "/data/q.parquet", "index.path": "/idx"}
+    out = ShardedOutput(str(tmp_path), old, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    again = ShardedOutput(str(tmp_path), {**IDENTITY, "input.sha256": "ab" * 32}, ["rag"], shard_rows=3)
+    assert again.committed == {("rag", 0)}
+
+
+def test_how_the_engine_rides_out_failures_may_change_on_resume():
+    from jobs.identity import _operational
+
+    for key in ("engine.fail_fast_after", "engine.failure_cooldown_s", "engine.replica_max_restarts",
+                "engine.max_attempts", "index.path"):
+        assert _operational(key), key
+    assert not _operational("engine.max_nodes_per_root")
+
+
+def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
+    """--retry-errors rewrote a part: its checksum was written, then the run stopped before the rename.
+    Before, the old part no longer matched the new checksum and was deleted with the new .tmp: the
+    shard's good rows were answered again."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 2)
+    out.write(row("q0", "rag", 0))
+    out.write({**row("q1", "rag", 0), "error": "boom"})
+    retry = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    assert retry.reopen_errors() == 1
+    retry.sealed(0, 2)
+
+    class StopsAtTheRename:
+        def __getattr__(self, name):
+            return getattr(fs, name)
+
+        def move(self, *_):
+            raise KeyboardInterrupt
+    fs, retry.fs = retry.fs, StopsAtTheRename()
+    with pytest.raises(KeyboardInterrupt):
+        retry.write(row("q1", "rag", 0))
+    logged = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=logged.append)
+    assert again.committed == {("rag", 0)} and "interrupted before its rename" in logged[0]
+    table = pq.read_table(tmp_path / "rag")
+    assert table["id"].to_pylist() == ["q0", "q1"] and table["error"].to_pylist() == [None, None]
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -1,6 +1,7 @@
 """Question sources converted to ragsift's Parquet: datasets directories and renamed columns, via the CLI's config."""
 
 import argparse
+import re
 
 import datasets
 import pyarrow as pa
@@ -26,7 +27,7 @@ def config_for(questions, output, *overrides):
 def test_a_saved_dataset_with_renamed_columns_becomes_a_question_file(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     config = config_for(tmp_path / "ds", tmp_path / "out", COLUMNS)
-    assert config.questions == f"{tmp_path}/out/_input/questions.parquet"
+    assert re.fullmatch(rf"{tmp_path}/out/_input/questions-[0-9a-f]{{16}}\.parquet", config.questions)
     table = pq.read_table(config.questions)
     assert table.select(["id", "question", "answers"]).to_pylist() == [
         {"id": "a", "question": "Who?", "answers": ["x"]}, {"id": "b", "question": "What?", "answers": ["y"]}]
@@ -59,3 +60,18 @@ def test_hf_names_go_through_load_dataset(tmp_path):
     config = config_for(f"hf:{tmp_path / 'files'}", tmp_path / "out", COLUMNS)
     assert pq.read_table(config.questions)["question"].to_pylist() == ["Who?", "What?"]
     assert main(["answer", "--questions", "hf:no-such-owner/no-such-dataset", "--output", str(tmp_path / "o")]) == 2
+
+
+def test_other_questions_converted_into_a_claimed_output_leave_its_input_as_it_was(tmp_path):
+    """Before, every conversion rewrote <output>/_input/questions.parquet in place, before the output's
+    lease and identity check: a refused rerun with other questions replaced the file the earlier run's
+    config.yaml names (so its evaluation read the new gold), and a second driver the file a first read."""
+    (tmp_path / "a.jsonl").write_text('{"id": "1", "question": "Who?", "answers": ["x"]}\n')
+    (tmp_path / "b.jsonl").write_text('{"id": "1", "question": "Who?", "answers": ["y"]}\n')
+    first = config_for(tmp_path / "a.jsonl", tmp_path / "out").questions
+    again = config_for(tmp_path / "a.jsonl", tmp_path / "out").questions
+    other = config_for(tmp_path / "b.jsonl", tmp_path / "out").questions
+    assert first == again != other
+    assert pq.read_table(first)["answers"].to_pylist() == [["x"]]
+    assert sorted(p.name for p in (tmp_path / "out" / "_input").iterdir()) == sorted(
+        [first.rsplit("/", 1)[-1], other.rsplit("/", 1)[-1]])

@@ -59,7 +59,9 @@ def test_a_config_file_or_override_that_is_not_yaml_is_a_config_error_naming_it(
     ("engine.generator.max_batch", True), ("engine.window", True), ("index.shards", True), ("limit", True),
     ("label.match", True), ("input.read_batch_rows", True), ("commit.row_group_rows", True),
     ("generator.model", False), ("generator.max_model_len", False), ("sampling.max_tokens", False),
-    ("engine.max_nodes_per_root", False), ("engine.max_attempts", False), ("label.collect", False),
+    ("engine.max_nodes_per_root", False), ("label.collect", False), ("index.path", True),
+    # how failures are ridden out decides which rows are error rows (answered again by --retry-errors), never an answer
+    ("engine.max_attempts", True), ("engine.fail_fast_after", True), ("engine.replica_max_restarts", True),
     ("raisf.know_threshold", False), ("answer_form.by_kind.yes-no", False), ("commit.shard_rows", False),
     ("reranker.model", False), ("reranker.max_length", False),
 ])
