@@ -46,6 +46,8 @@ SETTINGS = {"relevance": RelevanceTraining, "know": KnowTraining}
 
 def _flags(p: argparse.ArgumentParser, section: type) -> None:
     add_config_arguments(p)
+    # --debug after the judge, as every other job takes it last (SUPPRESS: `train --debug know` keeps it)
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
     for name, field in section.model_fields.items():
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)

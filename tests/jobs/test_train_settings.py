@@ -1,11 +1,13 @@
 """``ragsift train``'s settings: typed, layered like every job's (defaults, --config, --set, flags), and
 refused before anything is read or trained when a value is not valid."""
 
+import pytest
 import yaml
 
 from jobs import train
 from jobs.cli import _parser, main
 from jobs.train import settings
+from schemas.config import ConfigError
 
 
 def parse(argv: list[str]):
@@ -43,6 +45,15 @@ def test_an_unknown_architecture_or_a_mistyped_setting_is_refused_naming_it(tmp_
     assert "architecture" in capsys.readouterr().err
     assert main([*base, "--set", "epoch=2"]) == 2
     assert "epoch" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_debug_shows_the_traceback_given_before_or_after_the_judge(tmp_path):
+    """README: --debug on any job; `ragsift train relevance ... --debug` was refused as an unknown argument."""
+    base = ["relevance", "--pairs", "p.parquet", "--output", str(tmp_path / "m"), "--architecture", "t5"]
+    for argv in (["train", *base, "--debug"], ["train", "--debug", *base]):
+        with pytest.raises(ConfigError, match="architecture"):
+            main(argv)
+    assert main(["train", *base]) == 2
 
 
 def test_an_exclude_flag_adds_to_the_config_files_list_and_never_drops_it(tmp_path):
