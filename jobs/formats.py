@@ -7,7 +7,8 @@
                        the last user message -> question (`ragsift export` writes the matching output)
 
 A CSV cannot hold a list: its ``answers`` (or ``golden_answers``) cell is one answer, or several
-separated by ``|``. Ids become strings. Read with pyarrow's streaming readers, a block at a time, so a
+separated by ``|``; every CSV cell is read as text (``007`` stays ``007``, an all-numeric answers
+column is answers). Ids become strings. Read with pyarrow's streaming readers, a block at a time, so a
 corpus larger than memory converts to Parquet in bounded memory.
 """
 
@@ -36,23 +37,47 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
     import pyarrow.json as pa_json
 
     fs, path = filesystem(uri)
+    csv = uri.lower().endswith(".csv")
     try:
+        # a CSV's columns are all text: pyarrow would infer numbers from the first block (ids lost their
+        # leading zeros and collided, an all-numeric answers column was refused, a later block could disagree)
+        convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(_csv_header(fs, path), pa.string()),
+                                        strings_can_be_null=True, check_utf8=False) if csv else None
         stream = fs.open_input_stream(path)
     except FileNotFoundError:
         raise UserError(f"{redact(uri)}: file not found") from None
+    rows = 0
     with stream:
         try:
-            if uri.lower().endswith(".csv"):
-                reader = pa_csv.open_csv(stream, read_options=pa_csv.ReadOptions(block_size=block_bytes))
+            if csv:
+                reader = pa_csv.open_csv(stream, read_options=pa_csv.ReadOptions(block_size=block_bytes),
+                                         convert_options=convert)
             else:
                 reader = pa_json.open_json(stream, read_options=pa_json.ReadOptions(block_size=block_bytes))
             for batch in reader:
-                yield ours(batch)
+                yield ours(batch, csv, uri)
+                rows += batch.num_rows
         except pa.ArrowInvalid as err:
-            raise UserError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} ({err})") from None
+            # pyarrow reads a block at a time: its row numbers count from the block's start, and its columns
+            # are the first block's (a field first seen later is "unexpected")
+            where = f"after its first {rows:,} rows, " if rows else ""
+            hint = (" (a field that first appears after the first block: give it in the first rows, null if need be)"
+                    if "unexpected field" in str(err).lower() else "")
+            raise UserError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} "
+                            f"({where}{err}){hint}") from None
 
 
-def ours(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _csv_header(fs, path: str) -> list[str]:
+    import pyarrow.csv as pa_csv
+
+    with fs.open_input_stream(path) as head:
+        try:
+            return pa_csv.open_csv(head, read_options=pa_csv.ReadOptions(block_size=1 << 20)).schema.names
+        except pa.ArrowInvalid:
+            return []  # an empty file: the read proper says so
+
+
+def ours(batch: pa.RecordBatch, csv: bool = False, uri: str = "") -> pa.RecordBatch:
     """FlashRAG's names to ragsift's, ids as strings, a CSV's answers cell as a list."""
     columns = dict(zip(batch.schema.names, batch.columns))
     if {"custom_id", "body"} <= set(columns) and "question" not in columns:  # an OpenAI batch input file
@@ -61,20 +86,34 @@ def ours(batch: pa.RecordBatch) -> pa.RecordBatch:
     if "golden_answers" in columns and "answers" not in columns:
         columns["answers"] = columns.pop("golden_answers")
     if "contents" in columns and "text" not in columns:
+        if not (pa.types.is_string(columns["contents"].type) or pa.types.is_null(columns["contents"].type)):
+            raise UserError(f"{redact(uri)}: `contents` holds {columns['contents'].type}, not text")
         title, text = split_contents(columns.pop("contents"))
         columns.setdefault("title", title)
         columns["text"] = text
     if "id" in columns and not pa.types.is_string(columns["id"].type):
-        columns["id"] = pc.cast(columns["id"], pa.string())
-    if "answers" in columns and pa.types.is_string(columns["answers"].type):
-        columns["answers"] = pc.split_pattern(columns["answers"], "|")
+        columns["id"] = _ids_as_text(columns["id"], uri)
+    if "answers" in columns and pa.types.is_string(columns["answers"].type):  # one answer, not a list
+        columns["answers"] = (pc.split_pattern(columns["answers"], "|") if csv else pa.array(
+            [None if a is None else [a] for a in columns["answers"].to_pylist()], pa.list_(pa.string())))
     return pa.RecordBatch.from_pydict(columns)
 
 
-def last_user_message(body: dict | None) -> str | None:
+def _ids_as_text(ids: pa.Array, uri: str) -> pa.Array:
+    if pa.types.is_nested(ids.type):
+        raise UserError(f"{redact(uri)}: ids must be text or numbers, not {ids.type}")
+    if pa.types.is_floating(ids.type) and (pc.max(pc.abs(ids)).as_py() or 0) >= 2 ** 53:
+        # JSON integers past int64 arrive as doubles: as text they would lose digits and collide
+        raise UserError(f"{redact(uri)}: ids of 2**53 or more lose digits as JSON numbers: write them as strings")
+    return pc.cast(ids, pa.string())
+
+
+def last_user_message(body) -> str | None:
     """The question of an OpenAI chat request: its last user message (the strategies bring their own
-    system prompts; a request without one becomes a null question, an error row)."""
-    users = [m.get("content") for m in (body or {}).get("messages") or [] if m.get("role") == "user"]
+    system prompts; a request without one, or not shaped as one, becomes a null question, an error row)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"] \
+        if isinstance(messages, list) else []
     return users[-1] if users and isinstance(users[-1], str) else None
 
 
@@ -89,7 +128,17 @@ def split_contents(contents: pa.Array) -> tuple[pa.Array, pa.Array]:
 
 
 def read(uri: str) -> pa.Table:
-    return pa.Table.from_batches(list(batches(uri)))
+    read = list(batches(uri))
+    if not read:
+        raise UserError(f"{redact(uri)}: no rows")
+    return pa.Table.from_batches(read)
+
+
+def _as_text(column: pa.Array, name: str, uri: str) -> pa.Array:
+    """A corpus column as strings; invalid UTF-8 is kept as it is, for the index to skip and count."""
+    if pa.types.is_nested(column.type):
+        raise UserError(f"{redact(uri)}: column {name!r} holds {column.type}, not text")
+    return pc.cast(column, options=pc.CastOptions(pa.string(), allow_invalid_utf8=True))
 
 
 def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -> int:
@@ -103,7 +152,7 @@ def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -
             if missing:
                 raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
             batch = pa.RecordBatch.from_pydict(
-                {c: pc.cast(batch[c], pa.string()) for c in columns if c in batch.schema.names})
+                {c: _as_text(batch[c], c, uri) for c in columns if c in batch.schema.names})
             writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
             writer.write_batch(batch)
             rows += batch.num_rows

@@ -171,7 +171,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     row, shard = 0, 0
     turn = itertools.count()  # encoders take batches in turn (the queue's length is 2 x replicas once full)
     for batch in corpus.iter_batches(batch_size=config.index.encode_batch_rows, columns=columns):
-        data = batch.to_pydict()
+        data = {name: text_values(batch.column(name)) for name in batch.schema.names}
         titles = data.get("title") or [None] * batch.num_rows
         rows = []
         for pid, text, title in zip(data["id"], data["text"], titles):
@@ -182,7 +182,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
                 continue
             if shard not in builders:
                 builders[shard] = _ShardBuilder(out / _dir(shard), bounds[shard + 1] - bounds[shard], dims)
-            problem = ("null_id" if pid is None else "null_text" if not text or not text.strip()
+            problem = ("invalid_utf8" if bytes in (type(pid), type(text), type(title))
+                       else "null_id" if pid is None else "null_text" if not text or not text.strip()
                        else "duplicate_id" if not first[i] else None)
             if problem:
                 builders[shard].skipped[problem] += 1
@@ -196,7 +197,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     drain(0)
 
     shards = [done[s] for s in range(n_shards)]
-    skipped = Counter({"null_text": 0, "null_id": 0, "duplicate_id": 0})
+    skipped = Counter({"null_text": 0, "null_id": 0, "duplicate_id": 0, "invalid_utf8": 0})
     for s in shards:
         skipped.update(s["skipped"])
     manifest = {
@@ -274,13 +275,35 @@ def encoder_threads(embedder, cores: int) -> int:
     return embedder.threads or max(1, cores // embedder.replicas)
 
 
+def text_values(column: pa.Array) -> list:
+    """A column's values; a string that is not valid UTF-8 (a corpus may hold one: pyarrow's readers do
+    not all check) comes back as its bytes, for the build to skip and count, where decoding it raised
+    halfway through the build, and again at the same row on every resume."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values = column.cast(pa.binary()).to_pylist()
+    return [v if v is None else _decoded(v) for v in values]
+
+
+def _decoded(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
     """Mask of rows whose id is not null and not seen in an earlier row (one pass over the ids)."""
     hashes, valid = [], []
     for batch in corpus.iter_batches(batch_size=262_144, columns=["id"]):
         ids = batch.column(0)
         valid.append(ids.is_valid().to_numpy(zero_copy_only=False))
-        hashes.append(hash_ids(ids.fill_null("").to_numpy(zero_copy_only=False)))
+        try:
+            values = ids.fill_null("").to_numpy(zero_copy_only=False)
+        except (pa.ArrowException, UnicodeDecodeError):  # an id that is not valid UTF-8: hashed by its bytes
+            values = ["" if v is None else v for v in text_values(ids)]
+        hashes.append(hash_ids(values))
     hashes, valid = np.concatenate(hashes), np.concatenate(valid)
     order = np.flatnonzero(valid)
     _, first = np.unique(hashes[order], return_index=True)

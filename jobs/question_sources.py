@@ -41,7 +41,12 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
     missing = [c for c in renames if c not in table.column_names]
     if missing:
         raise UserError(f"columns {missing} are not in the questions (they have {table.column_names})")
-    table = table.rename_columns([renames.get(c, c) for c in table.column_names])
+    names = [renames.get(c, c) for c in table.column_names]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"renaming gives two columns named {twice} (the questions have {table.column_names}; "
+                        "rename or drop the one input.columns does not name)")
+    table = table.rename_columns(names)
     if "id" not in table.column_names:
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
     return table
@@ -67,7 +72,10 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
     elif is_datasets_dir(uri):
         import datasets
 
-        loaded = datasets.load_from_disk(uri)
+        try:
+            loaded = datasets.load_from_disk(uri)
+        except (ValueError, KeyError, TypeError) as err:  # a damaged state.json / dataset_info.json
+            raise UserError(f"{uri}: not readable as a `datasets` folder ({type(err).__name__}: {err})") from None
         if isinstance(loaded, datasets.DatasetDict):
             if split is None and len(loaded) == 1:
                 split = next(iter(loaded))

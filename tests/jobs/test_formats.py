@@ -93,3 +93,100 @@ def test_a_corpus_without_text_names_the_missing_column(tmp_path):
     with pytest.raises(UserError, match=r"no column \['text'\]"):
         corpus_parquet(str(tmp_path / "c.jsonl"), tmp_path / "idx", print)
     assert read(write_jsonl(tmp_path / "q.jsonl", [{"id": 7, "question": "q"}]))["id"].to_pylist() == ["7"]
+
+
+def test_every_csv_cell_is_text_so_ids_keep_their_zeros_and_numeric_answers_are_answers(tmp_path):
+    """Before, pyarrow inferred numbers: 007 and 7 both became "7" (one dropped as a duplicate), and an
+    answers column of years was refused as int64."""
+    (tmp_path / "q.csv").write_text("id,question,answers\n007,when?,1990\n7,how many?,42|forty-two\n08,who?,\n")
+    rows = pq.read_table(materialize_questions(str(tmp_path / "q.csv"), str(tmp_path / "out"), {}, None)).to_pylist()
+    assert [(r["id"], r["answers"]) for r in rows] == [("007", ["1990"]), ("7", ["42", "forty-two"]), ("08", None)]
+
+
+def test_a_csv_with_a_header_and_no_rows_is_a_clear_error(tmp_path):
+    (tmp_path / "q.csv").write_text("id,question\n")
+    with pytest.raises(UserError, match="no rows"):
+        read(str(tmp_path / "q.csv"))
+
+
+def test_a_json_answers_string_is_one_answer_the_bar_splits_only_csv_cells(tmp_path):
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": "a", "question": "q", "answers": "AT|T"}])
+    assert read(source)["answers"].to_pylist() == [["AT|T"]]
+
+
+@pytest.mark.parametrize("body", ["hi", {"messages": "hi"}, {"messages": [None, 3]}])
+def test_an_openai_batch_request_of_another_shape_is_an_error_row_not_a_crash(tmp_path, body):
+    """Before, a body that was not {"messages": [{...}]} raised AttributeError ('str' has no 'get')."""
+    source = write_jsonl(tmp_path / "batch.jsonl", [{"custom_id": "r1", "body": body}])
+    assert read(source).to_pylist() == [{"id": "r1", "question": None}]
+
+
+@pytest.mark.parametrize("ident, message", [
+    ({"a": 1}, "ids must be text or numbers"), ([1], "ids must be text or numbers"),
+    (12345678901234567890, "2\\*\\*53"),
+])
+def test_an_id_that_cannot_be_text_is_a_clear_error(tmp_path, ident, message):
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": ident, "question": "q"}])
+    with pytest.raises(UserError, match=message):
+        read(source)
+
+
+def test_renaming_onto_a_column_the_questions_have_is_a_clear_error(tmp_path):
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": "a", "query": "q1", "question": "old"}])
+    with pytest.raises(UserError, match=r"two columns named \['question'\]"):
+        materialize_questions(source, str(tmp_path / "out"), {"question": "query"}, None)
+
+
+def test_a_damaged_datasets_folder_is_a_clear_error(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([{"id": "a", "question": "q"}]).save_to_disk(str(tmp_path / "ds"))
+    (tmp_path / "ds" / "state.json").write_text("{not json")
+    with pytest.raises(UserError, match="not readable as a `datasets` folder"):
+        materialize_questions(str(tmp_path / "ds"), str(tmp_path / "out"), {}, None)
+
+
+def test_a_field_first_seen_after_the_first_block_says_so(tmp_path):
+    from jobs.formats import batches
+
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": str(i), "question": "q" * 50} for i in range(200)]
+                         + [{"id": "late", "question": "q", "answers": ["x"]}])
+    with pytest.raises(UserError, match="first appears after the first block"):
+        list(batches(source, block_bytes=4096))
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"id": "1", "text": ["a", "b"]}, "column 'text' holds list"),
+    ({"id": "1", "text": "a", "title": {"x": 1}}, "column 'title' holds struct"),
+    ({"id": "1", "contents": 5}, "`contents` holds int64, not text"),
+])
+def test_a_corpus_field_that_is_not_text_is_a_clear_error(tmp_path, row, message):
+    from jobs.index import corpus_parquet
+
+    source = write_jsonl(tmp_path / "c.jsonl", [row])
+    with pytest.raises(UserError, match=message):
+        corpus_parquet(source, tmp_path / "idx", print)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("c.csv", b"id,text\n1,hello there\n2,wor\xffld\n3,general kenobi\n"),
+    ("c.jsonl", b'{"id": "1", "text": "hello there"}\n{"id": "2", "text": "wor\xffld"}\n'
+                b'{"id": "3", "text": "general kenobi"}\n'),
+])
+def test_corpus_text_that_is_not_utf8_is_skipped_and_counted_and_the_rest_is_indexed(ray_session, tmp_path, name,
+                                                                                    content):
+    """Before, the CSV's conversion failed whole, and the JSONL's build raised UnicodeDecodeError
+    halfway, at the same row on every resume."""
+    import ray
+
+    from jobs.index import IndexJobConfig, build_index
+    from schemas.config import load_config
+    from tests.jobs.test_index import HashEncoder
+
+    (tmp_path / name).write_bytes(content)
+    config = load_config(IndexJobConfig, None, [f"index.path={tmp_path / 'idx'}", "index.shards=1"],
+                         corpus=str(tmp_path / name))
+    manifest = build_index(config, log=lambda *a, **k: None,
+                           encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert manifest["count"] == 2 and manifest["skipped"]["invalid_utf8"] == 1
+    assert pq.read_table(tmp_path / "idx" / "shard-000" / "passages.parquet")["id"].to_pylist() == ["1", "3"]

@@ -269,7 +269,7 @@ def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
                              "text": ["alpha text", "beta text", "dup", "no id", None]}), corpus)
     manifest = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
     assert manifest["count"] == 2
-    assert manifest["skipped"] == {"null_text": 1, "null_id": 1, "duplicate_id": 1}
+    assert manifest["skipped"] == {"null_text": 1, "null_id": 1, "duplicate_id": 1, "invalid_utf8": 0}
     ids = [r for s in manifest["shards"] for r in
            pq.read_table(tmp_path / "idx" / s["dir"] / "passages.parquet")["id"].to_pylist()]
     assert ids == ["a", "b"]
