@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from jobs import metrics as M
@@ -71,9 +72,14 @@ def one_run(answers: str, files: list[str], job: str) -> list[str]:
 def checked(files: list[str]) -> list[str]:
     """Answer files that hold every column evaluate reads (an answer file written by hand may not)."""
     for path in files:
-        missing = [c for c in SCORED_COLUMNS if c not in open_parquet(path).schema_arrow.names]
+        pf = open_parquet(path)
+        missing = [c for c in SCORED_COLUMNS if c not in pf.schema_arrow.names]
         if missing:
             raise SchemaError(f"{path} has answers but not the columns {missing} that evaluate reads: "
+                              "evaluate answers written by `ragsift answer` / `compare`")
+        empty = [c for c in SCORED_COLUMNS[3:] if pf.read(columns=[c])[c].null_count]  # the counts it sums
+        if empty:
+            raise SchemaError(f"{path} has null values in {empty}, which evaluate sums: "
                               "evaluate answers written by `ragsift answer` / `compare`")
     return files
 
@@ -103,25 +109,45 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
     return table
 
 
-def grouped_rows(answers: str, questions: str) -> list[tuple[tuple[str, str], list[dict]]]:
+def grouped_rows(answers: str, questions: str, job: str = "evaluate") -> list[tuple[tuple[str, str], list[dict]]]:
     """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
     grouped by (strategy, dataset) plus (strategy, ALL)."""
     cols = question_columns(questions)
     if "answers" not in cols:
         raise UserError(f"{questions}: no `answers` column to evaluate against")
-    gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]])
-    gold_by_id = {r["id"]: r for r in gold.to_pylist()}
+    gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]]).to_pylist()
+    if any(r.get("dataset") == "ALL" for r in gold):
+        raise UserError(f"{questions}: a dataset named ALL (the name of the row over all questions): rename it")
+    gold_by_id: dict = {}
+    for r in gold:  # a repeated id is answered at its first row (jobs/questions.py), so it is scored there
+        gold_by_id.setdefault(r["id"], r)
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for path in one_run(answers, checked(answer_files(answers)), "evaluate"):
+    unmatched: Counter = Counter()
+    for path in one_run(answers, checked(answer_files(answers)), job):
         for row in read_table(path).to_pylist():
-            g = gold_by_id.get(row["id"])
+            g = gold_of(row["id"], gold_by_id, gold)
             if g is None:
+                unmatched[row["strategy"]] += 1
                 continue
             row["_gold"], row["_answers"] = g, M.gold_answers(g.get("answers"))
-            groups[(row["strategy"], g.get("dataset") or "all")].append(row)
+            if g.get("dataset"):  # a question without one counts in ALL only
+                groups[(row["strategy"], g["dataset"])].append(row)
             groups[(row["strategy"], "ALL")].append(row)
+    if unmatched:
+        raise UserError(f"{redact(answers)} holds answers to questions that are not in {redact(questions)} "
+                        f"({dict(unmatched)} per strategy): evaluate against the questions the run answered")
     return sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))
+
+
+def gold_of(qid: str, gold_by_id: dict, gold: list[dict]) -> dict | None:
+    """The question an answer row answers: by id, or for a row without one by its stand-in ``<row N>``
+    (jobs/questions.py), the N-th question."""
+    if qid in gold_by_id and qid is not None:
+        return gold_by_id[qid]
+    match = re.fullmatch(r"<+row (\d+)>", str(qid))
+    row = int(match.group(1)) if match else -1
+    return gold[row] if 0 <= row < len(gold) and gold[row]["id"] is None else None
 
 
 def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
@@ -141,8 +167,9 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         if M.is_yes_no(golds):
             yn_n += 1
             yn_ok += M.accuracy(pred, golds)
-        gold_ids = row["_gold"].get("gold_passage_ids") or []
-        if gold_ids and row["retrieved_ids"]:
+        gold_ids = [g for g in row["_gold"].get("gold_passage_ids") or [] if g]  # null / empty ids are no gold
+        # an error row's passages are where it stopped, not a retrieval to score (README: not misses)
+        if gold_ids and row["retrieved_ids"] and row["error"] is None:
             a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
             rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
         # citation precision / recall against gold passages, only where the model cited (a reader's
@@ -170,25 +197,30 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
     }
 
 
+def _markdown(head: list[str], rows: list[list]) -> str:
+    cell = lambda v: "" if v is None else str(v).replace("|", "\\|")  # noqa: E731 - a dataset may be named "a|b"
+    lines = ["| " + " | ".join(map(cell, head)) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, cells)) + " |" for cells in rows]) + "\n"
+
+
 def markdown(table: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in table:
-        lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+    return _markdown(list(COLUMNS), [[row[c] for c in COLUMNS] for row in table])
 
 
-def resolution_markdown(table: list[dict]) -> str:
+def resolution_cells(table: list[dict]) -> tuple[list[str], list[list]]:
+    """The resolution table as a header and rows of cells (markdown here, HTML in the report)."""
     modules = sorted({m for row in table for m in row["modules"]})
     head = ["strategy", "dataset", "n", *(f"{m} WR% / Corr" for m in modules),
             "retrievals/q", "sub-questions/q", "max depth", "parse failures"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in table:
-        cells = [row["strategy"], row["dataset"], row["n"],
-                 *(f"{row['modules'][m]['WR']} / {row['modules'][m]['Corr']}" if m in row["modules"] else ""
-                   for m in modules),
-                 row["retrievals/q"], row["sub-questions/q"], row["max depth"], row["parse failures"]]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[row["strategy"], row["dataset"], row["n"],
+             *(f"{row['modules'][m]['WR']} / {row['modules'][m]['Corr']}" if m in row["modules"] else ""
+               for m in modules),
+             row["retrievals/q"], row["sub-questions/q"], row["max depth"], row["parse failures"]] for row in table]
+    return head, rows
+
+
+def resolution_markdown(table: list[dict]) -> str:
+    return _markdown(*resolution_cells(table))
 
 
 def print_table(table: list[dict]) -> None:

@@ -20,6 +20,7 @@ import json
 import sys
 import uuid
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.evaluate import answer_files, one_run
@@ -48,21 +49,21 @@ def generator_model(path: str) -> str:
     return str(identity.get("generator.model") or "ragsift")
 
 
-def strategy_of(part: str) -> str:
-    """The strategy a part answered, from its rows (a part holds one strategy's): its path says it only
-    under an output directory, and a part may be named on its own (``--answers part-00000.parquet``)."""
-    column = open_parquet(part).read(columns=["strategy"])["strategy"]
-    return column[0].as_py() if len(column) else ""
+def strategies_of(part: str) -> set[str]:
+    """The strategies a file answered, from its rows: a part's path says it only under an output
+    directory, a file may be named on its own (``--answers part-00000.parquet``), and a file that is
+    not a part may hold several."""
+    return set(pc.unique(open_parquet(part).read(columns=["strategy"])["strategy"]).to_pylist())
 
 
 def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
     # an empty part (a shard with no question) names no strategy
     files = [f for f in one_run(answers, answer_files(answers), "export") if open_parquet(f).metadata.num_rows]
     if strategy:
-        files = [f for f in files if strategy_of(f) == strategy]
+        files = [f for f in files if strategy in strategies_of(f)]
         if not files:
             raise UserError(f"no answers of strategy {strategy!r} in {redact(answers)}")
-    elif form == "openai-batch" and len(set(map(strategy_of, files))) > 1:
+    elif form == "openai-batch" and len(set().union(*map(strategies_of, files))) > 1:
         raise UserError(f"{redact(answers)} holds several strategies: pick one with --strategy "
                         "(an OpenAI batch file has one response per custom_id)")
     fs, path = filesystem(to)
@@ -73,6 +74,10 @@ def export(answers: str, to: str, form: str, strategy: str | None = None) -> int
             source_fs, source = filesystem(f)
             with source_fs.open_input_file(source) as handle:
                 for row in pq.read_table(handle).to_pylist():
+                    if strategy and row["strategy"] != strategy:
+                        continue
+                    if row.get("step_tokens") is not None:  # an Arrow map reads as (key, value) pairs
+                        row["step_tokens"] = dict(row["step_tokens"])
                     record = batch_line(row, model) if form == "openai-batch" else row
                     out.write((json.dumps(record, default=str) + "\n").encode())
                     lines += 1

@@ -23,7 +23,7 @@ from jobs.evaluate import (
     cost_quality,
     grouped_rows,
     resolution,
-    resolution_markdown,
+    resolution_cells,
     score,
 )
 from schemas.errors import UserError
@@ -31,7 +31,7 @@ from schemas.errors import UserError
 
 def load_run(run: str, questions: str, label: str | None) -> dict:
     """Scores, resolution, raw rows (for distributions) and metrics of one run directory."""
-    groups = grouped_rows(run, questions)
+    groups = grouped_rows(run, questions, "report")
     if label:
         groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
     metrics_path = Path(run) / "metrics.json"
@@ -178,9 +178,8 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _markdown_table(text: str) -> str:
-    lines = [line.strip().strip("|").split("|") for line in text.strip().splitlines() if not line.startswith("|---")]
-    return _table([dict(zip(lines[0], (c.strip() for c in cells))) for cells in lines[1:]], [c for c in lines[0]])
+def _cells_table(head: list[str], rows: list[list]) -> str:
+    return _table([dict(zip(head, cells)) for cells in rows], head)
 
 
 def render(runs: list[dict]) -> str:
@@ -199,7 +198,7 @@ def render(runs: list[dict]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ragsift report: {names}</title>"
             f"<style>{style}</style></head><body><h1>ragsift report</h1><p>Runs: {names}</p>{sections}"
             f"<section><h2>Scores (percent)</h2>{_table(scores, COLUMNS)}</section>"
-            f"<section><h2>Resolution by module (WR% / correct)</h2>{_markdown_table(resolution_markdown(resolved))}"
+            f"<section><h2>Resolution by module (WR% / correct)</h2>{_cells_table(*resolution_cells(resolved))}"
             "</section></body></html>")
 
 

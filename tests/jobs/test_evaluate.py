@@ -92,3 +92,67 @@ def test_export_refuses_several_runs_under_one_folder_and_skips_an_empty_part(tm
     write(tmp_path, [answer_row("a", "Rome")], questions, "beta=1/rag/part-00000.parquet")
     with pytest.raises(UserError, match="export each run's folder"):
         export(str(tmp_path), str(tmp_path / "out.jsonl"), "rows")
+
+
+def test_an_answer_to_a_question_not_in_the_file_is_an_error_not_dropped(tmp_path):
+    """Before, such rows were skipped: a wrong questions file scored nothing, then the CLI crashed."""
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("zz", "Rome")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}])
+    with pytest.raises(UserError, match=r"not in .*questions.parquet \(\{'rag': 1\} per strategy\)"):
+        evaluate(answers, qs)
+
+
+def test_the_error_row_of_a_question_without_an_id_is_scored_at_its_row(tmp_path):
+    """The answer job gives a row without an id the stand-in id <row N> (its error row); evaluate dropped it."""
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("<row 1>", "", error="null id")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}, {"id": None, "question": "?", "answers": ["x"]}])
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["n"], row["errors"], row["EM"]) == (2, 1, 50.0)
+
+
+def test_a_repeated_question_id_is_scored_against_its_first_row_where_it_was_answered(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "dataset": "nq"},
+                         {"id": "a", "question": "?", "answers": ["Rome"], "dataset": "tqa"}])
+    table = evaluate(answers, qs)[0]
+    assert [(r["dataset"], r["EM"]) for r in table] == [("nq", 100.0), ("ALL", 100.0)]
+
+
+def test_a_dataset_named_all_is_refused_and_questions_without_a_dataset_count_in_all_only(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "x")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "dataset": "ALL"},
+                         {"id": "b", "question": "?", "answers": ["y"], "dataset": "nq"}])
+    with pytest.raises(UserError, match="a dataset named ALL"):
+        evaluate(answers, qs)
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "x")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "dataset": None},
+                         {"id": "b", "question": "?", "answers": ["y"], "dataset": "nq"}])
+    assert [(r["dataset"], r["n"]) for r in evaluate(answers, qs)[0]] == [("nq", 1), ("ALL", 2)]
+
+
+def test_recall_leaves_out_error_rows_and_null_gold_passage_ids(tmp_path):
+    """README: error rows are not retrieval misses; a null gold passage id is no gold (it was a miss)."""
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", retrieved_ids=["p1"], citations=["p1"]),
+                                   answer_row("b", "", retrieved_ids=["p7"], error="boom")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "gold_passage_ids": ["p1", None]},
+                         {"id": "b", "question": "?", "answers": ["x"], "gold_passage_ids": ["p1"]}])
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["recall@k any"], row["recall@k all"], row["cite P / R (n)"]) == (100.0, 100.0, "100.0 / 100.0 (1)")
+
+
+def test_null_counts_in_a_hand_written_file_are_a_schema_error_naming_them(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", n_llm_calls=None)],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}])
+    with pytest.raises(SchemaError, match=r"null values in \['n_llm_calls'\]"):
+        evaluate(answers, qs)
+
+
+def test_a_pipe_in_a_dataset_name_stays_in_its_cell(tmp_path):
+    from jobs.evaluate import markdown, resolution_markdown
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "dataset": "nq|open"}])
+    scores, resolved = evaluate(answers, qs)
+    for text in (markdown(scores), resolution_markdown(resolved)):
+        lines = text.splitlines()
+        assert all(line.replace("\\|", "").count("|") == lines[0].count("|") for line in lines)

@@ -63,3 +63,22 @@ def test_one_part_named_by_its_bare_file_name_exports(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an IndexError before: the strategy was read from the path's folder
     assert export("part-00000.parquet", "out.jsonl", "openai-batch", strategy="rag") == 1
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
+
+
+def test_a_file_holding_two_strategies_exports_only_the_one_asked_for(tmp_path):
+    """Before, a file's strategy was read off its first row: --strategy rag exported direct's answers too,
+    --strategy direct found none, and no --strategy wrote two responses for one custom_id."""
+    import pyarrow as pa
+
+    from schemas.tables import ANSWERS
+    from tests.jobs.test_evaluate import answer_row
+
+    rows = [answer_row("a", "x", "rag", step_tokens=[("read", 5)]), answer_row("a", "y", "direct")]
+    pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), tmp_path / "both.parquet")
+    for strategy, answer_text in (("rag", "x"), ("direct", "y")):
+        assert export(str(tmp_path / "both.parquet"), str(tmp_path / f"{strategy}.jsonl"), "rows", strategy) == 1
+        (line,) = (tmp_path / f"{strategy}.jsonl").read_text().splitlines()
+        assert json.loads(line)["answer"] == answer_text
+    assert json.loads((tmp_path / "rag.jsonl").read_text())["step_tokens"] == {"read": 5}  # a map, not pairs
+    with pytest.raises(UserError, match="several strategies"):
+        export(str(tmp_path / "both.parquet"), str(tmp_path / "b.jsonl"), "openai-batch")
