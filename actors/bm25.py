@@ -24,12 +24,19 @@ def tokenize(texts: list[str], return_ids: bool = True):
                           return_ids=return_ids, show_progress=False)
 
 
-def build_bm25(texts: list[str], out_dir: Path, k1: float, b: float) -> None:
+def build_bm25(texts: list[str], out_dir: Path, k1: float, b: float) -> bool:
+    """Build and save the shard's BM25 index; False (nothing saved) when its passages hold no word
+    (stopwords, punctuation, one-letter words): bm25s cannot index an empty vocabulary, and such a
+    shard finds nothing, like an empty one."""
     import bm25s
 
+    tokens = tokenize(texts)
+    if not tokens.vocab:
+        return False
     retriever = bm25s.BM25(k1=k1, b=b)
-    retriever.index(tokenize(texts), show_progress=False)
+    retriever.index(tokens, show_progress=False)
     retriever.save(str(out_dir), show_progress=False)
+    return True
 
 
 class BM25Shard:
@@ -39,7 +46,8 @@ class BM25Shard:
         import bm25s
 
         self.store = store or PassageStore(shard_dir)
-        self.index = bm25s.BM25.load(str(Path(shard_dir) / "bm25"), mmap=True, show_progress=False) if len(self.store) else None
+        saved = Path(shard_dir) / "bm25"  # none for a shard without passages or without a word in them
+        self.index = bm25s.BM25.load(str(saved), mmap=True, show_progress=False) if saved.exists() and len(self.store) else None
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         out = []

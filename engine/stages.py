@@ -481,8 +481,9 @@ class RetrieverStage(Stage):
         sparse_hits = dict(zip(sparse, merge_topk(results[n_dense:], depth))) if sparse else {}
         out, rc = [], self.retrieval
         for i, (r, m) in enumerate(zip(batch, methods)):
-            if m == "hybrid":
-                hits = fuse_rrf([dense_hits[i][: rc.fusion_candidates], sparse_hits[i][: rc.fusion_candidates]],
+            if m == "hybrid":  # at least k from each ranking (as _plan fetched), or the fusion returns fewer than k
+                take = max(r.k, rc.fusion_candidates)
+                hits = fuse_rrf([dense_hits[i][:take], sparse_hits[i][:take]],
                                 [rc.dense_weight, rc.bm25_weight], r.k, rc.rrf_k)
             else:
                 hits = (dense_hits if m == "dense" else sparse_hits)[i][: r.k]

@@ -87,14 +87,16 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
         return "Flat"
     if index.index_type == "hnsw":
         return f"HNSW{index.hnsw_m},Flat"
-    nlist = min(index.nlist or max(1, int(4 * math.sqrt(count))), count)
+    trained_on = min(count, index.train_sample)  # FAISS trains on a sample: it needs a point per list / code
+    nlist = min(index.nlist or max(1, int(4 * math.sqrt(count))), trained_on)
     if index.index_type == "ivf_flat":
         return f"IVF{nlist},Flat"
     if dims % index.pq_m:
         raise UserError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
-    if count < 2 ** index.pq_bits:
+    if trained_on < 2 ** index.pq_bits:
         raise UserError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
-                        f"per shard to train its codebooks (a shard has {count}); use fewer shards or flat")
+                        f"per shard to train its codebooks (a shard has {count}, index.train_sample is "
+                        f"{index.train_sample}); use fewer shards, a larger train_sample or flat")
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
@@ -182,9 +184,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
                 continue
             if shard not in builders:
                 builders[shard] = _ShardBuilder(out / _dir(shard), bounds[shard + 1] - bounds[shard], dims)
-            problem = ("invalid_utf8" if bytes in (type(pid), type(text), type(title))
-                       else "null_id" if pid is None else "null_text" if not text or not text.strip()
-                       else "duplicate_id" if not first[i] else None)
+            problem = usable(pid, text, title) or ("duplicate_id" if not first[i] else None)
             if problem:
                 builders[shard].skipped[problem] += 1
                 continue
@@ -293,12 +293,22 @@ def _decoded(raw: bytes) -> str | bytes:
         return raw
 
 
+def usable(pid, text, title) -> str | None:
+    """Why a corpus row is skipped, if it is (a duplicate id aside), counted in the manifest."""
+    return ("invalid_utf8" if bytes in (type(pid), type(text), type(title))
+            else "null_id" if pid is None else "null_text" if not text or not text.strip() else None)
+
+
 def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
-    """Mask of rows whose id is not null and not seen in an earlier row (one pass over the ids)."""
+    """Mask of the rows that keep their id: the first usable row of each id (one pass over the ids and
+    texts), so a skipped row (no text) does not take its id from a later row that has one."""
     hashes, valid = [], []
-    for batch in corpus.iter_batches(batch_size=262_144, columns=["id"]):
+    columns = ["id", "text"] + (["title"] if "title" in corpus.schema_arrow.names else [])
+    for batch in corpus.iter_batches(batch_size=65_536, columns=columns):
         ids = batch.column(0)
-        valid.append(ids.is_valid().to_numpy(zero_copy_only=False))
+        texts = text_values(batch.column(1))
+        titles = text_values(batch.column(2)) if len(columns) == 3 else [None] * batch.num_rows
+        valid.append(np.array([usable(p, x, t) is None for p, x, t in zip(text_values(ids), texts, titles)], dtype=bool))
         try:
             values = ids.fill_null("").to_numpy(zero_copy_only=False)
         except (pa.ArrowException, UnicodeDecodeError):  # an id that is not valid UTF-8: hashed by its bytes
@@ -353,19 +363,20 @@ class _ShardBuilder:
         faiss.write_index(index, str(self.path / "index.faiss"))
         del vectors, index, self.vectors  # closes the memory map before its file goes
         (self.path / "vectors.npy").unlink()
+        bm25 = False
         if index_config.bm25 and self.count:  # bm25s cannot index nothing; an empty shard finds nothing
             from actors.bm25 import build_bm25
 
             table = pq.read_table(self.path / "passages.parquet", columns=["title", "text"])
             texts = [embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
             del table
-            build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
+            bm25 = build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
         info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "factory": factory,
                 "index_sha256": file_sha256(*filesystem(str(self.path / "index.faiss"))),
                 "passages_sha256": file_sha256(*filesystem(str(self.path / "passages.parquet"))), "build_key": build_key}
         (self.path / "done.json.tmp").write_text(json.dumps(info, indent=2))
         (self.path / "done.json.tmp").rename(self.path / "done.json")
-        log(f"built {self.path.name}: {self.count:,} passages ({factory}{', BM25' if index_config.bm25 else ''})")
+        log(f"built {self.path.name}: {self.count:,} passages ({factory}{', BM25' if bm25 else ''})")
         return info
 
 

@@ -191,7 +191,8 @@ class RetrievalConfig(Section):
     rrf_k: int = Field(60, ge=1, description="reciprocal rank fusion constant: score = sum w / (rrf_k + rank)")
     dense_weight: float = Field(1.0, ge=0, description="hybrid: weight of the dense ranking")
     bm25_weight: float = Field(1.0, ge=0, description="hybrid: weight of the BM25 ranking")
-    fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion")
+    fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion "
+                                   "(k when k is larger)")
     num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0)
     shard_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED,
                                               description="Ray custom resources each shard actor asks for (placement, "

@@ -37,3 +37,14 @@ def test_stage_routes_each_method_and_fuses_hybrid():
 def test_merge_keeps_global_order_across_shards():
     merged = merge_topk([[hits(("a", 0.1), ("b", 0.05))], [hits(("c", 0.3))]], 2)
     assert [p.id for p in merged[0]] == ["c", "a"]
+
+
+def test_hybrid_returns_k_hits_when_k_is_above_fusion_candidates():
+    """_plan fetched max(k, fusion_candidates) from each ranking but the fusion cut them to
+    fusion_candidates: k=80 came back as 50 hits."""
+    stage = RetrieverStage([object()], ["shard-0"], StageBatching(), bm25=True,
+                           retrieval=RetrievalConfig(fusion_candidates=2))
+    dense = [[hits(*((f"d{i}", 1 - i / 10) for i in range(4)))]]
+    bm25 = [[hits(*((f"d{i}", 9 - i) for i in range(4)))]]  # the same passages: fused, 2 + 2 were 2
+    (out,) = stage.combine([Retrieve("q", 4, "hybrid")], dense + bm25)
+    assert len(out.passages) == 4

@@ -12,9 +12,9 @@ import pytest
 from actors.bm25 import BM25Shard
 from actors.encoder import Encoder
 from actors.retriever import ShardRetriever, fuse_rrf, merge_topk
-from jobs.index import IndexJobConfig, build_index
+from jobs.index import IndexJobConfig, build_index, factory_string
 from jobs.models import resolve
-from schemas.config import load_config
+from schemas.config import IndexConfig, load_config
 from schemas.errors import UserError
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
@@ -340,3 +340,53 @@ def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(
     # an offline alias or a hub name is named by its name: indexes built with one keep their build key
     assert _local_weights_sha256("all-minilm-l6-v2") is None
     assert _local_weights_sha256("sentence-transformers/all-MiniLM-L6-v2") is None
+
+
+def test_a_shard_whose_passages_hold_no_word_builds_and_its_bm25_finds_nothing(ray_session, tmp_path):
+    """bm25s raised on an empty vocabulary: the whole index failed, at the same shard on every rerun."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(6)],
+                             "text": ["alpha beta", "gamma delta", "epsilon", "the and of", "!!! ???", "a an x"]}), corpus)
+    manifest = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert manifest["count"] == 6
+    assert BM25Shard(str(tmp_path / "idx" / "shard-001")).search(["the of", "alpha"], 3) == [[], []]
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["alpha"], 3)[0][0].id == "p0"
+
+
+def test_ivf_lists_are_capped_at_the_training_sample(ray_session, tmp_path):
+    """FAISS needs a training point per list: nlist 1,200 over a 1,000-vector sample failed after encoding."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(1500)], "text": [f"passage {i}" for i in range(1500)]}), corpus)
+    manifest = _build(corpus, tmp_path / "idx", 1, "index.index_type=ivf_flat", "index.nlist=1200",
+                      "index.train_sample=1000", encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert manifest["shards"][0]["factory"] == "IVF1000,Flat"
+    with pytest.raises(UserError, match="train_sample is 1000"):
+        factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, pq_bits=11, train_sample=1000), 32, 2100)
+
+
+def test_a_shard_searched_without_a_config_probes_as_the_config_does(ray_session, tmp_path):
+    """Pair mining and the retrieval benchmark searched IVF shards at FAISS's nprobe 1: 5 of 30 hits."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(400)], "text": [f"passage {i}" for i in range(400)]}), corpus)
+    _build(corpus, tmp_path / "idx", 1, "index.index_type=ivf_flat", "index.nlist=80",
+           encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    vectors = HashEncoder().encode(["passage 7", "passage 300"])
+    assert [len(h) for h in ShardRetriever(str(tmp_path / "idx" / "shard-000")).search(vectors, 30)] == [30, 30]
+
+
+def test_an_id_keeps_its_first_usable_row(ray_session, tmp_path):
+    """The first row of an id had no text: it was skipped as null text and the id's real passage as a duplicate."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "a", "b"], "text": [None, "the real passage", "other"]}), corpus)
+    manifest = _build(corpus, tmp_path / "idx", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert manifest["count"] == 2 and manifest["skipped"]["null_text"] == 1 and manifest["skipped"]["duplicate_id"] == 0
+    assert pq.read_table(tmp_path / "idx" / "shard-000" / "passages.parquet")["text"].to_pylist() == [
+        "the real passage", "other"]
