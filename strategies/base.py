@@ -157,9 +157,15 @@ def number_texts(texts: list[str]) -> str:
 _PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
 
 
+_FENCE = re.compile(r"^\s*```[\w-]*\s*$")
+
+
 def clean_answer(text: str) -> str:
-    """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes."""
+    """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes; a code
+    fence's own lines ("```", "```json") are not the answer, the line inside is."""
     for line in text.strip().splitlines():
+        if _FENCE.match(line):
+            continue
         line = _PREFIX.sub("", line.strip().strip('"')).strip().strip('"').strip()
         if line:
             return line

@@ -18,7 +18,7 @@ from strategies.forms import (
     form_of,
     response_text,
 )
-from strategies.parsing import parse_string_list, string_list_schema
+from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 
 class LeastToMostConfig(Section):
@@ -46,6 +46,8 @@ class LeastToMost(Routine):
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.schema, step="decompose")
         subs, ok, _ = yield from structured(
             item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subquestions), "decompose")
+        # a copy of the question is its final step, not a sub-question (RA-ISF, Think-then-Act drop them too)
+        subs = [s for s in subs if not same_question(s, item.question)]
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
         item.counts["subquestions"] = len(subs)
         pairs = []

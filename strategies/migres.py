@@ -225,8 +225,9 @@ class MIGRES(Routine):
             for e in entries:
                 if not isinstance(e, dict) or not isinstance(e.get("info"), str) or not e["info"].strip():
                     continue
-                cited = [ps[i] for i in dict.fromkeys(e.get("support_passages") or [])
-                         if isinstance(i, int) and 0 <= i < len(ps)]
+                support = e.get("support_passages")  # guided decoding aside, a model may write 1 or [[0]]
+                numbers = [i for i in (support if isinstance(support, list) else [support]) if type(i) is int]
+                cited = [ps[i] for i in dict.fromkeys(numbers) if 0 <= i < len(ps)]
                 if cited:  # a statement citing nothing cannot be verified: dropped
                     statements.append((e["info"].strip(), cited))
         # the premise shows each passage with its title, as the leaf saw it: a passage cut to "He is an

@@ -77,7 +77,7 @@ class SelfReasoningConfig(Section):
 # the paper's verdict words and FEVER's labels
 VERDICTS = {"SUPPORT": "SUPPORTS", "REFUTE": "REFUTES", "NOT ENOUGH INFO": "NOT ENOUGH INFO"}
 _PAPER_WORD = {label: word for word, label in VERDICTS.items()}
-_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+_CITE = re.compile(r"\[(\d+(?:\s*[,\-–]\s*\d+)*)\]")  # [2], [1, 3], [1-3]
 
 
 def verdict(said: str) -> str:
@@ -160,7 +160,8 @@ class SelfReasoning(Routine):
             reply = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
             item.trace.append({"step": "follow_up", "output": reply.text})
             answer = clean_answer(reply.text)
-        return Done(answer, "passages" if t.relevant else "internal_knowledge", cited)
+        # with no passage to read, a "relevant" verdict answers from the model's own knowledge all the same
+        return Done(answer, "passages" if t.relevant and item.passages else "internal_knowledge", cited)
 
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
         answers = choices(form, self.forms)
@@ -176,7 +177,9 @@ class SelfReasoning(Routine):
         """Passage ids cited in cite_list or as [n] in the analysis, in order, valid indices only."""
         indices = [c.cite_index for c in t.cite_list]
         for group in _CITE.findall(t.analysis):
-            indices += [int(n) for n in group.split(",")]
+            for part in group.split(","):
+                ends = [int(n) for n in re.split(r"[-–]", part)]
+                indices += list(range(ends[0], ends[-1] + 1)) if len(ends) == 2 and ends[0] <= ends[-1] else ends
         ids = []
         for n in indices:
             if 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:

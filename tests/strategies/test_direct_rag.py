@@ -58,3 +58,9 @@ def test_errors_become_error_results():
 def test_an_answer_loses_its_answer_prefix_quotes_and_surrounding_blank_lines():
     assert clean_answer('  \n"Final answer: Paris"\n') == "Paris"
     assert clean_answer("") == ""
+
+
+def test_an_answer_in_a_code_fence_is_the_line_inside_not_the_fence():
+    """A fenced rewrite made Think-then-Act search for "```"; a fenced answer was "```json"."""
+    assert clean_answer("```\nWho directed Titanic (1997)?\n```") == "Who directed Titanic (1997)?"
+    assert clean_answer("```json\nParis\n```") == "Paris"

@@ -48,3 +48,9 @@ def test_a_failed_generation_ends_with_an_error():
     item = Item("Q")
     s.start(item)
     assert s.resume(item, [Generation("", error="replica died")]).error == "replica died"
+
+
+def test_a_decomposition_that_only_repeats_the_question_is_no_decomposition():
+    """It was answered as its own sub-question and reported as resolved by decomposition."""
+    done, item = drive(LeastToMost(LeastToMostConfig()), "Who wrote Hamlet?", script(["who wrote hamlet"]))
+    assert (done.resolved_by, item.counts["subquestions"]) == ("closed_book", 0)

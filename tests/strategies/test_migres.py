@@ -241,3 +241,18 @@ def test_once_the_main_module_finds_the_information_sufficient_the_answer_is_rea
     assert trace(item)["iterations"][-1]["answer"] == "The director of Levity is American."
     done, _ = drive(MIGRES(MigresConfig(answer_step="main")), "What nationality is the director of Levity?", Wordy())
     assert (done.answer, done.resolved_by) == ("The director of Levity is American.", "answered")
+
+
+def test_a_statement_citing_passages_in_another_shape_is_read_and_a_bad_one_skipped():
+    """support_passages 0 (not [0]) or [[0]] raised TypeError: the question became an error row."""
+    script = Script()
+
+    def respond(request, item):
+        if isinstance(request, Generate) and request.step == "leaf" and "directed by" in request.messages[-1][1]:
+            return Generation(json.dumps({"useful_information": [
+                {"info": "Levity was directed by Ed Solomon.", "support_passages": 0},
+                {"info": "Nested.", "support_passages": [[0]]}, {"info": "Flag.", "support_passages": True}]}), 100, 20)
+        return script(request, item)
+    done, item = drive(MIGRES(MigresConfig(max_iterations=2)), "What nationality is the director of Levity?", respond)
+    assert [i["info"] for i in trace(item)["information"]][:1] == ["Levity was directed by Ed Solomon."]
+    assert done.answer == "American"

@@ -204,3 +204,20 @@ def test_with_answer_step_follow_up_the_short_answer_is_the_next_turn_of_the_tra
     s.start(item)
     s.resume(item, [Retrieval(PASSAGES)])
     assert s.resume(item, [Generation(json.dumps(trajectory(answer="yes")))]).answer == "yes"
+
+
+def test_a_range_of_passages_cited_in_the_analysis_cites_each():
+    """[1-3] was not read: the row had no citation though the analysis gave three."""
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
+                    script(trajectory(cites=(), analysis="As [1-3] say, and [5].")))
+    assert done.citations == ["p0", "p1", "p2", "p4"]
+
+
+def test_with_no_passage_retrieved_the_answer_is_the_models_own_knowledge():
+    """A "relevant" verdict over no passage was reported as resolved by passages."""
+    respond = script(trajectory(cites=()))
+
+    def nothing_retrieved(request, item):
+        return Retrieval([]) if isinstance(request, Retrieve) else respond(request, item)
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q", nothing_retrieved)
+    assert (done.resolved_by, done.citations) == ("internal_knowledge", [])
