@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.question_sources import to_arrow, write_input
+from schemas.config import validated
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
@@ -91,9 +92,10 @@ class Session:
         table = to_arrow(questions, columns)
         strategies = [strategies] if isinstance(strategies, str) else list(strategies)
         with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
-            config = self.config.model_copy(update={"questions": write_questions(table, output or tmp),
-                                                    "strategies": strategies,
-                                                    "output": output or str(Path(tmp) / "answers")})
+            # validated, as the command line's config is: an unknown strategy is a ConfigError naming the choices
+            config = validated(type(self.config), {**self.config.model_dump(), "strategies": strategies,
+                                                   "questions": write_questions(table, output or tmp),
+                                                   "output": output or str(Path(tmp) / "answers")})
             self._start(config)
             for stage in self.stages.values():  # each call's metrics.json counts its own work
                 stage.stats = type(stage.stats)()

@@ -54,10 +54,11 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.identity import ranker_name
 from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
-from jobs.questions import question_columns
+from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
 from schemas.errors import UserError
+from strategies.base import passes
 from strategies.calibration_probe import reading_of
 from strategies.raisf import DECOMPOSED
 from strategies.registry import make_strategy
@@ -70,15 +71,16 @@ STALE = f"rerun calibrate into a new --output, or delete its {PROBE}/ folder fir
 
 def candidates(scores: list[float]) -> list[float]:
     """0, the midpoints between neighbouring distinct scores, and 1: a cut between two observed
-    scores, not on one, so ``>=`` and ``>`` agree on the slice."""
+    scores, not on one, so ``>=`` and ``>`` agree on the slice; 0 passes every score and 1 none
+    (``strategies.base.passes``), as the strategies read them."""
     distinct = sorted(set(scores))
     return [0.0, *(round((a + b) / 2, 6) for a, b in zip(distinct, distinct[1:])), 1.0]
 
 
 def switch_curve(scores: list[float], above: list[float], below: list[float], cuts: list[float]) -> list[dict]:
     """The mean value of "use ``above`` when score >= t, else ``below``" at each t of ``cuts``."""
-    return [{"t": t, "value": sum(a if s >= t else b for s, a, b in zip(scores, above, below)) / len(scores),
-             "above": sum(s >= t for s in scores) / len(scores)} for t in cuts]
+    return [{"t": t, "value": sum(a if passes(s, t) else b for s, a, b in zip(scores, above, below)) / len(scores),
+             "above": sum(passes(s, t) for s in scores) / len(scores)} for t in cuts]
 
 
 def switch_threshold(scores: list[float], above: list[float], below: list[float]) -> tuple[float, list[dict]]:
@@ -96,9 +98,9 @@ def f1_threshold(scores: list[float], gold: list[bool]) -> tuple[float, list[dic
     """The t for "relevant when score >= t" with the best F1 against ``gold`` (ties -> the higher t)."""
     curve = []
     for t in candidates(scores):
-        tp = sum(s >= t and g for s, g in zip(scores, gold))
-        fp = sum(s >= t and not g for s, g in zip(scores, gold))
-        fn = sum(s < t and g for s, g in zip(scores, gold))
+        tp = sum(passes(s, t) and g for s, g in zip(scores, gold))
+        fp = sum(passes(s, t) and not g for s, g in zip(scores, gold))
+        fn = sum(not passes(s, t) and g for s, g in zip(scores, gold))
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
         curve.append({"t": t, "F1": f1, "precision": tp / (tp + fp) if tp + fp else 0.0,
                       "recall": tp / (tp + fn) if tp + fn else 0.0})
@@ -172,7 +174,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     if pairs:
         rel, curve = f1_threshold([s for s, _ in pairs], [gold_ for _, gold_ in pairs])
         asked = [p for p, g in probes if g.get("gold_passage_ids")]
-        share = sum(any(s >= rel for s in p["relevance_p_yes"]) for p in asked) / len(asked)
+        share = sum(any(passes(s, rel) for s in p["relevance_p_yes"]) for p in asked) / len(asked)
         out["raisf.relevance_threshold"] = {"value": rel, "n": len(pairs), "questions_with_a_relevant_passage": share,
                                             "curve": curve}
     best = [p["migres_scores"][0] for p, _ in probes if p["migres_scores"]]
@@ -305,8 +307,8 @@ def run(args: argparse.Namespace) -> int:
         pass_config(config, config.raisf.know_threshold, config.raisf.relevance_threshold)  # fails fast
         shared = shared_stages(config)
     answer_job.answer(config, log=log, force=args.force, **shared)
-    gold = {r["id"]: r for r in read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
-                                                                      if c in cols]]).to_pylist()}
+    gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
+                                                             if c in cols]]).to_pylist())
     rows = [r for f in answer_files(f"{config.output}/{PROBE}") for r in read_table(f).to_pylist()]
     chosen = choose(rows, gold, args.keep)
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
@@ -325,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
     for field, result in chosen.items():
         extra = {k: v for k, v in result.items() if k not in ("value", "curve")}
         log(f"{field} = {result['value']}  {extra}")
+    if "raisf.relevance_threshold" not in chosen:  # not written: a run with this file keeps the config's own cut
+        log("raisf.relevance_threshold not calibrated: no calibration question has gold_passage_ids")
     log(f"wrote {redact(config.output)}/calibrated.yaml and calibration.json")
     return 0
 

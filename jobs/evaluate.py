@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from jobs import metrics as M
-from jobs.questions import question_columns
+from jobs.questions import by_first_id, question_columns
 from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
@@ -118,9 +118,7 @@ def grouped_rows(answers: str, questions: str, job: str = "evaluate") -> list[tu
     gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]]).to_pylist()
     if any(r.get("dataset") == "ALL" for r in gold):
         raise UserError(f"{questions}: a dataset named ALL (the name of the row over all questions): rename it")
-    gold_by_id: dict = {}
-    for r in gold:  # a repeated id is answered at its first row (jobs/questions.py), so it is scored there
-        gold_by_id.setdefault(r["id"], r)
+    gold_by_id = by_first_id(gold)
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     unmatched: Counter = Counter()

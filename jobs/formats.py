@@ -92,14 +92,14 @@ def ours(batch: pa.RecordBatch, csv: bool = False, uri: str = "") -> pa.RecordBa
         columns.setdefault("title", title)
         columns["text"] = text
     if "id" in columns and not pa.types.is_string(columns["id"].type):
-        columns["id"] = _ids_as_text(columns["id"], uri)
+        columns["id"] = ids_as_text(columns["id"], uri)
     if "answers" in columns and pa.types.is_string(columns["answers"].type):  # one answer, not a list
         columns["answers"] = (pc.split_pattern(columns["answers"], "|") if csv else pa.array(
             [None if a is None else [a] for a in columns["answers"].to_pylist()], pa.list_(pa.string())))
     return pa.RecordBatch.from_pydict(columns)
 
 
-def _ids_as_text(ids: pa.Array, uri: str) -> pa.Array:
+def ids_as_text(ids: pa.Array, uri: str) -> pa.Array:
     if pa.types.is_nested(ids.type):
         raise UserError(f"{redact(uri)}: ids must be text or numbers, not {ids.type}")
     if pa.types.is_floating(ids.type) and (pc.max(pc.abs(ids)).as_py() or 0) >= 2 ** 53:

@@ -30,7 +30,7 @@ from jobs import metrics as M
 from jobs.dataset_card import push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
-from jobs.questions import question_columns
+from jobs.questions import by_first_id, question_columns
 from jobs.storage import filesystem, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
@@ -194,8 +194,8 @@ def label(config, log=print, force: bool = False) -> dict:
     answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
     cols = question_columns(config.questions)  # a bad gold column fails before the answering, not after
     answer_job.answer(config, log=log, force=force)
-    gold = {r["id"]: r for r in read_table(config.questions, [
-        "id", *[c for c in ("answers", "gold_passage_ids", "kind", "dataset") if c in cols]]).to_pylist()}
+    gold = by_first_id(read_table(config.questions, [
+        "id", *[c for c in ("answers", "gold_passage_ids", "kind", "dataset") if c in cols]]).to_pylist())
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
     summary = {}

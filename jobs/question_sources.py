@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.formats import is_foreign
+from jobs.formats import ids_as_text, is_foreign
 from jobs.formats import read as read_foreign
 from jobs.storage import file_sha256, filesystem, read_table, redact, scheme_of
 from schemas.errors import UserError
@@ -47,6 +47,8 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
         raise UserError(f"renaming gives two columns named {twice} (the questions have {table.column_names}; "
                         "rename or drop the one input.columns does not name)")
     table = table.rename_columns(names)
+    if "id" in table.column_names and not pa.types.is_string(table.schema.field("id").type):  # a DataFrame's 3, 1, 2
+        table = table.set_column(table.column_names.index("id"), "id", ids_as_text(table["id"].combine_chunks(), "questions"))
     if "id" not in table.column_names:
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
     return table

@@ -202,6 +202,15 @@ def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str
     return Question(qid, text, None, shard, kind, dataset)
 
 
+def by_first_id(rows: list[dict]) -> dict:
+    """Question rows by id, a repeated id's first row: the row it is answered at (the later ones are
+    dropped), so its gold is that row's for every job that scores or labels answers."""
+    first: dict = {}
+    for r in rows:
+        first.setdefault(r["id"], r)
+    return first
+
+
 def question_columns(uri: str) -> list[str]:
     """The optional gold columns a question file carries (for evaluation)."""
     return _check_questions(open_parquet(uri).schema_arrow, QUESTION_OPTIONAL, uri)

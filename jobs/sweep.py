@@ -21,9 +21,11 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
 from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
+from jobs.questions import question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem
 from schemas.config import ConfigError, parse_override
+from schemas.errors import UserError
 from strategies.registry import make_strategy
 
 
@@ -40,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     base = answer_job.config_from_args(args)
-    configs = [(v, with_value(base, args.param, v)) for v in args.values.split(",")]
+    if "answers" not in question_columns(base.questions):  # before any value is answered, not after the first
+        raise UserError(f"{base.questions}: no `answers` column: a sweep scores each value against gold answers")
+    if args.param.split(".")[0] in ("cache", "ray", "output", "questions"):
+        raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "
+                          "(set once, from the base config); set it with --set instead")
+    configs = [(v, with_value(base, args.param, v)) for v in distinct_values(args.param, args.values)]
     needs = stages_needed(base)
     pools = pool_plan(base, needs)
     for value, config in configs:
@@ -64,6 +71,18 @@ def run(args: argparse.Namespace) -> int:
         log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
     return 0
+
+
+def distinct_values(param: str, values: str) -> list[str]:
+    """The comma-separated values, trimmed, each once ("0, 0.5" named a folder "= 0.5"; "0,0.0" answered
+    and listed one value twice)."""
+    seen, kept = [], []
+    for value in (v.strip() for v in values.split(",")):
+        parsed = parse_override(f"{param}={value}")[1]
+        if parsed not in seen:
+            seen.append(parsed)
+            kept.append(value)
+    return kept
 
 
 def stages_needed(config) -> set[str]:

@@ -549,6 +549,12 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
     for key, value in values.items():
         if value is not None:
             data[key] = value
+    return validated(cls, data)
+
+
+def validated(cls: type[BaseModel], data: dict) -> BaseModel:
+    """``cls`` from ``data``, every validator run (``model_copy(update=...)`` runs none); a bad value is
+    a ConfigError naming its field."""
     try:
         return cls.model_validate(data)
     except ValidationError as err:

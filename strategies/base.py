@@ -134,6 +134,13 @@ class StrategySettings:
 
 
 @cache
+def passes(score: float, cut: float) -> bool:
+    """Whether a judge's score passes a threshold in [0, 1]: at or above it, a cut of 1 being the "never"
+    end as 0 is the "always" end (a judge says P = 1.0 whenever no other choice is among its top
+    log-probs, and a cut of 1 calibrated as "never" must not let those through)."""
+    return score >= cut and cut < 1.0
+
+
 def prompt(name: str, package: str = "strategies") -> str:
     """The prompt file ``prompts/<name>.txt`` of ``package``: a built-in strategy's own prompts live in
     ``strategies/prompts/<strategy>/``; a strategy from another package passes its own (``__package__``)."""
@@ -173,4 +180,4 @@ def clean_answer(text: str) -> str:
 
 
 __all__ = ["Ask", "Done", "Item", "Lenient", "Routine", "Solve", "Spawn", "Step", "StrategySettings", "answer_messages",
-           "clean_answer", "format_passages", "number_texts", "prompt", "structured"]
+           "clean_answer", "format_passages", "number_texts", "passes", "prompt", "structured"]

@@ -40,6 +40,7 @@ from strategies.base import (
     Solve,
     answer_messages,
     format_passages,
+    passes,
     prompt,
     structured,
 )
@@ -135,7 +136,7 @@ class RAISF(Routine):
         if c.self_knowledge:
             judgment = yield know_request(q, c)
             p = p_yes(judgment, c.judge_by)
-            knows = p >= c.know_threshold
+            knows = passes(p, c.know_threshold)
             item.trace.append({"step": "self_knowledge", "p_yes": round(p, 4), "label": judgment.label, "know": knows})
             if knows:  # M_know(q_t) = know -> M(q_t)
                 user = prompt("raisf/answer").format(question=q)
@@ -148,7 +149,7 @@ class RAISF(Routine):
                 done = yield from self.answer(item, "answer_passages", "passages", user)
                 return Done(done.answer, done.resolved_by, [p.id for p in item.passages])
             scores = relevance_scores((yield relevance_requests(q, item.passages, c)), len(item.passages), c)
-            relevant = [p for p, s in zip(item.passages, scores) if s >= c.relevance_threshold]
+            relevant = [p for p, s in zip(item.passages, scores) if passes(s, c.relevance_threshold)]
             item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
                                "relevant": [p.id for p in relevant]})
             if relevant:  # P_rel non-empty -> M(q_t, P_rel), or M(q_t, P); the evidence M_rel chose is the citation

@@ -28,6 +28,7 @@ from strategies.base import (
     answer_messages,
     clean_answer,
     number_texts,
+    passes,
     prompt,
     structured,
 )
@@ -175,7 +176,7 @@ def assessment(judgment, ambiguity_threshold: float | None) -> str:
     label = judgment.label if judgment.label in ASSESSMENTS else "CLEAR AND COMPLETE"
     if ambiguity_threshold is None:
         return label
-    if judgment.prob("AMBIGUOUS") >= ambiguity_threshold:
+    if passes(judgment.prob("AMBIGUOUS"), ambiguity_threshold):
         return "AMBIGUOUS"
     return max(ASSESSMENTS[:2], key=judgment.prob)  # without log-probs prob() is the label's 1 / 0
 

@@ -133,3 +133,19 @@ def test_answers_come_back_in_the_input_order_with_a_null_id_at_its_row_and_only
     ordered = in_input_order(answers, questions, ["raisf", "rag"])
     assert list(zip(ordered["strategy"].to_pylist(), ordered["id"].to_pylist())) == [
         ("raisf", "b"), ("rag", "b"), ("rag", "a"), ("rag", "<row 3>"), ("rag", "c")]
+
+
+def test_integer_ids_of_a_dataframe_become_text_in_their_order():
+    """A DataFrame's int ids were refused, naming a temporary file the user never wrote."""
+    table = to_arrow(pd.DataFrame({"id": [3, 1, 2], "question": ["a?", "b?", "c?"]}))
+    assert table["id"].to_pylist() == ["3", "1", "2"]
+
+
+def test_a_session_asked_for_an_unknown_strategy_says_which_exist(tmp_path):
+    """model_copy skipped the validators: a bare KeyError 'nonexistent', and [] ran an empty job."""
+    from jobs.api import Session
+
+    session = Session(generator="smollm2-135m-instruct")
+    for strategies in ("nonexistent", []):
+        with pytest.raises(UserError, match="unknown strategy .* choose from"):
+            session.answer(pd.DataFrame({"id": ["a"], "question": ["Who?"]}), strategies, output=str(tmp_path / "o"))

@@ -42,6 +42,14 @@ def test_a_switch_threshold_answers_closed_book_only_where_that_is_better():
     assert switch_threshold(scores, [0.5, 0, 0, 0], read)[0] == 1.0
 
 
+def test_a_cut_of_one_passes_no_score_as_the_strategies_read_it():
+    """A judge says P = 1.0 when no other choice is in its top log-probs: the curve scored the cut 1.0
+    as letting those through, where Think-then-Act reads beta' 1.0 as "always retrieve" (and RA-ISF's
+    know_threshold 1.0 now "never closed-book": tests/strategies/test_raisf.py)."""
+    t, curve = switch_threshold([1.0, 1.0], [0, 0], [1, 1])
+    assert t == 1.0 and curve[-1]["value"] == 1.0 and curve[-1]["above"] == 0.0
+
+
 def test_relevance_threshold_maximises_f1_against_gold_passages():
     t, curve = f1_threshold([0.9, 0.8, 0.4, 0.3, 0.1], [True, True, False, True, False])
     assert t == 0.2 and max(c["F1"] for c in curve) == pytest.approx(6 / 7)  # between 0.1 and 0.3

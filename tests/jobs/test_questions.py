@@ -122,3 +122,12 @@ def test_a_question_file_without_the_question_column_is_told_how_to_map_its_own(
         plan_input(str(f))
     with pytest.raises(SchemaError, match="input.columns"):
         question_columns(str(f))
+
+
+def test_a_repeated_id_keeps_the_gold_of_its_first_row_where_it_is_answered():
+    """label and calibrate kept the last row's gold: the answer to "capital of France?" was labelled
+    against "Shakespeare"."""
+    from jobs.questions import by_first_id
+
+    rows = [{"id": "a", "answers": ["Paris"]}, {"id": "a", "answers": ["Shakespeare"]}, {"id": "b", "answers": []}]
+    assert by_first_id(rows)["a"]["answers"] == ["Paris"] and list(by_first_id(rows)) == ["a", "b"]

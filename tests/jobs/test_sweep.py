@@ -83,3 +83,37 @@ def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path):
             for v in ["true", "false"]]
     write(rows, "raisf.use_labels", str(tmp_path))
     assert (tmp_path / "sweep.png").stat().st_size > 5_000
+
+
+def test_values_are_trimmed_and_each_swept_once():
+    from jobs.sweep import distinct_values
+
+    assert distinct_values("think_act.beta_threshold", "0, 0.5,0.0,0.5 ,1") == ["0", "0.5", "1"]
+
+
+@pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output"])
+def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, capsys, param):
+    """cache.enabled=false still read the shared cache; output was overwritten by the value's folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), tmp_path / "q.parquet")
+    code = main(["sweep", "--param", param, "--values", "1,2", "--questions", str(tmp_path / "q.parquet"),
+                 "--output", str(tmp_path / "out"), "--strategy", "direct"])
+    assert code == 2 and "set it with --set instead" in capsys.readouterr().err
+
+
+def test_a_sweep_without_gold_answers_stops_before_answering_a_value(tmp_path, capsys):
+    """It answered the whole first value, then found no answers column to score it against."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), tmp_path / "q.parquet")
+    code = main(["sweep", "--param", "think_act.beta_threshold", "--values", "0,1", "--questions",
+                 str(tmp_path / "q.parquet"), "--output", str(tmp_path / "out"), "--strategy", "think_act"])
+    assert code == 2 and "no `answers` column" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "think_act.beta_threshold=0").exists()

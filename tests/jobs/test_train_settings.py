@@ -89,3 +89,22 @@ def test_excluded_ids_come_from_question_files_of_every_format_and_from_id_lists
     pq.write_table(pa.table({"id": [7, 8], "question": ["q", "q"]}), tmp_path / "ints.PARQUET")
     sources = [str(tmp_path / n) for n in ("eval.jsonl", "eval.csv", "ids.txt", "ints.PARQUET")]
     assert excluded_ids(sources) == {"nq-1", "nq-2", "sq-1", "hp-1", "hp-2", "7", "8"}
+
+
+def test_too_few_labels_for_the_held_out_split_say_so(tmp_path):
+    """Two labels, both classes, the know one held out: the error said the file lacked a class."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.train_data import held_out
+    from jobs.train_know import train_know
+    from schemas.errors import UserError
+    from schemas.training import KnowTraining
+
+    out_id = next(f"k{i}" for i in range(1000) if held_out(f"k{i}", 0.5))
+    in_id = next(f"u{i}" for i in range(1000) if not held_out(f"u{i}", 0.5))
+    (tmp_path / "labels" / "labels").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [out_id, in_id], "question": ["a?", "b?"], "label": ["know", "unknown"]}),
+                   tmp_path / "labels" / "labels" / "self_knowledge.parquet")
+    with pytest.raises(UserError, match="after the held-out split"):
+        train_know(KnowTraining(labels=str(tmp_path / "labels"), output=str(tmp_path / "m"), held_out=0.5), print)

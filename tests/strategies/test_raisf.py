@@ -60,6 +60,13 @@ def test_knows_answers_closed_book():
     assert item.trace[0]["know"] is True
 
 
+def test_a_know_threshold_of_one_never_answers_closed_book_even_at_p_one():
+    """README: with know_threshold 1.0 RA-ISF always retrieves; a judge's P = 1.0 (no "no" among its top
+    log-probs) passed it and was answered closed-book."""
+    done, item = drive(RAISF(RaisfConfig(know_threshold=1.0)), "Q", Script(know={"Q": 1.0}, relevant={"Q": {"p1"}}))
+    assert done.resolved_by == "passages" and item.trace[0]["know"] is False
+
+
 def test_answers_from_the_relevant_passages_only():
     log = []
     done, _ = drive(RAISF(RaisfConfig()), "Q", Script(relevant={"Q": {"p1", "p3"}}), log=log)
