@@ -109,6 +109,10 @@ class EndpointGenerator(StreamingReplica):
         choice = response.choices[0]
         text = choice.message.content or ""
         usage = response.usage
+        if choice.message.content is None or choice.finish_reason == "content_filter":
+            # no text is not an answer (a content filter, a refusal): an error row, never cached as an answer
+            error = f"the endpoint returned no content (finish_reason {choice.finish_reason!r})"
+            return Judgment("", error=error) if isinstance(req, Judge) else Generation("", error=error)
         n_prompt = usage.prompt_tokens if usage else 0
         n_completion = usage.completion_tokens if usage else 0
         details = getattr(usage, "prompt_tokens_details", None)

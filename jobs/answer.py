@@ -133,7 +133,8 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
         left = out.close()
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
-    metrics = {**metadata, **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
+    metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",
+               **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
                "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
     fs, root = filesystem(config.output)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 from actors.generator import resolve_dtype
+from actors.know import WEIGHTS as KNOW_WEIGHTS
+from actors.know import embedder_of
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
 from jobs.models import model_files, ragsift_home, resolve
@@ -25,18 +27,27 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
     return RequestCache(config.engine.cache_size, path, namespaces(config))
 
 
+# Bumped when ragsift changes how a pool computes a response for the same request and settings (an
+# actor's output, a stage's merge or fusion), so entries of the older computation are not served: 2 =
+# hybrid retrieval takes k from each ranking when k > fusion_candidates (0d982af).
+CACHE_VERSION = 2
+
+
 def namespaces(config: AnswerConfig) -> dict[str, str]:
     """A digest per request stage of what decides its pool's responses."""
     generator = llm_namespace(config.generator, config)
+    index = manifest_sha256(config.index.path) if config.index.path else None
+    # the cosine fallback ranks with the encoder pool's model: the index's embedder where the run
+    # retrieves (jobs/pools.py), not embedder.model
+    encoder = read_manifest(config.index.path)["embedder"] if index else config.embedder.model
     parts = {
         "generator": generator,
         "judge": llm_namespace(config.judge, config) if config.judge else generator,
-        "ranker": {"model": revision(config.reranker.model) if config.reranker.model
-                   else "cosine:" + revision(config.embedder.model), "max_length": config.reranker.max_length},
+        "ranker": {"model": revision(config.reranker.model), "max_length": config.reranker.max_length}
+        if config.reranker.model else {"model": "cosine:" + revision(encoder)},
         "nli": {"model": revision(config.nli.model), "max_length": config.nli.max_length},
-        "know": {"model": revision(config.know.model)},
+        "know": {"model": revision(config.know.model), "embedder": know_embedder(config.know.model)},
     }
-    index = manifest_sha256(config.index.path) if config.index.path else None
     if index:
         # a Retrieve names its own k; the rest of retrieval (its speed and placement settings aside) and
         # the index's search settings decide its passages
@@ -45,7 +56,14 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         parts["retriever"] = {"index": index, "embedder": revision(read_manifest(config.index.path)["embedder"]),
                               "retrieval": retrieval, "nprobe": config.index.nprobe,
                               "hnsw_ef_search": config.index.hnsw_ef_search}
-    return {stage: digest(part) for stage, part in parts.items()}
+    return {stage: digest({**part, "cache_version": CACHE_VERSION}) for stage, part in parts.items()}
+
+
+def know_embedder(model: str | None) -> str | None:
+    """The revision of the embedder a trained self-knowledge classifier's vectors come from: it lives
+    outside the classifier's folder, and retrained in place it changes the classifier's answers."""
+    path = Path(resolve(model)) if model else None
+    return revision(embedder_of(str(path))) if path and (path / KNOW_WEIGHTS).is_file() else None
 
 
 def llm_namespace(llm: LLMConfig, config: AnswerConfig) -> dict:

@@ -192,3 +192,15 @@ def test_a_run_whose_generator_is_an_endpoint_answers_every_row_in_its_form(serv
     assert len(yes_no) == 3 and set(yes_no) <= {"yes", "no"}  # guided choice, served by the endpoint
     (client,) = metrics["stages"]["generator"]["vllm"]
     assert client["endpoint"] == server and client["http_status"]["200"] >= 6
+
+
+@pytest.mark.parametrize("content, finish", [(None, "stop"), ("", "content_filter")])
+def test_a_completion_without_content_is_an_error_not_an_empty_answer(content, finish):
+    """An empty completion (a content filter) was a Generation("") without error: cached and replayed."""
+    from types import SimpleNamespace
+
+    response = SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=content), finish_reason=finish,
+                                                        logprobs=None)], usage=None)
+    for request in (Generate(chat("Q")), Judge(chat("Q"))):
+        result = EndpointGenerator.result(request, response)
+        assert result.error and "no content" in result.error

@@ -1,0 +1,46 @@
+"""What the disk request cache's namespaces hold, without a model: each thing that changes a pool's
+responses changes its namespace (the real stack's rerun is tests/jobs/test_request_cache.py)."""
+
+import json
+import time
+
+import pytest
+
+from jobs import request_cache
+from strategies.registry import AnswerConfig
+
+
+@pytest.fixture
+def indexes(monkeypatch, tmp_path):
+    """Two index folders whose manifests name different embedders (no shards: the manifest is all the
+    namespaces read)."""
+    manifests = {str(tmp_path / "a"): "emb-a", str(tmp_path / "b"): "emb-b"}
+    monkeypatch.setattr(request_cache, "manifest_sha256", lambda path: f"sha-{path}" if path in manifests else None)
+    monkeypatch.setattr(request_cache, "read_manifest", lambda path: {"embedder": manifests[path]})
+    return tmp_path
+
+
+def test_the_fallback_ranker_is_keyed_by_the_embedder_the_index_was_built_with(indexes):
+    """The encoder pool loads the index's embedder: two indexes of other embedders shared one ranker key."""
+    one = request_cache.namespaces(AnswerConfig(index={"path": str(indexes / "a")}, embedder={"model": "default"}))
+    two = request_cache.namespaces(AnswerConfig(index={"path": str(indexes / "b")}, embedder={"model": "default"}))
+    assert one["ranker"] != two["ranker"]
+
+
+def test_a_self_knowledge_model_is_a_new_revision_when_its_embedder_is_retrained(tmp_path):
+    embedder, know = tmp_path / "emb", tmp_path / "know"
+    embedder.mkdir()
+    know.mkdir()
+    (embedder / "model.safetensors").write_bytes(b"weights")
+    (know / "know.json").write_text(json.dumps({"embedder": str(embedder), "coef": [1.0], "intercept": 0.0}))
+    before = request_cache.namespaces(AnswerConfig(know={"model": str(know)}))["know"]
+    time.sleep(0.01)
+    (embedder / "model.safetensors").write_bytes(b"retrained")
+    assert request_cache.namespaces(AnswerConfig(know={"model": str(know)}))["know"] != before
+
+
+def test_a_new_cache_version_serves_no_entry_of_the_older_computation(monkeypatch):
+    before = request_cache.namespaces(AnswerConfig())
+    monkeypatch.setattr(request_cache, "CACHE_VERSION", request_cache.CACHE_VERSION + 1)
+    after = request_cache.namespaces(AnswerConfig())
+    assert all(after[stage] != before[stage] for stage in before)
