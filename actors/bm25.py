@@ -13,6 +13,7 @@ from pathlib import Path
 from actors.passages import PassageStore
 from schemas.records import Passage
 
+NO_WORDS = "no_words"  # in bm25/ of a shard whose passages hold no word to index
 TOKENIZATION = {"lower": True, "pattern": r"(?u)\b\w\w+\b", "stopwords": "en", "stemmer": "snowball-english"}
 
 
@@ -31,7 +32,9 @@ def build_bm25(texts: list[str], out_dir: Path, k1: float, b: float) -> bool:
     import bm25s
 
     tokens = tokenize(texts)
-    if not tokens.vocab:
+    if not tokens.vocab:  # a marker, so that a shard copied without its bm25/ still fails loudly
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / NO_WORDS).touch()
         return False
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(tokens, show_progress=False)
@@ -46,8 +49,9 @@ class BM25Shard:
         import bm25s
 
         self.store = store or PassageStore(shard_dir)
-        saved = Path(shard_dir) / "bm25"  # none for a shard without passages or without a word in them
-        self.index = bm25s.BM25.load(str(saved), mmap=True, show_progress=False) if saved.exists() and len(self.store) else None
+        saved = Path(shard_dir) / "bm25"  # none for a shard without passages; a marker for one without words
+        self.index = (bm25s.BM25.load(str(saved), mmap=True, show_progress=False)
+                      if len(self.store) and not (saved / NO_WORDS).exists() else None)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         out = []

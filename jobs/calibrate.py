@@ -4,7 +4,8 @@
 
 One pass of the ``calibration_probe`` strategy over the slice (strategies/calibration_probe.py)
 records, per question, the scores each threshold cuts and the answers of the branches it chooses
-between; every candidate value is then scored offline against the gold answers:
+between; every candidate value is then scored offline against the gold answers (">= t" below is
+``strategies.base.passes``: a cut of 1 passes no score, as the strategies read it):
 
     raisf.know_threshold        answer closed-book when P('yes') >= t, else read the top k (with
                                 rag's instruction, or RA-ISF's own when it reads all k with the
@@ -164,7 +165,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     out["think_act.beta_threshold"] = {"value": beta, "n": len(probes), "curve": curve}
     # it splits when P(AMBIGUOUS) >= t, else goes on as it would at the beta' just chosen; a split
     # into nothing new goes on the same way
-    goes_on = [value("ta_closed", p, g) if p["ta_beta"] >= beta else r for (p, g), r in zip(probes, read)]
+    goes_on = [value("ta_closed", p, g) if passes(p["ta_beta"], beta) else r for (p, g), r in zip(probes, read)]
     split = [r if p["ta_sub_queries"] is None else quality(p["ta_sub_queries"], g["answers"])
              for (p, g), r in zip(probes, goes_on)]
     cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, goes_on)

@@ -42,7 +42,7 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
         # a CSV's columns are all text: pyarrow would infer numbers from the first block (ids lost their
         # leading zeros and collided, an all-numeric answers column was refused, a later block could disagree)
         convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(_csv_header(fs, path), pa.string()),
-                                        strings_can_be_null=True, check_utf8=False) if csv else None
+                                        strings_can_be_null=True, null_values=[""], check_utf8=False) if csv else None
         stream = fs.open_input_stream(path)
     except FileNotFoundError:
         raise UserError(f"{redact(uri)}: file not found") from None

@@ -65,11 +65,13 @@ RECORDED_BY_SOME = frozenset({"input.uri", "index.path", "input.sha256"})
 
 def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
     """Fields that differ between two run identities. A field the previous run did not record (a
-    setting added by a later ragsift) counts only when the current value is not its default."""
+    setting added by a later ragsift) counts only when the current value is not its default; a config
+    field it recorded that the current identity leaves out has become a speed setting since."""
     return sorted(k for k in set(previous) | set(current)
                   if previous.get(k) != current.get(k)
                   and not (k in RECORDED_BY_SOME and (k not in previous or k not in current))
-                  and not (k not in previous and current.get(k) == defaults.get(k, [])))
+                  and not (k not in previous and current.get(k) == defaults.get(k, []))
+                  and not (k not in current and k in defaults))
 
 
 class ShardedOutput:

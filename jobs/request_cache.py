@@ -27,10 +27,11 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
     return RequestCache(config.engine.cache_size, path, namespaces(config))
 
 
-# Bumped when ragsift changes how a pool computes a response for the same request and settings (an
-# actor's output, a stage's merge or fusion), so entries of the older computation are not served: 2 =
+# Per stage, bumped when ragsift changes how its pool computes a response for the same request and
+# settings (an actor's output, a stage's merge or fusion), so entries of the older computation are not
+# served; 1 adds nothing to the key (entries from before versions existed stay valid). retriever 2:
 # hybrid retrieval takes k from each ranking when k > fusion_candidates (0d982af).
-CACHE_VERSION = 2
+CACHE_VERSIONS = {"retriever": 2}
 
 
 def namespaces(config: AnswerConfig) -> dict[str, str]:
@@ -56,7 +57,8 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         parts["retriever"] = {"index": index, "embedder": revision(read_manifest(config.index.path)["embedder"]),
                               "retrieval": retrieval, "nprobe": config.index.nprobe,
                               "hnsw_ef_search": config.index.hnsw_ef_search}
-    return {stage: digest({**part, "cache_version": CACHE_VERSION}) for stage, part in parts.items()}
+    return {stage: digest({**part, "cache_version": CACHE_VERSIONS[stage]} if CACHE_VERSIONS.get(stage, 1) > 1 else part)
+            for stage, part in parts.items()}
 
 
 def know_embedder(model: str | None) -> str | None:

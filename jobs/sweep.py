@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     base = answer_job.config_from_args(args)
-    if "answers" not in question_columns(base.questions):  # before any value is answered, not after the first
+    if base.questions and "answers" not in question_columns(base.questions):  # before any value is answered, not after the first
         raise UserError(f"{base.questions}: no `answers` column: a sweep scores each value against gold answers")
     if args.param.split(".")[0] in ("cache", "ray", "output", "questions"):
         raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "

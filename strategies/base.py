@@ -133,7 +133,6 @@ class StrategySettings:
     forms: AnswerFormConfig = field(default_factory=AnswerFormConfig)
 
 
-@cache
 def passes(score: float, cut: float) -> bool:
     """Whether a judge's score passes a threshold in [0, 1]: at or above it, a cut of 1 being the "never"
     end as 0 is the "always" end (a judge says P = 1.0 whenever no other choice is among its top
@@ -141,6 +140,7 @@ def passes(score: float, cut: float) -> bool:
     return score >= cut and cut < 1.0
 
 
+@cache
 def prompt(name: str, package: str = "strategies") -> str:
     """The prompt file ``prompts/<name>.txt`` of ``package``: a built-in strategy's own prompts live in
     ``strategies/prompts/<strategy>/``; a strategy from another package passes its own (``__package__``)."""

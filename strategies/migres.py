@@ -42,6 +42,7 @@ from strategies.base import (
     Solve,
     answer_messages,
     clean_answer,
+    passes,
     prompt,
     structured,
 )
@@ -243,7 +244,7 @@ class MIGRES(Routine):
         verdicts = []
         for (statement, cited), v in zip(statements, (yield checks)):
             p = v.p_entail if isinstance(v, Entailment) else v.prob("yes")
-            entailed = p >= self.config.entailment_threshold
+            entailed = passes(p, self.config.entailment_threshold)
             verdicts.append({"info": statement, "p_entailed": round(p, 4), "kept": entailed})
             if entailed:
                 info.append({"info": statement, "source": [p.id for p in cited]})

@@ -15,7 +15,7 @@ from __future__ import annotations
 from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Retrieve
-from strategies.base import Lenient, Routine, Solve, answer_messages, prompt
+from strategies.base import Lenient, Routine, Solve, answer_messages, passes, prompt
 from strategies.forms import final_answer, final_request, form_of, response_text
 from strategies.parsing import parse_string_list, string_list_schema
 from strategies.raisf import DECOMPOSE_TOKENS, RaisfConfig, judge_request, p_yes
@@ -75,5 +75,5 @@ class RaisfLabels(Routine):
         # a failed judgment is no label: None, skipped by the label job
         scores = [None if j.error else round(p_yes(j, self.config.judge_by), 4) for j in judgments]
         item.trace.append({"step": "relevance", "p_yes": scores,
-                           "relevant": [None if p is None else p >= self.config.relevance_threshold for p in scores]})
+                           "relevant": [None if p is None else passes(p, self.config.relevance_threshold) for p in scores]})
         return Done(answer, "labels")

@@ -190,3 +190,10 @@ def test_corpus_text_that_is_not_utf8_is_skipped_and_counted_and_the_rest_is_ind
                            encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
     assert manifest["count"] == 2 and manifest["skipped"]["invalid_utf8"] == 1
     assert pq.read_table(tmp_path / "idx" / "shard-000" / "passages.parquet")["id"].to_pylist() == ["1", "3"]
+
+
+def test_csv_cells_that_look_like_nulls_are_text_only_an_empty_cell_is_none(tmp_path):
+    """pyarrow's null list made NA, null, nan into nulls once cells were strings: gold answers were lost."""
+    (tmp_path / "q.csv").write_text("id,question,answers\nNA,what is NA?,NA\nb,what is null?,null\nc,empty?,\n")
+    rows = read(str(tmp_path / "q.csv")).to_pylist()
+    assert [(r["id"], r["answers"]) for r in rows] == [("NA", ["NA"]), ("b", ["null"]), ("c", None)]

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -353,6 +354,9 @@ def test_a_shard_whose_passages_hold_no_word_builds_and_its_bm25_finds_nothing(r
     assert manifest["count"] == 6
     assert BM25Shard(str(tmp_path / "idx" / "shard-001")).search(["the of", "alpha"], 3) == [[], []]
     assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["alpha"], 3)[0][0].id == "p0"
+    shutil.rmtree(tmp_path / "idx" / "shard-000" / "bm25")  # a shard copied without its BM25 still fails loudly
+    with pytest.raises(Exception):
+        BM25Shard(str(tmp_path / "idx" / "shard-000"))
 
 
 def test_ivf_lists_are_capped_at_the_training_sample(ray_session, tmp_path):

@@ -231,3 +231,16 @@ def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
     table = pq.read_table(tmp_path / "rag")
     assert table["id"].to_pylist() == ["q0", "q1"] and table["error"].to_pylist() == [None, None]
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_an_output_recorded_when_the_failure_settings_were_part_of_the_identity_still_resumes(tmp_path):
+    """engine.max_attempts and the like became speed settings: an output recording them was refused."""
+    from jobs.identity import identity_defaults
+
+    old = {**IDENTITY, "engine.max_attempts": 3, "engine.fail_fast_after": 64}
+    out = ShardedOutput(str(tmp_path), old, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, defaults=identity_defaults())
+    assert again.committed == {("rag", 0)}

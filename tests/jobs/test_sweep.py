@@ -117,3 +117,13 @@ def test_a_sweep_without_gold_answers_stops_before_answering_a_value(tmp_path, c
                  str(tmp_path / "q.parquet"), "--output", str(tmp_path / "out"), "--strategy", "think_act"])
     assert code == 2 and "no `answers` column" in capsys.readouterr().err
     assert not (tmp_path / "out" / "think_act.beta_threshold=0").exists()
+
+
+def test_a_sweep_without_questions_is_a_one_line_error(tmp_path, capsys):
+    """The gold check read the columns of no file: a TypeError traceback."""
+    from jobs.cli import main
+
+    code = main(["sweep", "--param", "think_act.beta_threshold", "--values", "0,1", "--output", str(tmp_path / "o"),
+                 "--strategy", "think_act"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ragsift sweep: error:")

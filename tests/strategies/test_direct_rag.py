@@ -64,3 +64,10 @@ def test_an_answer_in_a_code_fence_is_the_line_inside_not_the_fence():
     """A fenced rewrite made Think-then-Act search for "```"; a fenced answer was "```json"."""
     assert clean_answer("```\nWho directed Titanic (1997)?\n```") == "Who directed Titanic (1997)?"
     assert clean_answer("```json\nParis\n```") == "Paris"
+
+
+def test_prompts_are_read_once_per_process():
+    """A decorator moved onto the function above it left prompt() reading its file on every call."""
+    from strategies.base import prompt
+
+    assert prompt("rag/user") is prompt("rag/user") and prompt.cache_info().hits > 0
