@@ -50,15 +50,15 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     # behind, nor (with --force) discard an output it cannot replace. A finished output is left alone
     # before that: "nothing to do" needs neither.
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
-    with Lease(config.output, log=log):  # one driver per output: a second one is refused, naming the first
-        return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache)
+    with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
+        return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
 
 
 def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool,
-            retry_errors: bool, cache) -> dict:
+            retry_errors: bool, cache, guard=None) -> dict:
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
-                        config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults())
+                        config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults(), guard=guard)
     try:
         return _answer_into(out, identity, config, plan, strategies, needs, pools, stages, log, retry_errors, cache)
     except BaseException:

@@ -4,7 +4,11 @@ Two drivers on one ``--output`` (a job submitted twice, a retry loop, a colleagu
 the work and delete each other's unfinished parts. The lease names its owner (host, pid, start) and
 carries a heartbeat that a thread renews; a second driver is refused with one line naming the owner.
 A lease whose owner is gone (same host and its pid is dead, or no heartbeat for ``stale_s``) is
-taken over, and a driver that finds its lease taken over stops renewing it. On a local disk the lease
+taken over, and a driver that finds its lease taken over stops renewing it and commits nothing more
+(``check``, called before each commit: a driver paused past ``stale_s`` that wakes behind a new owner
+stops with one line instead of renaming parts the new owner is writing). A lease that looks stale by
+this host's clock but was written on another host is watched for one more heartbeat before it is
+taken over: clocks of two hosts can be a minute apart. On a local disk the lease
 is created atomically and whole (written beside, then hard-linked into place); object stores offer no
 such create through pyarrow, so there the check is best effort (read, then write).
 """
@@ -23,10 +27,15 @@ from jobs.storage import filesystem, redact
 from schemas.config import ConfigError
 
 LEASE = "_lease.json"
+PROCESS_STARTED = time.time()  # about when this process began: a lease of this pid from before is a past life
 
 
 class OutputInUse(ConfigError):
     """Another live driver holds the output."""
+
+
+class LeaseLost(ConfigError):
+    """Another driver took the output over while this one stalled."""
 
 
 class Lease:
@@ -61,6 +70,13 @@ class Lease:
             self._write()
         self._thread = threading.Thread(target=self._beat, name="ragsift-lease", daemon=True)
         self._thread.start()
+
+    def check(self) -> None:
+        """Raise unless this driver still holds the lease (read now: the heartbeat may not have run yet)."""
+        held = self._read()
+        if not self._mine(held):
+            raise LeaseLost(f"another driver (pid {(held or {}).get('pid')} on {(held or {}).get('host')}) took over "
+                            f"{redact(self.output)} while this one stalled: this one stops; what it committed is kept")
 
     def release(self) -> None:
         self._stop.set()
@@ -126,9 +142,17 @@ class Lease:
             return {"heartbeat": mtime.timestamp() if mtime else 0}
 
     def _stale(self, held: dict) -> bool:
+        same_host = held.get("host") == self.owner["host"]
         if time.time() - held.get("heartbeat", 0) > self.stale_s:
-            return True
-        if held.get("host") == self.owner["host"] and isinstance(held.get("pid"), int):
+            if same_host:
+                return True
+            # the stamp is the owner's clock: watch it for a heartbeat and a half before believing it
+            time.sleep(1.5 * self.heartbeat_s)
+            again = self._read()
+            return again is None or again.get("heartbeat") == held.get("heartbeat")
+        if same_host and held.get("pid") == self.owner["pid"] and held.get("started", 0) < PROCESS_STARTED:
+            return True  # this pid's earlier life, before this process began (a restarted container's pid 1): gone
+        if same_host and isinstance(held.get("pid"), int):
             try:
                 os.kill(held["pid"], 0)
             except ProcessLookupError:

@@ -76,7 +76,8 @@ def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
 
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
-                 row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None):
+                 row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
+                 guard=None):
         self.fs, self.root = filesystem(output)
         self.output = output
         self.strategies = strategies
@@ -85,6 +86,7 @@ class ShardedOutput:
         self.identity = identity
         self.defaults = defaults or {}
         self.log = log
+        self.guard = guard  # called before each commit: raises when this driver lost the output (jobs/lease.py)
         self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True)})
         self.open: dict[tuple[str, int], _Open] = {}
         self.expected: dict[int, int] = {}  # shard -> questions it holds (known once it is read)
@@ -255,6 +257,8 @@ class ShardedOutput:
         if (part.written if part else 0) < self.expected[shard]:
             return
         part = part or self._open(strategy, shard)  # a shard whose rows were all dropped duplicates
+        if self.guard:
+            self.guard()
         self._flush(part)
         part.writer.close()
         part.stream.close()

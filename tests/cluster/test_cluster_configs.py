@@ -79,6 +79,20 @@ def test_the_rayjob_entrypoint_is_a_valid_answer_command_whose_pools_fit_its_clu
                                for n in group_resources(g)}
 
 
+def test_the_rayjob_driver_can_read_the_index_it_names():
+    """The entrypoint runs on the head and reads the index's manifest there: it was mounted on the cpu workers only."""
+    manifest = yaml.safe_load((CLUSTER / "kuberay" / "rayjob.yaml").read_text())
+    argv = shlex.split(manifest["spec"]["entrypoint"])
+    index = argv[argv.index("--index-dir") + 1]
+    head = kuberay_cluster_spec("rayjob.yaml")["headGroupSpec"]["template"]["spec"]
+    assert any(m["mountPath"] == index for c in head["containers"] for m in c.get("volumeMounts", []))
+
+
+def test_the_launcher_installs_the_pinned_gpu_stack():
+    setup = " ".join(yaml.safe_load((CLUSTER / "aws.yaml").read_text())["setup_commands"])
+    assert "-c constraints/gpu.txt" in setup
+
+
 def test_a_broken_pod_template_is_refused():
     """The check above can fail: a misspelt container field is caught."""
     from kubernetes_validate import validate

@@ -37,7 +37,7 @@ def test_a_lease_whose_owner_is_gone_is_taken_over(tmp_path):
                  {"host": "elsewhere", "pid": 1, "started": 0, "heartbeat": time.time() - 3600}):
         (tmp_path / LEASE).write_text(json.dumps(held))
         log = []
-        with Lease(str(tmp_path), log=log.append):
+        with Lease(str(tmp_path), heartbeat_s=0.05, log=log.append):
             assert json.loads((tmp_path / LEASE).read_text())["pid"] == os.getpid()
         assert "taking over" in log[0] and str(held["pid"]) in log[0]
 
@@ -127,3 +127,50 @@ def test_a_second_answer_on_a_running_output_exits_2_and_the_first_finishes_exac
     finish(proc)
     metrics = json.loads((out / "metrics.json").read_text())
     assert all(c["ok"] for c in metrics["exactly_once"].values()) and not (out / LEASE).exists()
+
+
+def test_a_driver_that_lost_its_lease_commits_nothing_more(tmp_path):
+    """A driver paused past stale_s and taken over went on renaming parts the new owner was writing."""
+    from jobs.lease import LeaseLost
+    from jobs.output import ShardedOutput
+    from schemas.tables import ANSWERS
+
+    lease = Lease(str(tmp_path), heartbeat_s=60)
+    lease.acquire()
+    out = ShardedOutput(str(tmp_path), {"generator.model": "m"}, ["rag"], shard_rows=2, guard=lease.check)
+    out.sealed(0, 1)
+    (tmp_path / LEASE).write_text(json.dumps({"host": "elsewhere", "pid": 7, "started": 1, "heartbeat": time.time()}))
+    with pytest.raises(LeaseLost, match=r"pid 7 on elsewhere\) took over"):
+        out.write({**{n: None for n in ANSWERS.names}, "id": "q0", "strategy": "rag", "answer": "a", "_shard": 0})
+    assert not (tmp_path / "rag" / "part-00000.parquet").exists()
+    lease.release()
+    assert json.loads((tmp_path / LEASE).read_text())["host"] == "elsewhere"  # the new owner's lease is left alone
+
+
+def test_a_live_lease_stamped_by_a_clock_a_minute_behind_is_not_taken_over(tmp_path):
+    """The stamp is the owner's clock: a second host 70 s ahead took over a lease renewed every 10 s."""
+    import threading
+
+    stop = threading.Event()
+
+    def owner_elsewhere():  # renews every 20 ms, stamping an hour behind this host's clock
+        while not stop.wait(0.02):
+            (tmp_path / LEASE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": 0,
+                                                      "heartbeat": time.time() - 3600}))
+    owner_elsewhere_thread = threading.Thread(target=owner_elsewhere, daemon=True)
+    (tmp_path / LEASE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": 0, "heartbeat": time.time() - 3600}))
+    owner_elsewhere_thread.start()
+    try:
+        with pytest.raises(OutputInUse):
+            Lease(str(tmp_path), heartbeat_s=0.1).acquire()
+    finally:
+        stop.set()
+        owner_elsewhere_thread.join()
+
+
+def test_a_lease_of_this_pids_earlier_life_is_taken_over(tmp_path):
+    """A restarted container is often pid 1 again: its own dead driver's lease refused it for 60 s."""
+    (tmp_path / LEASE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": 1.0,
+                                              "heartbeat": time.time()}))
+    with Lease(str(tmp_path), heartbeat_s=0.05, log=lambda *_: None):
+        assert json.loads((tmp_path / LEASE).read_text())["started"] != 1.0
