@@ -36,9 +36,9 @@ from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
 from schemas.records import Passage
 from schemas.tables import LABELS
-from strategies.base import Item, prompt
-from strategies.forms import form_of
-from strategies.self_reasoning import trajectory_prompt
+from strategies.base import Item, clean_answer, prompt
+from strategies.forms import VERDICT, form_of
+from strategies.self_reasoning import trajectory_prompt, verdict
 
 LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
 
@@ -100,10 +100,15 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         if row["error"] or not trajectory or trajectory.get("parsed") is False:
             dropped["no parsed trajectory"] += 1
             continue
-        if not M.gold_answers(g.get("answers")):
+        golds = M.gold_answers(g.get("answers"))
+        if not golds:
             dropped["no gold answer"] += 1
             continue
-        if not _correct(row["answer"], M.gold_answers(g["answers"]), config.match):
+        # the trajectory is the training target, so its own answer must be right: under answer_step
+        # read / follow_up the row's answer is a later read of it, which can differ either way
+        form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
+        said = str(trajectory.get("answer") or "")
+        if not _correct(verdict(said) if form == VERDICT else clean_answer(said), golds, config.match):
             dropped["wrong answer"] += 1
             continue
         gold_ids, cited = set(g.get("gold_passage_ids") or []), set(row["citations"] or [])
@@ -118,10 +123,9 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
             dropped["passage missing from the index"] += 1
             continue
         target = json.dumps({k: trajectory.get(k) for k in ("relevant", "relevant_reason", "cite_list", "analysis", "answer")})
-        form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
         user = trajectory_prompt(row["question"], evidence, form, forms, short_answer)
         kept.append({"id": row["id"], "question": row["question"], "passage_ids": row["retrieved_ids"],
-                     "trajectory": target, "answer": row["answer"], "gold_answers": g.get("answers") or [],
+                     "trajectory": target, "answer": row["answer"], "gold_answers": golds,
                      "citation_precision": precision, "citation_recall": recall, "messages": _chat(user, target)})
     return kept, dropped
 

@@ -79,6 +79,16 @@ def test_self_reasoning_keeps_only_correct_trajectories_and_optionally_well_cite
     assert [r["id"] for r in kept] == ["a", "f"] and dropped["citations under threshold"] == 1
 
 
+def test_a_trajectory_is_kept_by_its_own_answer_not_by_the_later_read_of_it():
+    """Under answer_step read the row's answer is a read of the trajectory: a trajectory answering Lyon was
+    kept as a training target because the read said Paris, and a right one dropped for a wrong read."""
+    gold = {"a": {"answers": ["Paris", None]}, "b": {"answers": ["Paris"]}}
+    rows = [row("a", "Paris", trajectory("Lyon"), "self_reasoning"), row("b", "Lyon", trajectory("Paris"), "self_reasoning")]
+    kept, dropped = self_reasoning_labels(rows, gold, PASSAGES, LabelConfig())
+    assert [r["id"] for r in kept] == ["b"] and dropped == {"wrong answer": 1}
+    assert kept[0]["gold_answers"] == ["Paris"]
+
+
 def test_label_files_are_parquet_and_chat_jsonl(tmp_path):
     out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES, LabelConfig())
     write_labels(str(tmp_path), "relevance", out["relevance"])
