@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.question_sources import to_arrow, write_input
+from jobs.questions import stand_in_row
 from schemas.config import validated
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
-    """The questions as Parquet under ``folder``/_input, named by their content: a run's identity names
-    its input's path, so the same questions resume the same run, and other questions cannot overwrite
-    the file an earlier run was answered from."""
+    """The questions as Parquet under ``folder``/_input, named by their rows (``write_input``): the same
+    questions resume the same run, and other questions cannot overwrite the file an earlier run was
+    answered from."""
     # the rows, not their Arrow layout: a DataFrame and a Dataset of the same questions are one run
     digest = hashlib.sha256(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     return write_input(table, folder, digest)
@@ -51,8 +51,8 @@ def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]
     def row_of(qid) -> int:  # a null id is answered as "<row N>" (jobs/questions.py)
         if qid in position:
             return position[qid]
-        match = re.fullmatch(r"<+row (\d+)>", str(qid))
-        return int(match.group(1)) if match else questions.num_rows
+        row = stand_in_row(qid)
+        return questions.num_rows if row is None else row
 
     keep = sorted((i for i in range(answers.num_rows) if names[i] in rank),
                   key=lambda i: (rank[names[i]], row_of(ids[i]), str(ids[i])))

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from jobs import metrics as M
-from jobs.questions import by_first_id, question_columns
+from jobs.questions import by_first_id, question_columns, stand_in_row
 from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
@@ -77,7 +76,8 @@ def checked(files: list[str]) -> list[str]:
         if missing:
             raise SchemaError(f"{path} has answers but not the columns {missing} that evaluate reads: "
                               "evaluate answers written by `ragsift answer` / `compare`")
-        empty = [c for c in SCORED_COLUMNS[3:] if pf.read(columns=[c])[c].null_count]  # the counts it sums
+        counts = pf.read(columns=list(SCORED_COLUMNS[3:]))  # the counts it sums, read once
+        empty = [c for c in counts.column_names if counts[c].null_count]
         if empty:
             raise SchemaError(f"{path} has null values in {empty}, which evaluate sums: "
                               "evaluate answers written by `ragsift answer` / `compare`")
@@ -143,9 +143,8 @@ def gold_of(qid: str, gold_by_id: dict, gold: list[dict]) -> dict | None:
     (jobs/questions.py), the N-th question."""
     if qid in gold_by_id and qid is not None:
         return gold_by_id[qid]
-    match = re.fullmatch(r"<+row (\d+)>", str(qid))
-    row = int(match.group(1)) if match else -1
-    return gold[row] if 0 <= row < len(gold) and gold[row]["id"] is None else None
+    row = stand_in_row(qid)
+    return gold[row] if row is not None and row < len(gold) and gold[row]["id"] is None else None
 
 
 def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:

@@ -184,7 +184,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
                 continue
             if shard not in builders:
                 builders[shard] = _ShardBuilder(out / _dir(shard), bounds[shard + 1] - bounds[shard], dims)
-            problem = usable(pid, text, title) or ("duplicate_id" if not first[i] else None)
+            problem = skip_reason(pid, text, title) or ("duplicate_id" if not first[i] else None)
             if problem:
                 builders[shard].skipped[problem] += 1
                 continue
@@ -293,7 +293,7 @@ def _decoded(raw: bytes) -> str | bytes:
         return raw
 
 
-def usable(pid, text, title) -> str | None:
+def skip_reason(pid, text, title) -> str | None:
     """Why a corpus row is skipped, if it is (a duplicate id aside), counted in the manifest."""
     return ("invalid_utf8" if bytes in (type(pid), type(text), type(title))
             else "null_id" if pid is None else "null_text" if not text or not text.strip() else None)
@@ -305,15 +305,11 @@ def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
     hashes, valid = [], []
     columns = ["id", "text"] + (["title"] if "title" in corpus.schema_arrow.names else [])
     for batch in corpus.iter_batches(batch_size=65_536, columns=columns):
-        ids = batch.column(0)
+        ids = text_values(batch.column(0))  # an id that is not valid UTF-8 is hashed by its bytes
         texts = text_values(batch.column(1))
         titles = text_values(batch.column(2)) if len(columns) == 3 else [None] * batch.num_rows
-        valid.append(np.array([usable(p, x, t) is None for p, x, t in zip(text_values(ids), texts, titles)], dtype=bool))
-        try:
-            values = ids.fill_null("").to_numpy(zero_copy_only=False)
-        except (pa.ArrowException, UnicodeDecodeError):  # an id that is not valid UTF-8: hashed by its bytes
-            values = ["" if v is None else v for v in text_values(ids)]
-        hashes.append(hash_ids(values))
+        valid.append(np.array([skip_reason(p, x, t) is None for p, x, t in zip(ids, texts, titles)], dtype=bool))
+        hashes.append(hash_ids(["" if v is None else v for v in ids]))
     hashes, valid = np.concatenate(hashes), np.concatenate(valid)
     order = np.flatnonzero(valid)
     _, first = np.unique(hashes[order], return_index=True)

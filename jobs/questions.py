@@ -47,6 +47,12 @@ def _row_id(row: int, prefix: str = NULL_ID_PREFIX) -> str:
     return f"{prefix}{row}>"
 
 
+def stand_in_row(qid) -> int | None:
+    """The row number N of a stand-in id ``<row N>`` (``<<row N>`` and so on: ``_row_id``), None for another id."""
+    match = re.fullmatch(r"<+row (\d+)>", str(qid))
+    return int(match.group(1)) if match else None
+
+
 def _effective_ids(batch_ids: list, first_row: int, prefix: str) -> list[str]:
     return [qid if qid is not None else _row_id(first_row + i, prefix) for i, qid in enumerate(batch_ids)]
 

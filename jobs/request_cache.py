@@ -38,9 +38,10 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
     """A digest per request stage of what decides its pool's responses."""
     generator = llm_namespace(config.generator, config)
     index = manifest_sha256(config.index.path) if config.index.path else None
+    manifest = read_manifest(config.index.path) if index else None
     # the cosine fallback ranks with the encoder pool's model: the index's embedder where the run
     # retrieves (jobs/pools.py), not embedder.model
-    encoder = read_manifest(config.index.path)["embedder"] if index else config.embedder.model
+    encoder = manifest["embedder"] if manifest else config.embedder.model
     parts = {
         "generator": generator,
         "judge": llm_namespace(config.judge, config) if config.judge else generator,
@@ -54,7 +55,7 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         # the index's search settings decide its passages
         retrieval = {key: value for key, value in config.retrieval.model_dump().items()
                      if key != "k" and not speed_setting(RetrievalConfig, key)}
-        parts["retriever"] = {"index": index, "embedder": revision(read_manifest(config.index.path)["embedder"]),
+        parts["retriever"] = {"index": index, "embedder": revision(manifest["embedder"]),
                               "retrieval": retrieval, "nprobe": config.index.nprobe,
                               "hnsw_ef_search": config.index.hnsw_ef_search}
     return {stage: digest({**part, "cache_version": CACHE_VERSIONS[stage]} if CACHE_VERSIONS.get(stage, 1) > 1 else part)
