@@ -43,16 +43,25 @@ def test_a_bad_gold_column_fails_compare_before_any_answering(tmp_path):
     assert not (tmp_path / "out" / "rag").exists()
 
 
-def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_nothing(tmp_path, monkeypatch, capsys):
-    """Before, it failed only after Ray started and left a _manifest.json that refused the corrected rerun."""
+@pytest.fixture
+def one_question_and_no_ray(tmp_path, monkeypatch):
+    """A one-question file, and a Ray whose start fails the test: the checks below come before it."""
     import jobs.ray_session
-    from jobs.cli import run_job
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")
     monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
     questions = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    return questions
+
+
+def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_nothing(tmp_path, one_question_and_no_ray,
+                                                                                       capsys):
+    """Before, it failed only after Ray started and left a _manifest.json that refused the corrected rerun."""
+    from jobs.cli import run_job
+
+    questions = one_question_and_no_ray
     code = run_job("answer", ["--questions", str(questions), "--output", str(tmp_path / "out"),
                               "--index-dir", str(tmp_path / "no-index"), "--strategy", "rag"])
     err = capsys.readouterr().err.strip()
@@ -60,17 +69,12 @@ def test_a_mistyped_index_dir_is_a_one_line_error_before_ray_starts_and_leaves_n
     assert not (tmp_path / "out").exists()
 
 
-def test_force_with_a_mistyped_index_dir_keeps_the_output_it_could_not_replace(tmp_path, monkeypatch, capsys):
+def test_force_with_a_mistyped_index_dir_keeps_the_output_it_could_not_replace(tmp_path, one_question_and_no_ray, capsys):
     """Before, --force skipped the index check on a claimed output, discarded every part, then failed."""
-    import jobs.ray_session
     from jobs.cli import run_job
     from jobs.output import ShardedOutput
 
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started")
-    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
-    questions = tmp_path / "q.parquet"
-    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    questions = one_question_and_no_ray
     earlier = ShardedOutput(str(tmp_path / "out"), {"generator.model": "earlier"}, ["rag"], shard_rows=10)
     earlier.sealed(0, 1)
     earlier.write({"id": "a", "strategy": "rag", "answer": "x", "_shard": 0})
