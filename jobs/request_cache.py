@@ -44,7 +44,8 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
     encoder = manifest["embedder"] if manifest else config.embedder.model
     parts = {
         "generator": generator,
-        "judge": llm_namespace(config.judge, config) if config.judge else generator,
+        # a judgment is greedy over its choices in every replica kind: sampling does not decide it
+        "judge": llm_namespace(config.judge or config.generator, config, sampling=False),
         "ranker": {"model": revision(config.reranker.model), "max_length": config.reranker.max_length}
         if config.reranker.model else {"model": "cosine:" + revision(encoder)},
         "nli": {"model": revision(config.nli.model), "max_length": config.nli.max_length},
@@ -69,11 +70,12 @@ def know_embedder(model: str | None) -> str | None:
     return revision(embedder_of(str(path))) if path and (path / KNOW_WEIGHTS).is_file() else None
 
 
-def llm_namespace(llm: LLMConfig, config: AnswerConfig) -> dict:
+def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
              if llm.endpoint else {"model": revision(llm.model), "dtype": resolve_dtype(llm.dtype),
                                    "engine_kwargs": llm.engine_kwargs})
-    return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed, "sampling": config.sampling.model_dump()}
+    return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
+            **({"sampling": config.sampling.model_dump()} if sampling else {})}
 
 
 def revision(model: str | None) -> str:
