@@ -47,16 +47,19 @@ def world_size(llm: dict) -> int:
     return llm["tensor_parallel_size"] * llm["pipeline_parallel_size"]
 
 
-def resolve_dtype(dtype: str, cpu_flags: str | None = None) -> str:
+def resolve_dtype(dtype: str, cpu_flags: str | None = None, gpu: bool | None = None) -> str:
     """``auto``: the model's own dtype (bfloat16 for ours) on a GPU or a CPU that computes bf16 natively
     (AVX512-BF16, AMX), float32 on other CPUs. There vLLM's bf16 matmuls are emulated and cost about the
     same per step whatever the batch (measured on a 2-core AVX2 EPYC, Qwen2.5-0.5B: 8 short judgments
-    13.5 s in bf16, 2.1 s in fp32; 32 RAG prompts 275 vs 1,046 tokens/s)."""
+    13.5 s in bf16, 2.1 s in fp32; 32 RAG prompts 275 vs 1,046 tokens/s). ``gpu``: whether the model runs
+    on a GPU, where another process than the replica's asks (None: this process's torch sees one)."""
     if dtype != "auto":
         return dtype
-    import torch
+    if gpu is None:
+        import torch
 
-    if torch.cuda.is_available():
+        gpu = torch.cuda.is_available()
+    if gpu:
         return "auto"
     if cpu_flags is None:
         try:

@@ -64,6 +64,9 @@ def test_the_namespace_changes_with_what_changes_a_pools_responses_and_only_then
     longer = namespaces(config(small, "x", "sampling.max_tokens=20"))
     assert longer["generator"] != base["generator"] and longer["retriever"] == base["retriever"]
     assert longer["judge"] == base["judge"]  # judgments are greedy over their choices whatever the sampling
+    # a GPU replica computes in the model's own dtype whatever the driver's CPU
+    gpu = namespaces(config(small, "x", "generator.num_gpus=1"))["generator"]
+    assert gpu == namespaces(config(small, "x", "generator.tensor_parallel_size=2"))["generator"] != base["generator"]
     faster = namespaces(config(small, "x", "engine.window=7", "generator.replicas=2", "retrieval.k=9",
                                "retrieval.shard_resources={retrieval: 1}", "retrieval.num_cpus_per_shard=1"))
     assert faster == base  # speed settings, and a k that every Retrieve names itself
