@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -25,6 +25,8 @@ from engine.supervision import Supervisor, death_cause
 from schemas.config import EngineConfig
 from schemas.errors import StageDown
 from schemas.records import Generation, Judgment, Question, Request, Response
+
+REQUEST_TYPES = get_args(Request)
 
 
 @dataclass
@@ -233,6 +235,8 @@ class Engine:
         try:
             stage.stats.received(launched.refs)
             responses = stage.combine(launched.batch, ray.get(launched.refs))
+            if len(responses) != len(launched.batch):  # zip would leave the unanswered ones waiting forever
+                raise RuntimeError(f"replica answered {len(responses)} of {len(launched.batch)} requests")
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
             self._batch_failed(stage, launched.replica, launched.batch, launched.attempts, err, launched.started)
             return
@@ -467,7 +471,30 @@ class Engine:
             return Done("", "error", error=f"{where}: {_describe(err)}")
         if not isinstance(step, (Ask, Done, Spawn)):  # e.g. a solve() that ends without returning a Done
             return Done("", "error", error=f"{where} returned {type(step).__name__}, not Ask / Spawn / Done")
-        return step
+        wrong = self._invalid(step)
+        return Done("", "error", error=f"{where}: {wrong}") if wrong else step
+
+    def _invalid(self, step) -> str | None:
+        """What in an Ask or a Spawn the engine cannot carry out: checked before anything is queued, so a
+        strategy's mistake (a list where a request holds tuples, a stage this run has no pool for) fails
+        its question and not the run."""
+        if isinstance(step, Spawn):
+            if isinstance(step.questions, str) or not all(isinstance(q, str) for q in step.questions):
+                return "spawned something other than a list of question strings"
+        if not isinstance(step, Ask):
+            return None
+        if not isinstance(step.requests, (list, tuple)):
+            return f"asked {type(step.requests).__name__}, not a list of requests"
+        for request in step.requests:
+            if not isinstance(request, REQUEST_TYPES):
+                return f"asked {type(request).__name__}, not a request ({', '.join(t.__name__ for t in REQUEST_TYPES)})"
+            try:
+                hash(request)
+            except TypeError as err:
+                return f"asked a {type(request).__name__} that cannot be hashed ({err}): its fields take tuples, not lists"
+            if request.stage not in self.routes:
+                return f"asked the {request.stage} stage, which this run has no pool for"
+        return None
 
     def _fill(self, node: Node, slot: int, response: Response) -> None:
         node.slots[slot] = response

@@ -21,6 +21,14 @@ class FakeGenerator:
         return [Generation("echo:" + r.messages[-1][1].splitlines()[0], 3, 2) for r in batch]
 
 
+class ShortGenerator(FakeGenerator):
+    """Leaves the last request of a batch holding 'SHORT' unanswered (a replica that breaks the contract)."""
+
+    def generate(self, batch):
+        results = super().generate(batch)
+        return results[:-1] if any("SHORT" in r.messages[-1][1] for r in batch) else results
+
+
 class CountingGenerator(FakeGenerator):
     """Says how many requests it computed."""
 

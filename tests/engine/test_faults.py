@@ -23,6 +23,7 @@ from tests.engine.fakes import (
     FlakyGenerator,
     SlowGenerator,
     SlowShard,
+    ShortGenerator,
     SlowStartingGenerator,
     StreamingFake,
     streaming,
@@ -168,6 +169,14 @@ def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session,
     assert "generator failed 2 times" in by_id["killer"]["error"]
     assert engine.batch_splits >= 2  # a batch of several only splits after failing twice
     assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "killer")
+
+
+def test_a_batch_replica_that_answers_fewer_requests_than_it_was_given_fails_the_call_not_the_run(ray_session):
+    questions = [*QUESTIONS[:12], Question("short", "SHORT please"), *QUESTIONS[12:20]]
+    by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=ShortGenerator, max_attempts=2)
+    assert len(rows) == len(questions)  # the engine stalled with the unanswered request waiting
+    assert "replica answered 0 of 1 requests" in by_id["short"]["error"]
+    assert all(r["error"] is None and r["answer"].startswith("echo:") for i, r in by_id.items() if i != "short")
 
 
 def test_an_error_every_request_hits_stops_the_run_instead_of_isolating_each_request(ray_session, kind):

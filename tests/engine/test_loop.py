@@ -7,7 +7,7 @@ import pytest
 from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import EngineConfig, StageBatching
-from schemas.records import Generate, Question
+from schemas.records import Generate, Question, Rank
 from strategies.base import Ask, Done, Spawn, StrategySettings, prompt
 from strategies.registry import STRATEGIES
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
@@ -174,7 +174,9 @@ class Fragile:
     def start(self, item):
         if item.question == "boom":
             raise ValueError("bad state")
-        return Ask([Generate((("user", item.question),))])
+        malformed = {"list": Ask([Generate([("user", "x")])]), "none": Ask([None]),
+                     "no pool": Ask([Rank("q", ("a",), 1)]), "letters": Spawn("abc")}
+        return malformed.get(item.question) or Ask([Generate((("user", item.question),))])
 
     def resume(self, item, responses):
         if item.question == "silent":
@@ -187,12 +189,18 @@ def test_a_strategy_exception_or_a_step_that_is_not_one_fails_one_question_only(
     gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
     engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"fragile": Fragile()},
                     EngineConfig(), rows.append)
-    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok"), Question("d", "silent")],
-               ["fragile"])
+    malformed = ["list", "none", "no pool", "letters"]
+    engine.run([Question("a", "fine"), Question("b", "boom"), Question("c", "ok"), Question("d", "silent")]
+               + [Question(f"m{i}", q) for i, q in enumerate(malformed)], ["fragile"])
     by_id = {r["id"]: r for r in rows}
     assert "fragile.start: ValueError: bad state" in by_id["b"]["error"]
     assert by_id["d"]["error"] == "strategy fragile.resume returned NoneType, not Ask / Spawn / Done"
     assert by_id["a"]["answer"] == "echo:fine" and by_id["c"]["error"] is None
+    # a malformed Ask or Spawn is the asking question's error, named, before anything is queued
+    errors = [by_id[f"m{i}"]["error"] for i in range(len(malformed))]
+    assert "cannot be hashed" in errors[0] and "asked NoneType, not a request" in errors[1]
+    assert "asked the ranker stage, which this run has no pool for" in errors[2]
+    assert "spawned something other than a list of question strings" in errors[3]
 
 
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
