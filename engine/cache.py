@@ -45,18 +45,30 @@ class RequestCache:
         self.pending: list[tuple[str, str, str, float]] = []
         self.flushed_at = time.monotonic()
         self._db: sqlite3.Connection | None = None
+        self.disk_error: str | None = None  # why the disk part was given up for this run
+        self.undecodable = 0  # stored rows that could not be read back: looked up as misses
 
     def get(self, request: Request) -> tuple[Response | None, str | None]:
         """The stored response and where it was found ("memory" or "disk"), or (None, None)."""
         if request in self.memory:
             self.memory.move_to_end(request)
             return self.memory[request], "memory"
-        if self.path is None or request.stage not in self.namespaces:
+        if not self._on_disk(request):
             return None, None
-        row = self.db.execute("SELECT response FROM responses WHERE key = ?", (self.key(request),)).fetchone()
+        try:
+            row = self.db.execute("SELECT response FROM responses WHERE key = ?", (self.key(request),)).fetchone()
+        except sqlite3.DatabaseError as err:
+            self._give_up_disk(err)
+            return None, None
         if row is None:
             return None, None
-        response = decode(row[0])
+        try:
+            response = decode(row[0])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            # written by another version of ragsift (fields this one lacks) or damaged: computed again,
+            # and the new response replaces the row
+            self.undecodable += 1
+            return None, None
         self._remember(request, response)
         return response, "disk"
 
@@ -64,7 +76,7 @@ class RequestCache:
         if getattr(response, "error", None):
             return
         self._remember(request, response)
-        if self.path is not None and request.stage in self.namespaces:
+        if self._on_disk(request):
             self.pending.append((self.key(request), request.stage, encode(response), time.time()))
             if len(self.pending) >= WRITE_EVERY:
                 self.flush()
@@ -80,10 +92,22 @@ class RequestCache:
         """Write the buffered responses (the engine calls this when a run ends and, through
         ``flush_if_due``, every WRITE_AFTER_S seconds; ``put`` every WRITE_EVERY responses)."""
         self.flushed_at = time.monotonic()
-        if self.pending:
-            with self.db:  # one transaction
-                self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
-            self.pending.clear()
+        if self.pending and self.disk_error is None:
+            try:
+                with self.db:  # one transaction
+                    self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
+            except sqlite3.DatabaseError as err:
+                self._give_up_disk(err)
+        self.pending.clear()
+
+    def _on_disk(self, request: Request) -> bool:
+        return self.path is not None and self.disk_error is None and request.stage in self.namespaces
+
+    def _give_up_disk(self, err: sqlite3.DatabaseError) -> None:
+        """A damaged or unreadable cache file costs the run its disk cache (reported in metrics.json's
+        request_cache.disk_error), not its answers."""
+        self.disk_error = f"{self.path}: {type(err).__name__}: {err} (delete the file, or run with --no-cache)"
+        self.pending.clear()
 
     def key(self, request: Request) -> str:
         fields = [getattr(request, f.name) for f in dataclasses.fields(request) if f.compare]

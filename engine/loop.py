@@ -578,7 +578,8 @@ class Engine:
         """Requests asked, and those answered from this run's memory or an earlier run's disk cache."""
         lookups = sum(self.cache_lookups.values())
         hits = {w: sum(h[w] for h in self.cache_hits.values()) for w in ("memory", "disk")}
-        return {"path": str(self.cache.path) if self.cache.path else None, "lookups": lookups, "hits": hits,
+        return {"path": str(self.cache.path) if self.cache.path else None, "disk_error": self.cache.disk_error,
+                "undecodable": self.cache.undecodable, "lookups": lookups, "hits": hits,
                 "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                 "by_stage": {stage: {"lookups": n, **self.cache_hits.get(stage, {"memory": 0, "disk": 0})}
                              for stage, n in sorted(self.cache_lookups.items())}}

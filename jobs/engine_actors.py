@@ -210,7 +210,10 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -
     lookups = sum(p["request_cache"]["lookups"] for p in parts)
     hits = sum(sum(p["request_cache"]["hits"].values()) for p in parts)
     merged.update(stages=stages, resolved_by=resolved,
-                  request_cache={"lookups": lookups, "hit_rate": round(hits / lookups, 4) if lookups else 0.0},
+                  request_cache={"lookups": lookups, "hit_rate": round(hits / lookups, 4) if lookups else 0.0,
+                                 "disk_error": next((p["request_cache"]["disk_error"] for p in parts
+                                                     if p["request_cache"]["disk_error"]), None),
+                                 "undecodable": sum(p["request_cache"]["undecodable"] for p in parts)},
                   driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())
                                                  / max(1, merged["roots_done"]), 1),
                   engines=parts)

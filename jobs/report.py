@@ -156,8 +156,9 @@ def depth_figure(rows: dict[str, list[dict]]) -> str:
 
 def utilisation_figure(runs: list[dict]) -> str | None:
     plt = _plt()
-    series = [(f"{run['label']}: {name}", stage["utilisation"]) for run in runs if run["metrics"]
-              for name, stage in run["metrics"].get("stages", {}).items() if "utilisation" in stage]
+    series = [(f"{label}: {name}", stage["utilisation"]) for run in runs if run["metrics"]
+              for label, metrics in _engines(run)
+              for name, stage in metrics.get("stages", {}).items() if "utilisation" in stage]
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -169,6 +170,15 @@ def utilisation_figure(runs: list[dict]) -> str | None:
     ax.legend(fontsize=8)
     ax.set_title("Stage utilisation over time")
     return _png(fig)
+
+
+def _engines(run: dict) -> list[tuple[str, dict]]:
+    """A run's metrics, or with engine.actors > 1 each engine's: the merged metrics hold no utilisation
+    (each engine saw only its own batches on the shared replicas, so their busy fractions do not add up)."""
+    engines = run["metrics"].get("engines")
+    if engines:
+        return [(f"{run['label']} engine {i}", metrics) for i, metrics in enumerate(engines)]
+    return [(run["label"], run["metrics"])]
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:

@@ -126,3 +126,30 @@ class NeverReady:
 
     def kv_capacity(self):
         time.sleep(3600)
+
+
+def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_run(tmp_path):
+    path = tmp_path / "c.sqlite"
+    (request, response), (other, other_response) = PAIRS[:2]
+    cache = RequestCache(0, path, NAMESPACES)
+    cache.put(request, response)
+    cache.put(other, other_response)
+    cache.flush()
+    db = sqlite3.connect(path)
+    newer = '["Generation", {"text": "x", "prompt_tokens": 1, "reasoning_tokens": 3}]'  # a field this version lacks
+    db.execute("UPDATE responses SET response = ? WHERE key = ?", (newer, cache.key(request)))
+    db.execute("UPDATE responses SET response = ? WHERE key = ?", ('["Judgment", {"lab', cache.key(other)))
+    db.commit()
+    assert cache.get(request) == (None, None) and cache.get(other) == (None, None)
+    assert cache.undecodable == 2 and cache.disk_error is None
+    cache.put(request, response)  # computed again: the row is replaced
+    cache.flush()
+    assert RequestCache(0, path, NAMESPACES).get(request) == (response, "disk")
+
+    damaged = tmp_path / "damaged.sqlite"
+    damaged.write_bytes(b"not a database" * 100)
+    cache = RequestCache(10, damaged, NAMESPACES)
+    assert cache.get(request) == (None, None) and "damaged.sqlite" in cache.disk_error
+    cache.put(request, response)
+    cache.flush()  # nothing written, nothing raised; the run keeps its memory part
+    assert cache.get(request) == (response, "memory")

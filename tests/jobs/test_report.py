@@ -81,6 +81,16 @@ def test_several_runs_are_labelled_and_a_run_without_metrics_has_no_utilisation_
     assert len(images(page)) == 5 and "Stage utilisation" not in page
 
 
+def test_a_run_of_several_engine_actors_plots_each_engines_utilisation(run_dir, tmp_path):
+    run, questions = run_dir
+    busy = {"utilisation": {"bin_s": 2.0, "busy": [1.0, 0.5]}}
+    (run / "metrics.json").write_text(json.dumps({  # engine.actors = 2: jobs/engine_actors.merge_metrics
+        "stages": {"generator": {"calls": 4}}, "engines": [{"stages": {"generator": busy}}] * 2}))
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
+    assert len(images(out.read_text())) == 6 and "Stage utilisation" in out.read_text()
+
+
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     """The page as a browser shows it: every embedded PNG decodes and paints (a broken image would
     leave a small icon: the plots' colours would be missing from the screenshot)."""
