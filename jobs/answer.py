@@ -26,7 +26,7 @@ from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, redact
-from schemas.config import load_config
+from schemas.config import load_config, validated
 from schemas.errors import UserError
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
@@ -181,20 +181,24 @@ def add_arguments(p: argparse.ArgumentParser, retry_errors: bool = True) -> None
     add_config_arguments(p)
 
 
-def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ...] = ()) -> AnswerConfig:
+def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ...] = (),
+                     strategies: list[str] | None = None) -> AnswerConfig:
     """The config from defaults, --config, --set and flags; ``default_strategies`` (a job's own default)
-    applies only when neither --strategy nor the config file names strategies."""
+    applies only when neither --strategy nor the config file names strategies; ``strategies`` (a job
+    that runs its own, e.g. calibrate's probe) replaces them. Either way the strategies' own checks run."""
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     overrides += ["cache.enabled=false"] if getattr(args, "no_cache", False) else []
-    strategies = args.strategy.split(",") if args.strategy else None
+    chosen = args.strategy.split(",") if args.strategy else None
     config = load_config(AnswerConfig, args.config, overrides, questions=args.questions,
-                         output=args.output, strategies=strategies, limit=args.limit)
-    if default_strategies and "strategies" not in config.model_fields_set:
-        config = config.model_copy(update={"strategies": list(default_strategies)})
-    if config.questions and config.output:
-        questions = materialize_questions(config.questions, config.output, config.input.columns, config.input.split)
-        config = config.model_copy(update={"questions": questions})
-    return config
+                         output=args.output, strategies=chosen, limit=args.limit)
+    if strategies or (default_strategies and "strategies" not in config.model_fields_set):
+        config = validated(AnswerConfig, {**config.model_dump(exclude_unset=True),
+                                          "strategies": list(strategies or default_strategies)})
+    if not (config.questions and config.output):
+        raise UserError("needs questions and an output: pass --questions and --output (or set `questions` and "
+                        "`output` in the config)")
+    questions = materialize_questions(config.questions, config.output, config.input.columns, config.input.split)
+    return config.model_copy(update={"questions": questions})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -62,11 +62,11 @@ def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]
 class Session:
     def __init__(self, *, index_dir: str | None = None, generator: str | None = None, config: str | None = None,
                  overrides: list[str] = (), log=None):
-        from schemas.config import load_config
+        from schemas.config import as_override, load_config
         from strategies.registry import AnswerConfig
 
-        extra = [f"index.path={Path(index_dir).expanduser()}"] if index_dir else []
-        extra += [f"generator.model={generator}"] if generator else []
+        extra = [as_override("index.path", str(Path(index_dir).expanduser()))] if index_dir else []
+        extra += [as_override("generator.model", generator)] if generator else []
         self.config = load_config(AnswerConfig, config, [*overrides, *extra])
         self.log = log or (lambda *a, **k: None)
         self.stages: dict = {}

@@ -298,8 +298,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
-    config = answer_job.config_from_args(args)
-    config = config.model_copy(update={"strategies": [PROBE]})
+    if not 0 < args.keep <= 1:
+        raise UserError(f"--keep {args.keep}: a share of the questions, in (0, 1] (its paper: 0.8)")
+    config = answer_job.config_from_args(args, strategies=[PROBE])
     cols = question_columns(config.questions)
     if "answers" not in cols:
         raise UserError(f"{config.questions}: calibration needs gold `answers`")

@@ -8,6 +8,7 @@ import importlib
 import re
 import sys
 
+from schemas.config import as_override
 from schemas.errors import StageDown, UserError
 
 JOBS = {
@@ -36,14 +37,15 @@ USER_ERRORS = (UserError, StageDown, OSError)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--config", action="append", help="YAML config file (repeatable: each over the one before, "
+                   "field by field)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set retrieval.k=10 (repeatable)")
+                   help="override a config field: section.field=value, the value read as YAML (repeatable)")
 
 
 def config_overrides(args: argparse.Namespace, shortcuts: dict[str, str]) -> list[str]:
     """``--set`` overrides, then the flags that are shortcuts for config fields (flag -> dotted field)."""
-    return [*args.set, *(f"{field}={getattr(args, flag)}" for flag, field in shortcuts.items()
+    return [*args.set, *(as_override(field, getattr(args, flag)) for flag, field in shortcuts.items()
                          if getattr(args, flag) is not None)]
 
 

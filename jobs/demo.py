@@ -17,7 +17,7 @@ from jobs.evaluate import evaluate, print_table, resolution_markdown, write_repo
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.storage import file_sha256, filesystem
-from schemas.config import load_config
+from schemas.config import as_override, load_config
 from strategies.registry import AnswerConfig
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "demo"
@@ -45,7 +45,7 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
     except FileNotFoundError:
         pass
     config = load_config(IndexJobConfig, corpus=str(CORPUS), overrides=[
-        f"index.path={index_dir}", f"index.shards={shards}",
+        as_override("index.path", str(index_dir)), f"index.shards={shards}",
         f"embedder.replicas={os.cpu_count()}"])  # Ray gives each encoder actor one thread
     build_index(config, log=log, extra={"corpus_sha256": corpus_sha})
 
@@ -64,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
     started = time.perf_counter()
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
-    ensure_index(index_dir, args.shards, log)
-    config = load_config(
-        AnswerConfig, None, [f"index.path={index_dir}", f"generator.model={args.generator}", *args.set],
+    config = load_config(  # checked before the index is built
+        AnswerConfig, None, [as_override("index.path", str(index_dir)), as_override("generator.model", args.generator),
+                             *args.set],
         questions=str(QUESTIONS), output=args.output, strategies=args.strategy.split(","), limit=args.limit,
     )
+    ensure_index(index_dir, args.shards, log)
     answer(config, log=log, force=True)  # a demo of other settings in the same folder is replaced
     table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
     print_table(table)

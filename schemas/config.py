@@ -5,6 +5,7 @@ One model per concern. Unknown keys and bad values fail at load time with the do
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -409,7 +410,7 @@ class CacheConfig(Section):
     weights (the server's; a changed server under the same name needs --no-cache or another path)."""
 
     changes_answers = False
-    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "") in ("", "0"),
+    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "").strip().lower() in ("", "0", "false", "no", "off"),
                           description="False (or --no-cache, or RAGSIFT_NO_CACHE=1) = this run neither reads nor "
                           "writes the disk cache (it still shares identical requests within itself)")
     path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
@@ -504,12 +505,32 @@ Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+
 Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
 
 
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    """A mapping whose keys are each written once: YAML keeps the last of two, dropping a setting unsaid."""
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+Yaml12Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
+
+
+def as_override(field: str, value: Any) -> str:
+    """``field=value`` for a value that is text as it stands (a path, a model name): quoted, so that YAML
+    reads neither ``idx #2`` as ``idx`` plus a comment nor ``2024`` / ``~`` / ``*idx`` as a number, null or alias."""
+    return f"{field}={json.dumps(value, ensure_ascii=False) if isinstance(value, str) else value}"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -523,12 +544,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r}: its value is not valid YAML ({_one_line(err)})") from None
 
 
-def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides: list[str] = (),
+def load_config(cls: type[BaseModel], file: str | Path | list | None = None, overrides: list[str] = (),
                 **values: Any):
-    """Build ``cls`` from defaults, a YAML file, dotted overrides, then explicit keyword values."""
+    """Build ``cls`` from defaults, YAML files (each over the one before, field by field), dotted
+    overrides, then explicit keyword values."""
     data: dict[str, Any] = {}
-    if file:
-        path = Path(file)
+    for path in map(Path, [file] if isinstance(file, (str, Path)) else file or []):
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
         try:
@@ -537,12 +558,14 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        data.update(loaded)
+        _layer(data, loaded)
     for text in overrides:
         keys, value = parse_override(text)
         node = data
         for k in keys[:-1]:
-            node = node.setdefault(k, {})
+            if node.get(k) is None:  # absent, or null as a run's own config.yaml writes an unset section
+                node[k] = {}
+            node = node[k]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {text!r}: {k} is not a section")
         node[keys[-1]] = value
@@ -550,6 +573,15 @@ def load_config(cls: type[BaseModel], file: str | Path | None = None, overrides:
         if value is not None:
             data[key] = value
     return validated(cls, data)
+
+
+def _layer(data: dict, over: dict) -> None:
+    """``over`` onto ``data``: a section merged field by field, anything else replaced."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _layer(data[key], value)
+        else:
+            data[key] = value
 
 
 def validated(cls: type[BaseModel], data: dict) -> BaseModel:

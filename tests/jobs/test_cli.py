@@ -114,3 +114,65 @@ def test_a_job_that_does_not_answer_error_rows_again_refuses_retry_errors_rather
     for answering in ("answer", "compare"):  # where it is carried out
         args = _parser(answering, importlib.import_module(JOBS[answering][0])).parse_args(["--retry-errors"])
         assert args.retry_errors
+
+
+def _args(job: str, argv: list[str]):
+    import importlib
+
+    from jobs.cli import JOBS, _parser
+
+    return _parser(job, importlib.import_module(JOBS[job][0])).parse_args(argv)
+
+
+@pytest.fixture
+def question_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("path", ["/data/idx #2", "2024", "2024-06-01", "~", "*idx", "[v2]idx", "true"])
+def test_a_path_or_model_flag_is_taken_as_it_stands_not_read_as_yaml(path, question_file, tmp_path):
+    from jobs.answer import config_from_args
+
+    # "/data/idx #2" was /data/idx (a comment), silently another index; the others were refused
+    config = config_from_args(_args("answer", ["--questions", question_file, "--output", str(tmp_path / "o"),
+                                                "--index-dir", path, "--generator", path]))
+    assert config.index.path == path and config.generator.model == path
+
+
+def test_jobs_that_pick_their_own_strategies_run_the_strategies_checks_and_need_questions(question_file, tmp_path,
+                                                                                        capsys):
+    from jobs.cli import main
+
+    output = ["--questions", question_file, "--output", str(tmp_path / "o")]
+    # raisf among compare's default strategies: a trained judge with no model was a TypeError in pool
+    # building, and engine.max_depth under raisf.d_th was accepted
+    for job, setting in [("compare", "raisf.judges=trained"), ("calibrate", "raisf.judges=trained"),
+                         ("compare", "engine.max_depth=1")]:
+        assert main([job, *output, "--set", setting]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("needs know.model" in err or "below raisf.d_th" in err), err
+    for job in ("compare", "label", "calibrate", "answer"):  # a TypeError in a path function before
+        assert main([job, "--output", str(tmp_path / "o")]) == 2
+        assert "needs questions and an output: pass --questions and --output" in capsys.readouterr().err
+    # sweep went on to start Ray and the models, then answered into ./None/<param>=<value>
+    assert main(["sweep", "--param", "retrieval.k", "--values", "3,5", "--questions", question_file]) == 2
+    assert "needs questions and an output" in capsys.readouterr().err
+    assert main(["calibrate", *output, "--keep", "80"]) == 2  # an IndexError after the whole probe pass
+    assert "--keep 80.0: a share of the questions, in (0, 1]" in capsys.readouterr().err
+
+
+def test_two_config_files_on_the_command_line_layer_rather_than_the_second_replacing_the_first(question_file,
+                                                                                             tmp_path):
+    from jobs.answer import config_from_args
+
+    mine, calibrated = tmp_path / "mine.yaml", tmp_path / "calibrated.yaml"
+    mine.write_text("retrieval: {k: 3}\n")
+    calibrated.write_text("raisf: {know_threshold: 0.9}\n")
+    config = config_from_args(_args("answer", ["--questions", question_file, "--output", str(tmp_path / "o"),
+                                               "--config", str(mine), "--config", str(calibrated)]))
+    assert (config.retrieval.k, config.raisf.know_threshold) == (3, 0.9)

@@ -21,6 +21,35 @@ def test_layering_file_then_overrides_then_values(tmp_path):
     assert c.limit == 3
 
 
+def test_config_files_layer_field_by_field_and_a_runs_own_config_takes_overrides_into_its_null_sections(tmp_path):
+    mine, calibrated = tmp_path / "mine.yaml", tmp_path / "calibrated.yaml"
+    mine.write_text("retrieval: {k: 3}\nraisf: {d_th: 2, know_threshold: 0.1}\n")
+    calibrated.write_text("raisf: {know_threshold: 0.9}\n")
+    c = load_config(AnswerConfig, [mine, calibrated])  # the second file replaced the first whole before
+    assert (c.retrieval.k, c.raisf.d_th, c.raisf.know_threshold) == (3, 2, 0.9)
+    written = tmp_path / "config.yaml"
+    written.write_text("judge: null\ngenerator: {endpoint: null}\n")  # as a run's resolved config.yaml has them
+    c = load_config(AnswerConfig, written, ["judge.model=qwen2.5-coder-1.5b-instruct",
+                                            "generator.endpoint.base_url=http://127.0.0.1:8000/v1"])
+    assert c.judge.model == "qwen2.5-coder-1.5b-instruct" and c.generator.endpoint.base_url.startswith("http")
+
+
+def test_a_key_written_twice_is_refused_not_the_last_one_kept(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("retrieval: {k: 3}\nretrieval: {method: bm25}\n")  # k: 3 was dropped without a word
+    with pytest.raises(ConfigError, match="key 'retrieval' is written twice"):
+        load_config(AnswerConfig, twice)
+    with pytest.raises(ConfigError, match="key 'k' is written twice"):
+        load_config(AnswerConfig, None, ["retrieval={k: 3, k: 7}"])
+
+
+@pytest.mark.parametrize("value, enabled", [("", True), ("0", True), ("false", True), ("off", True), ("1", False),
+                                            ("yes", False)])
+def test_the_no_cache_variable_reads_false_as_false(monkeypatch, value, enabled):
+    monkeypatch.setenv("RAGSIFT_NO_CACHE", value)
+    assert AnswerConfig().cache.enabled is enabled
+
+
 @pytest.mark.parametrize(
     "override, field",
     [
