@@ -9,10 +9,10 @@ answer (`scored`); costs over all `n`. Printed as a table, written as JSON and M
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
 from jobs import metrics as M
 from jobs.questions import by_first_id, question_columns, stand_in_row
@@ -234,15 +234,22 @@ def print_table(table: list[dict]) -> None:
 
 
 def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(table, indent=2))
+    """eval.json / eval.md / eval.png (and resolution.json) in ``out_dir``: a local folder or an
+    object store's, like the answers beside them."""
+    fs, root = filesystem(out_dir)
+    fs.create_dir(root, recursive=True)
+    files = {"eval.json": json.dumps(table, indent=2)}
     text = markdown(table)
     if resolved:
-        (out / "resolution.json").write_text(json.dumps(resolved, indent=2))
+        files["resolution.json"] = json.dumps(resolved, indent=2)
         text += "\n## How questions were resolved\n\n" + resolution_markdown(resolved)
-    (out / "eval.md").write_text(text)
-    chart(table, out / "eval.png")
+    files["eval.md"] = text
+    png = io.BytesIO()
+    chart(table, png)
+    files["eval.png"] = png.getvalue()
+    for name, content in files.items():
+        with fs.open_output_stream(f"{root}/{name}") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
 
 
 def cost_quality(ax, table: list[dict]) -> None:
@@ -260,7 +267,7 @@ def cost_quality(ax, table: list[dict]) -> None:
     ax.set_title("cost and quality (all questions)")
 
 
-def chart(table: list[dict], path: Path) -> None:
+def chart(table: list[dict], path) -> None:
     """F1 per strategy and dataset, the cost-quality plane and LLM calls per question, as one PNG."""
     import matplotlib
 
@@ -305,10 +312,21 @@ def run(args: argparse.Namespace) -> int:
     table, resolved = evaluate(args.answers, args.questions, args.k)
     print_table(table)
     print(resolution_markdown(resolved))
-    out = args.out or (args.answers if Path(args.answers).is_dir() else str(Path(args.answers).parent))
+    out = args.out or answers_folder(args.answers)
     write_reports(table, out, resolved)
     print(f"wrote {out}/eval.json and eval.md", file=sys.stderr)
     return 0
+
+
+def answers_folder(answers: str) -> str:
+    """The answers directory, or the folder of one answers file (on any filesystem: ``Path`` made
+    ``s3://b/x.parquet``'s folder ``s3:/b``, a local folder of that name)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(answers)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        return answers
+    return answers.rstrip("/").rsplit("/", 1)[0] if "/" in answers else "."
 
 
 def main(argv: list[str] | None = None) -> int:

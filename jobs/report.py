@@ -26,6 +26,7 @@ from jobs.evaluate import (
     resolution_cells,
     score,
 )
+from jobs.storage import filesystem, redact
 from schemas.errors import UserError
 
 
@@ -34,7 +35,7 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
     groups = grouped_rows(run, questions, "report")
     if label:
         groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
-    metrics_path = Path(run) / "metrics.json"
+    metrics_path = f"{run.rstrip('/')}/metrics.json"
     return {
         "scores": [score(s, d, rows, None) for (s, d), rows in groups],
         "resolution": resolution(groups),
@@ -44,14 +45,19 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
     }
 
 
-def read_metrics(path: Path) -> dict | None:
-    """A run's metrics.json; the answers report without it (missing, or damaged by a killed writer)."""
-    if not path.exists():
+def read_metrics(path) -> dict | None:
+    """A run's metrics.json (a local path or an object store's URI); the answers report without it
+    (missing, or damaged by a killed writer)."""
+    fs, where = filesystem(str(path))
+    try:
+        with fs.open_input_stream(where) as f:
+            text = f.read().decode()
+    except FileNotFoundError:
         return None
     try:
-        return json.loads(path.read_text())
+        return json.loads(text)
     except ValueError as err:
-        print(f"report: {path} is damaged ({err}); the run is reported without its metrics", file=sys.stderr)
+        print(f"report: {redact(str(path))} is damaged ({err}); the run is reported without its metrics", file=sys.stderr)
         return None
 
 

@@ -156,3 +156,22 @@ def test_a_pipe_in_a_dataset_name_stays_in_its_cell(tmp_path):
     for text in (markdown(scores), resolution_markdown(resolved)):
         lines = text.splitlines()
         assert all(line.replace("\\|", "").count("|") == lines[0].count("|") for line in lines)
+
+
+def test_reports_go_where_the_answers_are_on_any_filesystem_not_into_a_local_folder_named_after_the_uri(
+        tmp_path, monkeypatch):
+    from jobs.evaluate import answers_folder, write_reports
+    from jobs.report import read_metrics
+
+    answers, questions = write(tmp_path, [answer_row("a", "Paris")], [{"id": "a", "question": "q", "answers": ["Paris"]}])
+    table, resolved = evaluate(answers, questions)
+    monkeypatch.chdir(tmp_path)
+    uri = f"file://{tmp_path}/cmp"  # as s3://bucket/cmp: Path() made it ./file:/.../cmp
+    write_reports(table, uri, resolved)
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["eval.json", "eval.md", "eval.png", "resolution.json"]
+    assert not (tmp_path / "file:").exists()
+    assert (tmp_path / "cmp" / "eval.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "cmp" / "metrics.json").write_text('{"wall_s": 3}')
+    assert read_metrics(f"{uri}/metrics.json") == {"wall_s": 3}  # report read it with Path: no metrics
+    assert answers_folder(f"file://{tmp_path}/rag/part-00000.parquet") == f"file://{tmp_path}/rag"
+    assert answers_folder(uri) == uri
