@@ -76,6 +76,9 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
                  if str(p["id"]) not in skip]
         if settings.exclude:
             source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
+        bad = next((p["label"] for p in pairs if p["label"] not in (0, 1)), "none")
+        if bad != "none":  # NaN and None passed `if label` as relevant, and the card crashed after the weights
+            raise UserError(f"{settings.pairs}: a pair's label is {bad!r}; labels are 0 (irrelevant) or 1 (relevant)")
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
     optional = [c for c in ["dataset"] if c in question_columns(settings.questions)]

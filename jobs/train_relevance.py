@@ -27,6 +27,9 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     train = [p for p in pairs if not held_out(p["id"], settings.held_out)]
     test = [p for p in pairs if held_out(p["id"], settings.held_out)]
     log(f"{len(train)} pairs to train, {len(test)} held out")
+    if len({p["label"] > 0.5 for p in train}) < 2:  # a cross-encoder's loss is 0 on one class: its head stays random
+        raise UserError(f"the {len(train)} training pairs are not of both classes: relevance needs relevant and "
+                        "irrelevant pairs; nothing was written")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one

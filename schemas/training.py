@@ -43,6 +43,11 @@ class RelevanceTraining(Section):
     def _one_source_of_pairs(self) -> RelevanceTraining:
         if self.pairs and self.mine_only:
             raise ValueError("mine_only mines pairs; pairs trains from pairs mined earlier: give one of them")
+        mining = sorted(self.model_fields_set & {"questions", "index_dir", "negatives", "random_negatives",
+                                                 "per_dataset", "limit"})
+        if self.pairs and mining:
+            raise ValueError(f"{', '.join(mining)}: settings of mining, which pairs ({self.pairs}) was done with; "
+                             "mine again with them, or leave them out")
         if not self.pairs and not (self.questions and self.index_dir):
             raise ValueError("give questions and index_dir (to mine pairs) or pairs")
         return self

@@ -108,3 +108,29 @@ def test_too_few_labels_for_the_held_out_split_say_so(tmp_path):
                    tmp_path / "labels" / "labels" / "self_knowledge.parquet")
     with pytest.raises(UserError, match="after the held-out split"):
         train_know(KnowTraining(labels=str(tmp_path / "labels"), output=str(tmp_path / "m"), held_out=0.5), print)
+
+
+def test_settings_of_mining_given_with_pairs_mined_earlier_are_refused_not_ignored(tmp_path, capsys):
+    base = ["train", "relevance", "--pairs", "p.parquet", "--output", str(tmp_path / "m")]
+    for extra in (["--limit", "2"], ["--per-dataset", "1"], ["--negatives", "0"]):
+        assert main([*base, *extra]) == 2  # training used every pair, the card silent about the flag
+        assert "settings of mining, which pairs (p.parquet) was done with" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("labels, message", [
+    ([1.0, float("nan"), 0.0, 0.0], "a pair's label is nan"),
+    ([1.0, 1.0, 1.0, 1.0], "not of both classes"),
+    ([0.0, 0.0, 0.0, 0.0], "not of both classes"),
+])
+def test_pairs_of_one_class_or_with_a_label_that_is_not_0_or_1_are_refused_before_training(tmp_path, capsys, labels,
+                                                                                          message):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = tmp_path / "pairs.parquet"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(4)], "question": ["Who?"] * 4, "passage": ["p"] * 4,
+                             "label": labels}), pairs)
+    # a cross-encoder trained on positives alone (loss 0) was written and served; NaN trained as relevant
+    assert main(["train", "relevance", "--pairs", str(pairs), "--output", str(tmp_path / "m"), "--held-out", "0",
+                 "--architecture", "cross-encoder"]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "m").exists()
