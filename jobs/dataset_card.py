@@ -9,6 +9,7 @@ dataset repository, so ``datasets.load_dataset(<that folder>, "relevance")`` rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def write_dataset(output: str, summary: dict, config) -> str:
     configs = []
     for kind in KINDS:
         if not summary.get(kind, {}).get("records"):  # not collected, or nothing kept: no empty config
+            with contextlib.suppress(FileNotFoundError):  # nor an earlier run's rows, which a push would publish
+                fs.delete_file(f"{target}/data/{kind}.parquet")
             continue
         rows = pq.read_table(f"{root}/labels/{kind}.parquet", filesystem=fs)
         with fs.open_input_stream(f"{root}/labels/{kind}.jsonl") as f:  # same records, same order

@@ -15,7 +15,7 @@ import sys
 from collections import Counter, defaultdict
 
 from jobs import metrics as M
-from jobs.questions import by_first_id, question_columns, stand_in_row
+from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
 from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
@@ -164,16 +164,16 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         if M.is_yes_no(golds):
             yn_n += 1
             yn_ok += M.accuracy(pred, golds)
-        gold_ids = [g for g in row["_gold"].get("gold_passage_ids") or [] if g]  # null / empty ids are no gold
+        gold = gold_ids(row["_gold"].get("gold_passage_ids"))
         # an error row's passages are where it stopped, not a retrieval to score (README: not misses)
-        if gold_ids and row["retrieved_ids"] and row["error"] is None:
-            a, b = M.recall_at_k(row["retrieved_ids"], gold_ids, k or len(row["retrieved_ids"]))
+        if gold and row["retrieved_ids"] and row["error"] is None:
+            a, b = M.recall_at_k(row["retrieved_ids"], gold, k or len(row["retrieved_ids"]))
             rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
         # citation precision / recall against gold passages, only where the model cited (a reader's
         # passages are its retrieval, scored by recall@k above)
-        if gold_ids and row.get("citations"):
-            hit = len(set(row["citations"]) & set(gold_ids))
-            cite_p, cite_r, cite_n = cite_p + hit / len(set(row["citations"])), cite_r + hit / len(set(gold_ids)), cite_n + 1
+        if gold and row.get("citations"):
+            hit = len(set(row["citations"]) & set(gold))
+            cite_p, cite_r, cite_n = cite_p + hit / len(set(row["citations"])), cite_r + hit / len(set(gold)), cite_n + 1
         calls += row["n_llm_calls"]
         retrievals += row["n_retrievals"]
         subs += row["n_subquestions"]

@@ -30,7 +30,7 @@ from jobs import metrics as M
 from jobs.dataset_card import push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
-from jobs.questions import by_first_id, question_columns
+from jobs.questions import by_first_id, gold_ids, question_columns
 from jobs.storage import filesystem, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
@@ -111,10 +111,10 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         if not _correct(verdict(said) if form == VERDICT else clean_answer(said), golds, config.match):
             dropped["wrong answer"] += 1
             continue
-        gold_ids, cited = set(g.get("gold_passage_ids") or []), set(row["citations"] or [])
-        precision = len(cited & gold_ids) / len(cited) if gold_ids and cited else None
-        recall = len(cited & gold_ids) / len(gold_ids) if gold_ids else None
-        if config.citation_filter and gold_ids and (
+        gold_pids, cited = set(gold_ids(g.get("gold_passage_ids"))), set(row["citations"] or [])
+        precision = len(cited & gold_pids) / len(cited) if gold_pids and cited else None
+        recall = len(cited & gold_pids) / len(gold_pids) if gold_pids else None
+        if config.citation_filter and gold_pids and (
                 (precision or 0) < config.citation_precision_min or recall < config.citation_recall_min):
             dropped["citations under threshold"] += 1
             continue

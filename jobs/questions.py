@@ -210,11 +210,20 @@ def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str
 
 def by_first_id(rows: list[dict]) -> dict:
     """Question rows by id, a repeated id's first row: the row it is answered at (the later ones are
-    dropped), so its gold is that row's for every job that scores or labels answers."""
+    dropped), so its gold is that row's for every job that scores or labels answers; its gold passage
+    ids without nulls and empty strings (``gold_ids``)."""
     first: dict = {}
     for r in rows:
+        if r["id"] not in first and "gold_passage_ids" in r:
+            r = {**r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
         first.setdefault(r["id"], r)
     return first
+
+
+def gold_ids(ids: list | None) -> list[str]:
+    """A question's gold passage ids: a null or empty id names no passage (a hand-written file's gap),
+    so it is no gold, for every job that scores, labels or mines against them."""
+    return [i for i in ids or [] if i]
 
 
 def question_columns(uri: str) -> list[str]:

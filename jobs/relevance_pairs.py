@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from jobs.questions import question_columns
+from jobs.questions import gold_ids, question_columns
 from jobs.storage import read_table
 from jobs.train_data import excluded_ids
 from schemas.errors import UserError
@@ -82,9 +82,9 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
     optional = [c for c in ["dataset"] if c in question_columns(settings.questions)]
-    rows = [{"dataset": None, **r} for r in read_table(settings.questions, ["id", "question", "gold_passage_ids",
-                                                                          *optional]).to_pylist()
-            if r["gold_passage_ids"] and str(r["id"]) not in skip]
+    rows = [{"dataset": None, **r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
+            for r in read_table(settings.questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()
+            if gold_ids(r["gold_passage_ids"]) and str(r["id"]) not in skip]
     if settings.per_dataset:
         seen, kept = collections.Counter(), []
         for r in rows:

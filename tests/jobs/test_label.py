@@ -77,6 +77,10 @@ def test_self_reasoning_keeps_only_correct_trajectories_and_optionally_well_cite
     assert "SUPPORT" in kept[2]["messages"][0]["content"]  # the fact-verification prompt for claims
     kept, dropped = self_reasoning_labels(rows, gold, PASSAGES, LabelConfig(citation_filter=True))
     assert [r["id"] for r in kept] == ["a", "f"] and dropped["citations under threshold"] == 1
+    # a null or empty gold id names no passage: citing the one real gold is recall 1 (0.5 before: dropped)
+    gold["a"]["gold_passage_ids"] = ["p0", None, ""]
+    kept, _ = self_reasoning_labels(rows, gold, PASSAGES, LabelConfig(citation_filter=True))
+    assert [r["id"] for r in kept] == ["a", "f"] and kept[0]["citation_recall"] == 1.0
 
 
 def test_a_trajectory_is_kept_by_its_own_answer_not_by_the_later_read_of_it():
@@ -152,3 +156,7 @@ def test_a_label_run_becomes_a_dataset_folder_with_a_card_that_loads_like_a_hub_
     relevance = datasets.load_dataset(folder, "relevance", split="train", cache_dir=str(tmp_path / "hf_cache"))
     assert relevance.num_rows == 2 and relevance["label"] == ["relevant", "irrelevant"]
     assert [m["role"] for m in relevance[0]["messages"]] == ["user", "assistant"]
+    # rerun into the same output keeping no relevance label: the old rows leave the folder a push uploads
+    write_labels(str(tmp_path), "relevance", [])
+    write_dataset(str(tmp_path), {**summary, "relevance": {"records": 0}}, config)
+    assert not (tmp_path / "labels" / "dataset" / "data" / "relevance.parquet").exists()

@@ -134,3 +134,22 @@ def test_pairs_of_one_class_or_with_a_label_that_is_not_0_or_1_are_refused_befor
     assert main(["train", "relevance", "--pairs", str(pairs), "--output", str(tmp_path / "m"), "--held-out", "0",
                  "--architecture", "cross-encoder"]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_a_question_whose_gold_passage_ids_are_null_or_empty_has_no_gold_to_mine_from(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.questions import by_first_id
+    from jobs.relevance_pairs import collect_pairs
+    from schemas.errors import UserError
+    from schemas.training import RelevanceTraining
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["Who?", "What?"],
+                             "gold_passage_ids": [[None], ["", None]]}), questions)
+    # mined as gold before (a None among the ids then crashed the passage lookup after encoding)
+    settings = RelevanceTraining(questions=str(questions), index_dir=str(tmp_path), output=str(tmp_path / "m"))
+    with pytest.raises(UserError, match="no question with gold passages left to train on"):
+        collect_pairs(settings, log=lambda *a: None)
+    assert by_first_id([{"id": "a", "gold_passage_ids": ["p1", None, ""]}])["a"]["gold_passage_ids"] == ["p1"]
