@@ -15,6 +15,7 @@ import sys
 from collections import Counter, defaultdict
 
 from jobs import metrics as M
+from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
 from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
 from schemas.errors import UserError
@@ -112,6 +113,7 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
 def grouped_rows(answers: str, questions: str, job: str = "evaluate") -> list[tuple[tuple[str, str], list[dict]]]:
     """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
     grouped by (strategy, dataset) plus (strategy, ALL)."""
+    questions = as_parquet(questions)
     cols = question_columns(questions)
     if "answers" not in cols:
         raise UserError(f"{questions}: no `answers` column to evaluate against")
@@ -303,7 +305,8 @@ def positive_int(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", required=True, help="answers directory (from `answer`) or one Parquet file")
-    p.add_argument("--questions", required=True, help="questions Parquet with gold `answers`")
+    p.add_argument("--questions", required=True, help="the questions with gold `answers`: Parquet, or any file "
+                   "`answer` reads (JSON Lines, CSV, a datasets folder, hf:NAME), converted as it converts them")
     p.add_argument("--k", type=positive_int, help="recall@k cut-off (default: all retrieved)")
     p.add_argument("--out", help="where eval.json / eval.md go (default: the answers directory)")
 

@@ -8,7 +8,10 @@ which the run then reads like any question file."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -92,6 +95,22 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
     target = write_input(table, output)
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
     return target
+
+
+def as_parquet(uri: str) -> str:
+    """A question file that a job reading gold (evaluate, report, train relevance) opens as Parquet:
+    ``uri`` itself, or a JSON Lines / CSV file, a ``datasets`` folder or ``hf:NAME`` converted as
+    ``answer`` converts it (so its ids are the answers' ids), into a folder of this process removed at exit."""
+    if not (is_datasets_dir(uri) or uri.startswith("hf:") or is_foreign(uri)):
+        return uri
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = tempfile.mkdtemp(prefix="ragsift-questions-")
+        atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+    return materialize_questions(uri, _SCRATCH, {}, None)
+
+
+_SCRATCH: str | None = None
 
 
 def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+from jobs.question_sources import as_parquet
 from jobs.questions import gold_ids, question_columns
 from jobs.storage import read_table
 from jobs.train_data import excluded_ids
@@ -81,9 +82,10 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
             raise UserError(f"{settings.pairs}: a pair's label is {bad!r}; labels are 0 (irrelevant) or 1 (relevant)")
         log(f"{settings.pairs}: {table.num_rows} pairs mined earlier, {len(pairs)} kept")
         return pairs, source
-    optional = [c for c in ["dataset"] if c in question_columns(settings.questions)]
+    questions = as_parquet(settings.questions)
+    optional = [c for c in ["dataset"] if c in question_columns(questions)]
     rows = [{"dataset": None, **r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
-            for r in read_table(settings.questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()
+            for r in read_table(questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()
             if gold_ids(r["gold_passage_ids"]) and str(r["id"]) not in skip]
     if settings.per_dataset:
         seen, kept = collections.Counter(), []

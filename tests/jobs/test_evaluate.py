@@ -175,3 +175,17 @@ def test_reports_go_where_the_answers_are_on_any_filesystem_not_into_a_local_fol
     assert read_metrics(f"{uri}/metrics.json") == {"wall_s": 3}  # report read it with Path: no metrics
     assert answers_folder(f"file://{tmp_path}/rag/part-00000.parquet") == f"file://{tmp_path}/rag"
     assert answers_folder(uri) == uri
+
+
+def test_questions_in_json_lines_or_csv_are_read_as_answer_reads_them(tmp_path):
+    import json
+
+    answers, _ = write(tmp_path, [answer_row("007", "Paris"), answer_row("8", "Rome")], [])
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text("".join(json.dumps(q) + "\n" for q in [{"id": "007", "question": "q", "answers": ["Paris"]},
+                                                           {"id": "8", "question": "q", "answers": ["Lyon"]}]))
+    csv = tmp_path / "q.csv"
+    csv.write_text("id,question,answers\n007,q,Paris\n8,q,Lyon|Nice\n")
+    for questions in (jsonl, csv):  # "not a readable Parquet file" before, though answer had taken them
+        table, _ = evaluate(answers, str(questions))
+        assert (overall(table)["n"], overall(table)["EM"]) == (2, 50.0)
