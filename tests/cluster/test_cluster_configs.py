@@ -91,6 +91,7 @@ def test_the_rayjob_driver_can_read_the_index_it_names():
 def test_the_launcher_installs_the_pinned_gpu_stack():
     setup = " ".join(yaml.safe_load((CLUSTER / "aws.yaml").read_text())["setup_commands"])
     assert "-c constraints/gpu.txt" in setup
+    assert "ragsift models prepare" in setup  # the default embedder is an offline alias, loaded on every node
 
 
 def test_a_broken_pod_template_is_refused():
