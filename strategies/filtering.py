@@ -23,6 +23,7 @@ def sentences(text: str) -> list[str]:
 
 
 def passage_requests(query: str, passages: list[Passage]) -> Rank:
+    # bare text, no title: one delta cuts both levels, so a passage is scored as its sentences are
     return Rank(query, tuple(p.text for p in passages), len(passages))
 
 
