@@ -56,7 +56,10 @@ DECOMPOSED = ("decomposition", EMPTY_DECOMPOSITION)
 
 
 class RaisfConfig(Section):
-    """RA-ISF (Liu et al.), Algorithm 1. Defaults are the paper's; the switches are Table 2's ablations."""
+    """RA-ISF (Liu et al.), Algorithm 1. Defaults are the paper's, but for the judges (the generator's
+    P("yes") where the paper fine-tunes its sub-modules: `judges: trained` for ours) and the cap of 4
+    sub-questions (the paper's k depends on the question; the cap bounds the tree for the engine's
+    node budget); the switches are Table 2's ablations."""
 
     d_th: int = Field(3, ge=0, description="decomposition depth threshold D_th; deeper nodes answer 'unknown'")
     k: int = Field(5, ge=1, description="passages retrieved per (sub-)question")
