@@ -30,6 +30,7 @@ the same information in the question's form lifted EM 16.3 -> 24.7 there (result
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, create_model
@@ -100,6 +101,13 @@ def leaf_model(n: int) -> type[BaseModel]:
 
 
 @functools.cache
+def leaf_entries(text: str) -> list | None:
+    """The leaf module's statements, or None when its output does not parse."""
+    obj = parse_json_object(text)
+    entries = obj.get("useful_information") if obj else None
+    return entries if isinstance(entries, list) else None
+
+
 def leaf_schema(n: int) -> str:
     return schema_of(leaf_model(n))
 
@@ -184,9 +192,12 @@ class MIGRES(Routine):
         rankings = iter((yield asks) if asks else [])
         knowledge = []  # per query: filtered passages
         for ps in kept:
-            mine = [f for p in ps if (f := filter_sentences(p, next(rankings), c.relevance_threshold))]
-            for p in mine:
-                uses[p.id] = uses.get(p.id, 0) + 1
+            mine = []
+            for p in ps:
+                f = filter_sentences(p, next(rankings), c.relevance_threshold)
+                if f and uses.get(p.id, 0) < c.max_uses:  # counted across this iteration's queries too
+                    uses[p.id] = uses.get(p.id, 0) + 1
+                    mine.append(f)
             knowledge.append(mine)
         return knowledge
 
@@ -207,7 +218,17 @@ class MIGRES(Routine):
             elif self.config.knowledge_prompting:
                 asks.append(Generate(answer_messages(prompt("migres/knowledge").format(question=q), system=None),
                                      max_tokens=96, step="knowledge"))
-        generations = iter((yield asks) if asks else [])
+        generations = list((yield asks) if asks else [])
+        # a leaf output that does not parse was cut off by its budget (guided decoding allows nothing
+        # else): asked once more with twice the tokens, as structured() does for one request
+        cut = [i for i, (a, g) in enumerate(zip(asks, generations)) if a.step == "leaf" and leaf_entries(g.text) is None]
+        if cut:
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + len(cut)
+            item.trace.append({"step": "leaf", "parsed": False, "outputs": [generations[i].text for i in cut], "retry": True})
+            again = yield [replace(asks[i], max_tokens=2 * asks[i].max_tokens) for i in cut]
+            for i, g in zip(cut, again):
+                generations[i] = g
+        generations = iter(generations)
         statements = []  # (info, cited passages)
         for ps in knowledge:
             if not ps and not self.config.knowledge_prompting:
@@ -218,9 +239,8 @@ class MIGRES(Routine):
                 if text:
                     info.append({"info": text, "source": []})
                 continue
-            obj = parse_json_object(gen.text)
-            entries = obj.get("useful_information") if obj else None
-            if not isinstance(entries, list):
+            entries = leaf_entries(gen.text)
+            if entries is None:
                 item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
                 continue
             for e in entries:

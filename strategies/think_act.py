@@ -3,18 +3,22 @@
     assess(q)  CLEAR AND COMPLETE -> q_final = q
                INCOMPLETE         -> q_final = rewrite(q)
                AMBIGUOUS          -> q_group = split(q): each sub-query is a child item (no further
-                                     assessment), then the answers are aggregated; with an
-                                     ambiguity_threshold, only when P(AMBIGUOUS) reaches it
+                                     assessment; those naming an earlier answer as #n, as in the
+                                     paper's samples, in order with it filled in), then the answers
+                                     are aggregated; with an ambiguity_threshold, only when
+                                     P(AMBIGUOUS) reaches it
     capability(q_final)  confidence: beta = P("yes") of "can you answer on your own?";
                                      retrieve when beta < beta' (beta' = 0 never, 1 always)
                          decision:   the model says RETRIEVAL / NO RETRIEVAL
     answer  LM(q_final), or LM([D, q_final]) where D = the top 3 sentences of the top-k passages,
-            ranked by the embedder (the paper: Sentence-BERT); calibration may choose passages for
+            ranked on the ranker stage: the embedder's cosine (the paper: Sentence-BERT), or the
+            cross-encoder when `reranker.model` names one; calibration may choose passages for
             sentences, all k for 3, and rag's instruction for ours (the paper publishes none)
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field
@@ -41,6 +45,7 @@ CONTEXTS = ("sentences", "passages")
 PROMPTS = ("context", "rag")
 PAPER_TOP = 3  # "we select the top 3 most similar to the query ... as context" (Section 4.2)
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
+REFERENCE = re.compile(r"#(\d+)")  # a sub-query naming an earlier one's answer
 
 
 class ThinkActConfig(Section):
@@ -121,7 +126,17 @@ class ThinkThenAct(Routine):
         subs = yield from self.split(item)
         if not subs:
             return None
-        children = yield Spawn(subs)
+        if any(REFERENCE.search(q) for q in subs):
+            # steps that name an earlier one's answer, as in the paper's samples ("When was #1 invented?"),
+            # are asked in order, each with the answers before it in place of their #n
+            children, asked = [], []
+            for q in subs:
+                asked.append(REFERENCE.sub(lambda m: earlier_answer(m, children), q))
+                children += yield Spawn([asked[-1]])
+            item.trace.append({"step": "sub_queries_chained", "asked": asked})
+            subs = asked
+        else:
+            children = yield Spawn(subs)
         if all(c.error or not c.answer for c in children):  # nothing to aggregate
             item.trace.append({"step": "sub_queries_failed", "errors": [c.error for c in children]})
             return None
@@ -164,6 +179,13 @@ class ThinkThenAct(Routine):
         response = yield final_request(user_prompt, form, self.forms, step=step)
         item.trace.append({"step": step, "output": response_text(response)})
         return Done(final_answer(response, form), resolved_by)
+
+
+def earlier_answer(reference: re.Match, children: list[Done]) -> str:
+    """The answer that ``#n`` names, once sub-query n has one; else the reference as written."""
+    n = int(reference.group(1))
+    child = children[n - 1] if 1 <= n <= len(children) else None
+    return child.answer if child and child.answer and not child.error else reference.group(0)
 
 
 def assess_request(question: str) -> Judge:

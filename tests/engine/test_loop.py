@@ -203,6 +203,36 @@ def test_a_strategy_exception_or_a_step_that_is_not_one_fails_one_question_only(
     assert "spawned something other than a list of question strings" in errors[3]
 
 
+class Chain:
+    """Test strategy: two sub-questions in turn, the second naming the first's answer (Think-then-Act's #n)."""
+
+    name = "chain"
+    stages = frozenset({"generator"})
+
+    def start(self, item):
+        if item.depth:
+            return Ask([Generate((("user", item.question),))])
+        item.answers = []
+        return Spawn([f"{item.question}.first"])
+
+    def resume(self, item, responses):
+        if not item.depth and len(item.answers) == 0:
+            item.answers.append(responses[0].answer)
+            return Spawn([f"then {responses[0].answer}"])
+        if not item.depth:
+            return Done(" / ".join([*item.answers, responses[0].answer]), "decomposition")
+        return Done(responses[0].text, "leaf")
+
+
+def test_a_strategy_may_spawn_again_once_its_first_children_answered(ray_session):
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())}, {"chain": Chain()}, EngineConfig(),
+                    rows.append)
+    engine.run([Question("a", "q")], ["chain"])
+    assert rows[0]["answer"] == "echo:q.first / echo:then echo:q.first" and rows[0]["n_subquestions"] == 2
+
+
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
     from engine.stages import utilisation
 

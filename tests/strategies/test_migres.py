@@ -148,6 +148,33 @@ def test_memory_suppresses_used_passages_and_repeated_queries_and_t_depends_on_k
     assert len(trace(single)["iterations"]) == 3  # T = 3 for open-domain questions
 
 
+def test_a_passage_is_read_at_most_max_uses_times_across_the_queries_of_one_iteration_too():
+    # three queries retrieving the same passage in one iteration: each read it (the limit was checked
+    # only when an iteration began)
+    script = Script(extract=False, retrieve=lambda q: [FILM], queries=("a?", "b?", "c?"))
+    _, item = drive(MIGRES(MigresConfig(knowledge_prompting=False, max_uses=2)), "Who directed Levity?", script)
+    assert trace(item)["iterations"][1]["passages"] == [["film"], [], []]  # used once before, once more here
+    assert len(script.leaf_prompts) == 2
+
+
+def test_a_leaf_output_cut_off_by_its_budget_is_asked_once_more_with_twice_the_tokens():
+    class CutOff(Script):
+        budgets = []
+
+        def __call__(self, request, item):
+            if request.step == "leaf":
+                self.budgets.append(request.max_tokens)
+                if len(self.budgets) == 1:
+                    return Generation('{"useful_information": [{"info": "Levity was dir', 100, 200)
+            return super().__call__(request, item)
+
+    script = CutOff()
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", script)
+    assert script.budgets[:2] == [200, 400] and item.counts["parse_failures"] == 1  # its statements were lost
+    assert "Levity was directed by Ed Solomon." in [i["info"] for i in trace(item)["information"]]
+    assert done.answer == "American"
+
+
 def drive_item(strategy, item, respond):
     step = strategy.start(item)
     while not hasattr(step, "resolved_by"):

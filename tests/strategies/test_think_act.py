@@ -106,6 +106,18 @@ def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggrega
     assert "Sub-query 1: A?\nAnswer 1: ans[Question: A?]" in aggregate and "Sub-query 2: B?" in aggregate
 
 
+def test_sub_queries_naming_an_earlier_answer_are_asked_in_order_with_it_filled_in():
+    # the paper's samples: "Sub-Question: When was #1 invented?" went to retrieval as written
+    log = []
+    script = Script(assess="AMBIGUOUS", subs=["Who invented the telephone?", "When was #1 invented?"], beta=0.9)
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", script, log=log)
+    asked = [r.messages[-1][1] for d, r in log if d == 1 and r.step == "answer"]
+    assert "When was ans[Question: Who invented the telephone?] invented?" in asked[1] and "#1" not in asked[1]
+    aggregate = log[-1][1].messages[-1][1]
+    assert "Sub-query 2: When was ans[Question: Who invented the telephone?] invented?" in aggregate
+    assert done.resolved_by == "sub_queries" and "sub_queries_chained" in steps(item)
+
+
 AMBIGUOUS_AT_0_4 = {"CLEAR AND COMPLETE": 0.25, "INCOMPLETE": 0.35, "AMBIGUOUS": 0.4}
 
 
