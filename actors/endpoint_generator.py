@@ -23,6 +23,9 @@ from schemas.records import Generate, Generation, Judge, Judgment
 
 # statuses the openai client retries itself; one still failing after its retries fails the call
 RETRIED = {408, 409, 429}
+# the endpoint's settings, not a request, are wrong (a key, the served model's name): every request
+# would be refused alike, so the call fails and the engine stops the stage rather than write error rows
+SETTINGS = {401, 403, 404}
 
 
 class EndpointGenerator(StreamingReplica):
@@ -78,7 +81,7 @@ class EndpointGenerator(StreamingReplica):
         except asyncio.CancelledError:
             raise
         except openai.APIStatusError as err:
-            if err.status_code >= 500 or err.status_code in RETRIED:
+            if err.status_code >= 500 or err.status_code in RETRIED | SETTINGS:
                 await done.put((index, err))  # the server's trouble, not this request's: the call fails
             else:
                 failure = f"endpoint refused the request ({err.status_code}): {err.message[:300]}"
@@ -104,8 +107,16 @@ class EndpointGenerator(StreamingReplica):
                                        "json_schema": {"name": "output", "schema": json.loads(req.json_schema)}}
         return body
 
+    @classmethod
+    def result(cls, req: Generate | Judge, response) -> Generation | Judgment:
+        try:
+            return cls._result(req, response)
+        except (IndexError, AttributeError, TypeError) as err:  # a 200 of another shape: this request's error
+            error = f"the endpoint's response has another shape ({type(err).__name__}: {err})"
+            return Judgment("", error=error) if isinstance(req, Judge) else Generation("", error=error)
+
     @staticmethod
-    def result(req: Generate | Judge, response) -> Generation | Judgment:
+    def _result(req: Generate | Judge, response) -> Generation | Judgment:
         choice = response.choices[0]
         text = choice.message.content or ""
         usage = response.usage
@@ -113,15 +124,38 @@ class EndpointGenerator(StreamingReplica):
             # no text is not an answer (a content filter, a refusal): an error row, never cached as an answer
             error = f"the endpoint returned no content (finish_reason {choice.finish_reason!r})"
             return Judgment("", error=error) if isinstance(req, Judge) else Generation("", error=error)
-        n_prompt = usage.prompt_tokens if usage else 0
-        n_completion = usage.completion_tokens if usage else 0
+        n_prompt = (usage.prompt_tokens or 0) if usage else 0
+        n_completion = (usage.completion_tokens or 0) if usage else 0
         details = getattr(usage, "prompt_tokens_details", None)
         cached = (getattr(details, "cached_tokens", None) or 0) if details else 0
         if isinstance(req, Judge):
             content = choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
-            top = [(t.token, t.logprob) for t in content[0].top_logprobs] if content else []
-            return Judgment(text.strip(), choice_probs(top, req.choices), n_prompt, n_completion, cached_tokens=cached)
+            top = [(t.token, t.logprob) for t in content[0].top_logprobs or []] if content else []
+            probs = choice_probs(top, req.choices)
+            # without guided choice (vllm_extensions: false, or a server that ignores it) the text may be
+            # "Yes." or no choice at all: the label is a choice, or the judgment is an error, never a "no"
+            label = as_choice(text, req.choices) or (max(probs, key=probs.get) if probs else None)
+            if label is None:
+                return Judgment("", error=f"the endpoint answered {text.strip()[:100]!r}, none of {list(req.choices)}, "
+                                          "with no log-probs of them")
+            return Judgment(label, probs, n_prompt, n_completion, cached_tokens=cached)
         return Generation(text, n_prompt, n_completion, cached_tokens=cached)
+
+
+def as_choice(text: str, choices: tuple[str, ...]) -> str | None:
+    """The choice ``text`` names, or None: the choice itself ("Yes." is yes), the longest choice it
+    begins with ("no retrieval needed"), or the one choice it is the start of (a cut-off "CLEAR AND")."""
+    said = text.strip().strip(".!:;,\"'").strip().lower()
+    if not said:
+        return None
+    exact = [c for c in choices if c.lower() == said]
+    begun = [c for c in choices if said.startswith(c.lower() + " ") or said.startswith(c.lower() + ",")]
+    started = [c for c in choices if c.lower().startswith(said)]
+    if exact:
+        return exact[0]
+    if begun:
+        return max(begun, key=len)
+    return started[0] if len(started) == 1 else None
 
 
 class Pace:

@@ -1,0 +1,82 @@
+"""What an endpoint replica makes of responses a real server may send, without a server or with a stub
+one: judgments outside the choices, responses of another shape, and refusals that are the settings'."""
+
+import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from actors.endpoint_generator import EndpointGenerator
+from schemas.config import EndpointConfig, LLMConfig, SamplingConfig
+from schemas.records import Generate, Judge
+
+
+def chat(text: str) -> tuple:
+    return (("user", text),)
+
+
+def response(content, top=None, usage=SimpleNamespace(prompt_tokens=9, completion_tokens=1)):
+    logprobs = (SimpleNamespace(content=[SimpleNamespace(top_logprobs=[SimpleNamespace(token=t, logprob=lp)
+                                                                      for t, lp in top])]) if top else None)
+    return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=content), finish_reason="stop",
+                                                    logprobs=logprobs)], usage=usage)
+
+
+def test_a_judgment_without_guided_choice_is_the_choice_it_names_or_an_error_never_a_no():
+    judge = Judge(chat("Is Paris in France?"))
+    # vllm_extensions: false, no log-probs: "Yes" was label "Yes", so P(yes) 0
+    said_yes = EndpointGenerator.result(judge, response("Yes."))
+    assert (said_yes.label, said_yes.prob("yes"), said_yes.error) == ("yes", 1.0, None)
+    unclear = EndpointGenerator.result(judge, response("maybe"))
+    assert unclear.error and "none of ['yes', 'no']" in unclear.error
+    # log-probs decide P; a label outside the choices becomes the likelier choice
+    scored = EndpointGenerator.result(judge, response("Certainly", top=[("Yes", -0.1), ("No", -2.5)]))
+    assert scored.label == "yes" and scored.prob("yes") > 0.9 and not scored.error
+    assessed = EndpointGenerator.result(Judge(chat("Q"), ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")),
+                                        response("Incomplete"))
+    assert assessed.label == "INCOMPLETE"
+
+
+def test_a_200_of_another_shape_is_that_requests_error_and_missing_token_counts_are_zero():
+    empty = SimpleNamespace(choices=[], usage=None)
+    for request in (Generate(chat("Q")), Judge(chat("Q"))):
+        result = EndpointGenerator.result(request, empty)  # an IndexError failed the whole call before
+        assert result.error and "another shape" in result.error
+    counted = EndpointGenerator.result(Generate(chat("Q")), response("Paris", usage=SimpleNamespace(
+        prompt_tokens=None, completion_tokens=None)))
+    assert (counted.text, counted.prompt_tokens, counted.completion_tokens) == ("Paris", 0, 0)
+
+
+class Refusing(BaseHTTPRequestHandler):
+    status = 401
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        payload = b'{"error": {"message": "refused"}}'
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_refused_key_or_model_name_fails_the_call_instead_of_making_every_row_an_error(status):
+    import openai
+
+    Refusing.status = status
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        llm = LLMConfig(model="served", endpoint=EndpointConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                                               max_retries=0))
+        replica = EndpointGenerator(llm.model_dump(), SamplingConfig().model_dump())
+        with pytest.raises(openai.APIStatusError):  # the engine then stops the stage, naming the cause
+            asyncio.run(replica.generate([Generate(chat("Q")), Judge(chat("Q"))]))
+    finally:
+        server.shutdown()
