@@ -30,6 +30,8 @@ import pyarrow.parquet as pq
 from jobs.question_sources import to_arrow, write_input
 from jobs.questions import stand_in_row
 from schemas.config import validated
+from schemas.errors import UserError
+from schemas.tables import QUESTION_REQUIRED, SchemaError, check_schema
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
@@ -57,6 +59,16 @@ def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]
     keep = sorted((i for i in range(answers.num_rows) if names[i] in rank),
                   key=lambda i: (rank[names[i]], row_of(ids[i]), str(ids[i])))
     return answers.take(pa.array(keep, pa.int64()))
+
+
+def check_questions(table: pa.Table) -> None:
+    """The questions' required columns and their types, or a clear error naming ``columns=``."""
+    if table.num_rows == 0:
+        raise UserError("no questions to answer")
+    try:
+        check_schema(table.schema, QUESTION_REQUIRED, {}, "the questions")
+    except SchemaError as err:
+        raise SchemaError(f"{err}; name your own columns with columns={{'question': '<yours>', 'id': '<yours>'}}") from None
 
 
 class Session:
@@ -90,6 +102,7 @@ class Session:
         from jobs.evaluate import answer_files
 
         table = to_arrow(questions, columns)
+        check_questions(table)  # before Ray and the models start, not after
         strategies = [strategies] if isinstance(strategies, str) else list(strategies)
         with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
             # validated, as the command line's config is: an unknown strategy is a ConfigError naming the choices

@@ -149,3 +149,14 @@ def test_a_session_asked_for_an_unknown_strategy_says_which_exist(tmp_path):
     for strategies in ("nonexistent", []):
         with pytest.raises(UserError, match="unknown strategy .* choose from"):
             session.answer(pd.DataFrame({"id": ["a"], "question": ["Who?"]}), strategies, output=str(tmp_path / "o"))
+
+
+def test_a_session_refuses_questions_without_a_question_column_or_rows_before_anything_starts(monkeypatch):
+    from jobs.api import Session
+
+    session = Session(generator="smollm2-135m-instruct")
+    monkeypatch.setattr(session, "_start", lambda config: pytest.fail("Ray and the pools started"))
+    with pytest.raises(UserError, match="no questions to answer"):
+        session.answer([], "direct")
+    with pytest.raises(UserError, match=r"question.*columns=\{'question': '<yours>'"):
+        session.answer([{"query": "What?"}], "direct")
