@@ -20,17 +20,19 @@ def args_for(job, *argv):
 
 
 def test_compare_runs_every_answering_strategy_unless_told(tmp_path):
-    default = answer_job.config_from_args(args_for(compare), default_strategies=ANSWERING)
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), tmp_path / "q.parquet")
+    io = ["--questions", str(tmp_path / "q.parquet"), "--output", str(tmp_path / "out")]
+    default = answer_job.config_from_args(args_for(compare, *io), default_strategies=ANSWERING)
     assert default.strategies == ["direct", "rag", "raisf", "least_to_most", "self_reasoning", "think_act", "migres"]
-    flag = answer_job.config_from_args(args_for(compare, "--strategy", "rag,migres"), ANSWERING)
+    flag = answer_job.config_from_args(args_for(compare, *io, "--strategy", "rag,migres"), ANSWERING)
     assert flag.strategies == ["rag", "migres"]
     (tmp_path / "c.yaml").write_text("strategies: [think_act]\n")
-    from_file = answer_job.config_from_args(args_for(compare, "--config", str(tmp_path / "c.yaml")),
+    from_file = answer_job.config_from_args(args_for(compare, *io, "--config", str(tmp_path / "c.yaml")),
                                             ANSWERING)
     assert from_file.strategies == ["think_act"]  # a job's default never overrides the config file
-    labels = answer_job.config_from_args(args_for(label), default_strategies=label.LABEL_STRATEGIES)
+    labels = answer_job.config_from_args(args_for(label, *io), default_strategies=label.LABEL_STRATEGIES)
     assert labels.strategies == ["raisf_labels", "self_reasoning"]
-    assert answer_job.config_from_args(args_for(answer_job)).strategies == ["rag"]
+    assert answer_job.config_from_args(args_for(answer_job, *io)).strategies == ["rag"]
 
 
 def test_a_bad_gold_column_fails_compare_before_any_answering(tmp_path):
