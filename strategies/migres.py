@@ -8,9 +8,11 @@ Each iteration t (at most T: 5 multi-hop / yes-no, 3 open-domain single-hop):
                at most k kept; then sentence level: sentences under delta dropped, the whole passage
                kept when it outscores every one of its sentences
                -> nothing left: the LLM writes what it knows about the query (knowledge prompting)
-    Leaf       extract useful information with supporting passage indices (JSON); each statement is
-               kept only if its cited passages entail it (the judge, yes/no by log-probability)
+    Leaf       extract useful information with supporting passage indices (JSON), once per query on
+               its kept passages (the paper's case study: once per iteration over all of them); each
+               statement is kept only if its cited passages entail it (the judge, yes/no by log-probability)
     Memory     the queries asked and the passages used; a passage used twice is not used again
+               (counted across the queries of one iteration too)
     Main       answer from the information, or "unanswerable" + a summary of the missing information
 
 Deviations (no weights offline): the re-rank model is the ``ranker`` stage (bi-encoder cosine,
@@ -20,7 +22,8 @@ so delta is on the cosine scale, not BGE-reranker logits; a CrossEncoder can be 
 answer, one closing generation answers from the information gathered (``resolved_by=max_iterations``;
 ``no_new_query`` when the query generator asked nothing new before T). Answers are in the question's
 form (forms.py): for yes/no questions and claims the main module chooses among the form's answers
-and "unanswerable". The structured outputs' strings are bounded so that a small model finishes them.
+and "unanswerable" (guided), in place of the sentence the paper's StrategyQA instruction adds ("reason
+from the Information whether the answer ... is yes or no"). The structured outputs' strings are bounded so that a small model finishes them.
 By default (``answer_step: read``) the main module decides when the information suffices and what
 is missing, as in the paper, but the answer itself is that same closing read of the information: the
 0.5B model's main-module answers are sentences (median 11 words on the calib slice), and reading
