@@ -159,6 +159,9 @@ class Session:
                 ray.kill(actor)
             if not self.started_ray:
                 wait_until_dead(actors, wait_s)
+                for stage in self.stages.values():  # the devices a multi-device replica's group reserved
+                    for group in getattr(stage, "placement_groups", []):
+                        ray.util.remove_placement_group(group)
             else:
                 ray.shutdown()
         self.stages.clear()

@@ -155,21 +155,18 @@ def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
 
 def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None) -> dict:
     """Start the actors of ``plan`` (default: ``pool_plan(config, needs)``) and wrap them in stages."""
-    import ray
 
     plan = pool_plan(config, needs) if plan is None else plan
     # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
     restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
-    actors = {}
+    actors, groups = {}, {}
     for name, pool in plan.items():
-        actor = ray.remote(pool.actor).options(num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
-                                               resources=pool.resources or None, **restarts)
-        actors[name] = [(actor.options(**in_placement_group(pool)) if pool.placement_group else actor).remote(*args)
-                        for args in pool.replicas]
+        actors[name], groups[name] = start_replicas(pool, restarts)
     stages = {}
     for name in ("generator", "judge"):
         if name in actors:
             stages[name] = llm_stage(actors[name], plan[name], getattr(config.engine, name), name, config.sampling.max_tokens)
+            stages[name].placement_groups = groups[name]  # removed by whoever ends the pool on a Ray that outlives it
     if "shards" in actors:
         stages["retriever"] = RetrieverStage(actors["encoder"], actors["shards"], config.engine.retriever,
                                              _bm25(config), config.retrieval)
@@ -180,6 +177,21 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     if "nli" in actors:
         stages["nli"] = NLIStage(actors["nli"], config.engine.nli)
     return stages
+
+
+def start_replicas(pool: Pool, restarts: dict) -> tuple[list, list]:
+    """The replicas of ``pool``, and the placement groups made for them (one a replica over several devices)."""
+    import ray
+
+    remote, replicas, groups = ray.remote(pool.actor), [], []
+    for args in pool.replicas:
+        options = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources or None,
+                   **restarts, **(in_placement_group(pool) if pool.placement_group else {})}
+        if "scheduling_strategy" in options:
+            groups.append(options["scheduling_strategy"].placement_group)
+        # one options() call: Ray's options() returns a wrapper that has no options() of its own
+        replicas.append(remote.options(**options).remote(*args))
+    return replicas, groups
 
 
 def in_placement_group(pool: Pool) -> dict:

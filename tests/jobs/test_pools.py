@@ -115,12 +115,15 @@ class _Probe:
 
 
 def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placement_group_also_after_a_restart(ray_session):
-    from jobs.pools import Pool, in_placement_group
+    from types import SimpleNamespace
+
+    from jobs.api import Session
+    from jobs.pools import Pool, start_replicas
 
     ray = ray_session
     pool = Pool(_Probe, 1, 0, ((),) * 2, {}, {"bundles": [{"CPU": 0.5}, {"CPU": 0.5}], "strategy": "PACK"})
-    options = [in_placement_group(pool) for _ in pool.replicas]
-    replicas = [ray.remote(_Probe).options(max_restarts=1, max_task_retries=0, **o).remote() for o in options]
+    # as build_stages starts them (two options() calls raised AttributeError: no run over several devices started)
+    replicas, made = start_replicas(pool, {"max_restarts": 1, "max_task_retries": 0})
     groups = [ray.get(r.where.remote(), timeout=120) for r in replicas]
     assert all(n == 2 and worker == group for group, n, worker in groups)  # the worker task joined the group
     assert groups[0][0] != groups[1][0]  # one group per replica
@@ -138,9 +141,11 @@ def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placeme
             assert time.monotonic() < deadline
             time.sleep(0.5)
     assert again[0] == groups[0][0]  # restarted on its own devices
-    for r, o in zip(replicas, options):  # the session's Ray is shared: give back what the groups reserve
-        ray.kill(r)
-        ray.util.remove_placement_group(o["scheduling_strategy"].placement_group)
+    assert len(made) == 2
+    # closing a Session on a Ray it did not start gives back what the groups reserve (they were left holding it)
+    session = Session()
+    session.stages = {"generator": SimpleNamespace(replicas=replicas, placement_groups=made)}
+    session.close()
     deadline = time.monotonic() + 60  # Ray frees a removed group's bundles in the background
     while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
         assert time.monotonic() < deadline, ray.available_resources()
