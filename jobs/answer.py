@@ -20,7 +20,7 @@ from jobs.identity import identity_defaults, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
-from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
+from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows
@@ -101,8 +101,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     split = config.engine.actors > 1
     if stages is None:
         pools = pools or pool_plan(config, needs)
-        engines = config.engine.actor_cpus * config.engine.actors if split else 0
-        init_ray(config.ray, cpus_requested(pools) + engines, resources_requested(pools))
+        init_ray(config.ray, *ray_request(config, pools))
         stages = build_stages(config, needs, pools)
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)

@@ -122,7 +122,7 @@ class Session:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
         import ray
 
-        from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
+        from jobs.pools import build_stages, pool_plan, ray_request
         from jobs.ray_session import init_ray
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
@@ -137,7 +137,7 @@ class Session:
         # a pool already running is not started twice (pool_plan plans the generator beside a judge)
         plan = {name: pool for name, pool in pool_plan(config, missing).items() if name not in self.stages}
         if not ray.is_initialized():
-            init_ray(config.ray, cpus_requested(plan), resources_requested(plan))
+            init_ray(config.ray, *ray_request(config, plan))
             self.started_ray = True
         self.stages.update(build_stages(config, missing, plan))
 

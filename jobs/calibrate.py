@@ -54,7 +54,7 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.identity import ranker_name
-from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
+from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, read_table, redact
@@ -252,7 +252,7 @@ def shared_stages(config) -> dict:
 
     needs = make_strategy(PROBE, config).stages
     pools = pool_plan(config, needs)
-    init_ray(config.ray, cpus_requested(pools), resources_requested(pools))
+    init_ray(config.ray, *ray_request(config, pools))
     return {"stages": build_stages(config, needs, pools), "cache": open_cache(config) if config.cache.enabled else None}
 
 

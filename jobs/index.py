@@ -144,7 +144,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
         (out / MANIFEST).unlink(missing_ok=True)
 
-    init_ray(config.ray)
+    emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
+    init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()})
     if encoders is None:
         from actors.encoder import Encoder
 
@@ -267,7 +268,8 @@ def _committed(shard_dir: Path, build_key: str) -> dict | None:
 def encoder_options(embedder) -> dict:
     """Ray options of an index encoder actor. One that dies (out of memory, a lost node) is restarted
     and Ray re-runs the encode calls it had: encoding is stateless, so a retry gives the same vectors."""
-    return {"num_cpus": embedder.num_cpus, "num_gpus": embedder.num_gpus, "max_restarts": 3, "max_task_retries": 3}
+    return {"num_cpus": embedder.num_cpus, "num_gpus": embedder.num_gpus, "resources": embedder.resources or None,
+            "max_restarts": 3, "max_task_retries": 3}
 
 
 def encoder_threads(embedder, cores: int) -> int:

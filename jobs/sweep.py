@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate
-from jobs.pools import build_stages, cpus_requested, pool_plan, resources_requested
+from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.questions import question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     pools = pool_plan(base, needs)
     for value, config in configs:
         check_shared_pools(base, config, needs, pools, f"{args.param}={value}")
-    init_ray(base.ray, cpus_requested(pools), resources_requested(pools))
+    init_ray(base.ray, *ray_request(base, pools))
     stages = build_stages(base, needs, pools)
     # the values share the pools, so a request two values make alike is computed once for all of them
     cache = open_cache(base) if base.cache.enabled else None

@@ -394,3 +394,26 @@ def test_an_id_keeps_its_first_usable_row(ray_session, tmp_path):
     assert manifest["count"] == 2 and manifest["skipped"]["null_text"] == 1 and manifest["skipped"]["duplicate_id"] == 0
     assert pq.read_table(tmp_path / "idx" / "shard-000" / "passages.parquet")["text"].to_pylist() == [
         "the real passage", "other"]
+
+
+def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_their_resources_say(tmp_path,
+                                                                                                monkeypatch):
+    """A third replica on a 2-CPU Ray was never placed and the build stalled; embedder.resources (the
+    cluster configs' {retrieval: 1}) was dropped, so encoders landed on any node."""
+    from jobs.index import encoder_options
+    from schemas.config import EmbedderConfig
+
+    asked = {}
+
+    def sized(config, cpus=0.0, resources=None):
+        asked.update(cpus=cpus, resources=resources)
+        raise RuntimeError("stop before Ray starts")
+
+    monkeypatch.setattr("jobs.ray_session.init_ray", sized)  # imported where build_index starts Ray
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a"], "text": ["alpha"]}), corpus)
+    with pytest.raises(RuntimeError, match="stop before Ray starts"):
+        _build(corpus, tmp_path / "idx", 1, "embedder.replicas=3", "embedder.num_cpus=1",
+               "embedder.resources={retrieval: 1}")
+    assert asked == {"cpus": 3, "resources": {"retrieval": 3}}
+    assert encoder_options(EmbedderConfig(resources={"retrieval": 1}))["resources"] == {"retrieval": 1}

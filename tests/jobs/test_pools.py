@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from actors.know import WEIGHTS
-from jobs.pools import cpus_requested, pool_plan
+from jobs.pools import cpus_requested, pool_plan, ray_request
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 from tests.conftest import REPO
@@ -38,6 +38,11 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     bare = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "embedder": {"model": "e"}})
     assert list(pool_plan(bare, {"ranker"})) == ["encoder"]
     assert cpus_requested(pool_plan(bare, {"ranker"})) == 0.5
+    # engine actors are asked for too (the last one waited forever on a Ray sized for the pools alone)
+    split = AnswerConfig.model_validate({**bare.model_dump(), "engine": {"actors": 2, "actor_cpus": 1.5,
+                                                                        "actor_resources": {"engine_node": 1}}})
+    assert ray_request(split, pool_plan(split, {"ranker"})) == (3.5, {"engine_node": 2.0})
+    assert ray_request(bare, pool_plan(bare, {"ranker"})) == (0.5, {})
 
 
 def test_an_index_whose_vectors_do_not_match_its_embedder_is_refused_before_anything_starts(tmp_path):
