@@ -139,6 +139,8 @@ class Session:
         if not ray.is_initialized():
             init_ray(config.ray, *ray_request(config, plan))
             self.started_ray = True
+        elif self.started_ray:
+            unplaceable(plan, ray_request(config, plan), ray.available_resources())
         self.stages.update(build_stages(config, missing, plan))
 
     def actors(self) -> list:
@@ -165,6 +167,17 @@ class Session:
             else:
                 ray.shutdown()
         self.stages.clear()
+
+
+def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: dict[str, float]) -> None:
+    """Refuse pools a Session's own Ray, sized for its first call, cannot place: Ray would leave them
+    waiting, and the call with them, for ever."""
+    cpus, resources = request
+    short = {name: need for name, need in {"CPU": cpus, **resources}.items() if need > available.get(name, 0.0) + 1e-9}
+    if short:
+        raise UserError(f"this Session started Ray for its first call, which cannot place the pools {sorted(plan)} "
+                        f"ask for now ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())}): "
+                        "name every strategy in its first call, or give it a Ray of your own with room for them (ray.address)")
 
 
 def wait_until_dead(actors: list, wait_s: float) -> None:

@@ -160,3 +160,11 @@ def test_a_session_refuses_questions_without_a_question_column_or_rows_before_an
         session.answer([], "direct")
     with pytest.raises(UserError, match=r"question.*columns=\{'question': '<yours>'"):
         session.answer([{"query": "What?"}], "direct")
+
+
+def test_a_later_call_whose_pools_a_sessions_own_ray_cannot_place_is_refused_not_left_waiting():
+    from jobs.api import unplaceable
+
+    unplaceable({"encoder": None}, (1.0, {}), {"CPU": 1.0})  # fits
+    with pytest.raises(UserError, match=r"cannot place the pools \['encoder', 'shards'\].*retrieval 1, 0 free"):
+        unplaceable({"encoder": None, "shards": None}, (0.5, {"retrieval": 1.0}), {"CPU": 2.0})
