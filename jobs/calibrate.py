@@ -67,6 +67,10 @@ from strategies.registry import make_strategy
 PROBE = "calibration_probe"
 DECOMPOSITION_PASS = "decomposition_pass"
 # --force discards an output only when its config changed, and the code's version is not part of that
+# every field calibrate may choose: the file holds its choice, never the base config's value
+CHOSEN = {"raisf.know_threshold", "raisf.relevance_threshold", "think_act.context", "think_act.top_sentences",
+          "think_act.answer_prompt", "think_act.beta_threshold", "think_act.ambiguity_threshold",
+          "migres.relevance_threshold"}
 STALE = f"rerun calibrate into a new --output, or delete its {PROBE}/ folder first"
 
 
@@ -75,7 +79,14 @@ def candidates(scores: list[float]) -> list[float]:
     scores, not on one, so ``>=`` and ``>`` agree on the slice; 0 passes every score and 1 none
     (``strategies.base.passes``), as the strategies read them."""
     distinct = sorted(set(scores))
-    return [0.0, *(round((a + b) / 2, 6) for a, b in zip(distinct, distinct[1:])), 1.0]
+    return [0.0, *(midpoint(a, b) for a, b in zip(distinct, distinct[1:])), 1.0]
+
+
+def midpoint(a: float, b: float) -> float:
+    """Between ``a`` and ``b``, in six decimals where they still fall between (a judge's 0.9999993 and
+    1.0 round to one number, and the cut that told them apart was lost)."""
+    short = round((a + b) / 2, 6)
+    return short if a < short < b else (a + b) / 2
 
 
 def switch_curve(scores: list[float], above: list[float], below: list[float], cuts: list[float]) -> list[dict]:
@@ -172,7 +183,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
     out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
     pairs = [(s, pid in set(g.get("gold_passage_ids") or [])) for p, g in probes if g.get("gold_passage_ids")
              for pid, s in zip(p["top_k"], p["relevance_p_yes"])]
-    if pairs:
+    if any(gold_ for _, gold_ in pairs):  # with no gold passage retrieved every cut scores F1 0: none to choose
         rel, curve = f1_threshold([s for s, _ in pairs], [gold_ for _, gold_ in pairs])
         asked = [p for p, g in probes if g.get("gold_passage_ids")]
         share = sum(any(passes(s, rel) for s in p["relevance_p_yes"]) for p in asked) / len(asked)
@@ -180,7 +191,8 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
                                             "curve": curve}
     best = [p["migres_scores"][0] for p, _ in probes if p["migres_scores"]]
     if best:
-        out["migres.relevance_threshold"] = {"value": round(keep_threshold(best, keep), 6), "n": len(best), "keep": keep}
+        # unrounded: rounded up, the question at the boundary (and any tied with it) lost its passage
+        out["migres.relevance_threshold"] = {"value": keep_threshold(best, keep), "n": len(best), "keep": keep}
     return out
 
 
@@ -268,11 +280,15 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
     # to the generator's P('yes'))
     # and every other RA-ISF setting its thresholds were measured under (a cut chosen for reading all k
     # must not be applied to reading P_rel), and the answer forms every answer was scored in
-    defaults = type(config.raisf)()
-    raisf = {key: value for key, value in config.raisf.model_dump().items()
-             if key not in ("know_threshold", "relevance_threshold") and value != getattr(defaults, key)}
-    if raisf:
-        values["raisf"] = raisf
+    # (MIGRES's delta and Think-then-Act's reads were measured under their sections' other settings too:
+    # N and the retriever, Think-then-Act's k)
+    for name in ("raisf", "think_act", "migres"):
+        section = getattr(config, name)
+        defaults = type(section)()
+        changed = {key: value for key, value in section.model_dump().items()
+                   if f"{name}.{key}" not in CHOSEN and value != getattr(defaults, key)}
+        if changed:
+            values[name] = changed
     if config.answer_form != type(config.answer_form)():
         values["answer_form"] = config.answer_form.model_dump()
     if config.raisf.know_by == "trained":
@@ -330,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
         extra = {k: v for k, v in result.items() if k not in ("value", "curve")}
         log(f"{field} = {result['value']}  {extra}")
     if "raisf.relevance_threshold" not in chosen:  # not written: a run with this file keeps the config's own cut
-        log("raisf.relevance_threshold not calibrated: no calibration question has gold_passage_ids")
+        log("raisf.relevance_threshold not calibrated: no calibration question has a gold passage among its "
+            "top k (gold_passage_ids of this index)")
     log(f"wrote {redact(config.output)}/calibrated.yaml and calibration.json")
     return 0
 

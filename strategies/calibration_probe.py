@@ -99,13 +99,14 @@ class CalibrationProbe(Routine):
         def answered(response) -> str:
             return final_answer(response, form)
 
-        know, confidence, assessed, raisf_closed, ta_closed, top_k, migres_top = yield [
+        know, confidence, assessed, raisf_closed, ta_closed, top_k, ta_top, migres_top = yield [
             know_request(q, self.raisf),
             Judge((("user", prompt("think_act/confidence").format(question=q)),), step="capability"),
             assess_request(q),
             answer(prompt("raisf/answer").format(question=q), "raisf_closed"),
             answer(prompt("direct/user").format(question=q), "ta_closed"),
             Retrieve(q, self.raisf.k),
+            Retrieve(q, self.think_act.k),  # Think-then-Act's own k (the engine asks once when they are equal)
             Retrieve(q, self.migres.passages_per_query, self.migres.retriever),
         ]
         item.passages = top_k.passages
@@ -114,7 +115,7 @@ class CalibrationProbe(Routine):
                  "raisf_closed": answered(raisf_closed), "ta_closed": answered(ta_closed),
                  "top_k": [p.id for p in top_k.passages], "migres_candidates": [p.id for p in migres_top.passages]}
         item.trace.append(probe)
-        pools = {c: context_pool(top_k.passages, self.think_act.model_copy(update={"context": c})) for c in CONTEXTS}
+        pools = {c: context_pool(ta_top.passages, self.think_act.model_copy(update={"context": c})) for c in CONTEXTS}
         relevance = relevance_requests(q, top_k.passages, self.raisf)
         passages = format_passages(top_k.passages)
         requests = [*relevance, answer(prompt("rag/user").format(passages=passages, question=q), "read")]

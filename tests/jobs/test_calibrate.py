@@ -111,6 +111,18 @@ def test_the_probe_records_every_score_and_both_branches_answers():
     assert "calibration_probe" not in ANSWERING and "raisf_labels" not in ANSWERING
 
 
+def test_the_probe_reads_think_then_acts_own_k_passages_not_raisfs():
+    many = [Passage(f"p{i}", f"T{i}", f"Sentence {i} one.", 1.0) for i in range(10)]
+
+    def respond_k(request, item):
+        return Retrieval(many[: request.k]) if isinstance(request, Retrieve) else respond(request, item)
+
+    probe = CalibrationProbe(RaisfConfig(k=3), ThinkActConfig(k=10), MigresConfig(passages_per_query=3))
+    p = drive(probe, "Who?", respond_k)[1].trace[0]
+    # the read labelled "all k" read RA-ISF's 3 passages: Think-then-Act would read 10
+    assert p["ta_retrieval"]["context:passages:10"] == "passages 10" and p["top_k"] == ["p0", "p1", "p2"]
+
+
 def test_with_read_retrieved_the_probe_records_raisfs_own_read_of_all_k():
     def respond_own(request, item):
         return Generation("own read") if request.step == "raisf_read" else respond(request, item)
@@ -250,6 +262,30 @@ def test_the_calibrated_config_carries_the_trained_judges_and_the_ranker_its_thr
     assert {k: written["raisf"][k] for k in ("read", "d_th", "judges")} == {"read": "retrieved", "d_th": 1,
                                                                            "judges": "trained"}
     assert written["answer_form"]["verdicts"][-1] == "NOT ENOUGH INFO"
+    # MIGRES's delta and Think-then-Act's reads were measured under their sections' settings too
+    measured = AnswerConfig.model_validate({**base.model_dump(), "migres": {"passages_per_query": 10, "retriever": "dense"},
+                                            "think_act": {"k": 10, "context": "passages"}})
+    written = config_values(measured, chosen, "f" * 64, 166)
+    assert written["migres"] == {"passages_per_query": 10, "retriever": "dense", "relevance_threshold": -1.35}
+    assert written["think_act"] == {"k": 10}  # context is calibrate's to choose: not carried from the base
+
+
+def test_cuts_tell_apart_scores_closer_than_six_decimals_and_delta_is_written_as_chosen():
+    from jobs.calibrate import candidates, f1_threshold
+
+    assert all(0.9999993 < t < 1.0 for t in candidates([1.0, 0.9999993])[1:-1])  # both rounded to 1.0 before
+    assert f1_threshold([1.0, 0.9999996, 0.9999996], [True, False, False])[0] > 0.9999996
+    probe = {"know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "x", "ta_closed": "x", "read": "x",
+             "ta_retrieval": {"context:sentences:3": "x"}, "top_k": ["a"], "relevance_p_yes": [0.5],
+             "ta_p_ambiguous": 0.1, "ta_sub_queries": None}
+    best = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1234567, 0.05]
+    rows = [{"id": str(i), "error": None, "trace": json.dumps([{"step": "probe", **probe, "migres_scores": [b]}])}
+            for i, b in enumerate(best)]
+    gold = {str(i): {"answers": ["y"], "gold_passage_ids": ["z"]} for i in range(10)}  # no gold passage retrieved
+    chosen = choose(rows, gold, keep=0.9)
+    delta = chosen["migres.relevance_threshold"]["value"]
+    assert sum(b >= delta for b in best) == 9  # rounded to 0.123457 it kept 8
+    assert "raisf.relevance_threshold" not in chosen  # every cut scored F1 0: 1.0 (never relevant) was written
 
 
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
