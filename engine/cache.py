@@ -58,7 +58,8 @@ class RequestCache:
         try:
             row = self.db.execute("SELECT response FROM responses WHERE key = ?", (self.key(request),)).fetchone()
         except sqlite3.DatabaseError as err:
-            self._give_up_disk(err)
+            if not locked(err):  # locked past the busy timeout by another writer: a miss, this once
+                self._give_up_disk(err)
             return None, None
         if row is None:
             return None, None
@@ -97,6 +98,8 @@ class RequestCache:
                 with self.db:  # one transaction
                     self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
             except sqlite3.DatabaseError as err:
+                if locked(err):  # by another writer past the busy timeout: kept for the next write
+                    return
                 self._give_up_disk(err)
         self.pending.clear()
 
@@ -134,6 +137,11 @@ class RequestCache:
             self._db.execute("CREATE TABLE IF NOT EXISTS responses "
                              "(key TEXT PRIMARY KEY, stage TEXT, response TEXT, created REAL)")
         return self._db
+
+
+def locked(err: sqlite3.DatabaseError) -> bool:
+    """A lock another writer holds (engine actors share the file): it passes; corruption does not."""
+    return isinstance(err, sqlite3.OperationalError) and "locked" in str(err)
 
 
 def encode(response: Response) -> str:

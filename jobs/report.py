@@ -51,12 +51,12 @@ def read_metrics(path) -> dict | None:
     fs, where = filesystem(str(path))
     try:
         with fs.open_input_stream(where) as f:
-            text = f.read().decode()
+            data = f.read()
     except FileNotFoundError:
         return None
     try:
-        return json.loads(text)
-    except ValueError as err:
+        return json.loads(data.decode())
+    except ValueError as err:  # UnicodeDecodeError, JSONDecodeError
         print(f"report: {redact(str(path))} is damaged ({err}); the run is reported without its metrics", file=sys.stderr)
         return None
 

@@ -410,7 +410,8 @@ class CacheConfig(Section):
     weights (the server's; a changed server under the same name needs --no-cache or another path)."""
 
     changes_answers = False
-    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "").strip().lower() in ("", "0", "false", "no", "off"),
+    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "").strip().lower()
+                          in ("", "0", "false", "no", "off"),
                           description="False (or --no-cache, or RAGSIFT_NO_CACHE=1) = this run neither reads nor "
                           "writes the disk cache (it still shares identical requests within itself)")
     path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
@@ -509,8 +510,15 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
     """A mapping whose keys are each written once: YAML keeps the last of two, dropping a setting unsaid."""
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: construct_mapping merges it
+            continue
         key = loader.construct_object(key_node)
-        if key in seen:
+        try:
+            repeated = key in seen
+        except TypeError:  # a list or mapping as a key: no config field is named so
+            raise yaml.constructor.ConstructorError(None, None, f"a key that is not a name: {key!r}",
+                                                    key_node.start_mark) from None
+        if repeated:
             raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node)

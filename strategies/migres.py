@@ -23,7 +23,8 @@ answer, one closing generation answers from the information gathered (``resolved
 ``no_new_query`` when the query generator asked nothing new before T). Answers are in the question's
 form (forms.py): for yes/no questions and claims the main module chooses among the form's answers
 and "unanswerable" (guided), in place of the sentence the paper's StrategyQA instruction adds ("reason
-from the Information whether the answer ... is yes or no"). The structured outputs' strings are bounded so that a small model finishes them.
+from the Information whether the answer ... is yes or no"). The structured outputs' strings are
+bounded so that a small model finishes them.
 By default (``answer_step: read``) the main module decides when the information suffices and what
 is missing, as in the paper, but the answer itself is that same closing read of the information: the
 0.5B model's main-module answers are sentences (median 11 words on the calib slice), and reading
@@ -103,7 +104,6 @@ def leaf_model(n: int) -> type[BaseModel]:
     return create_model("Leaf", useful_information=(Annotated[list[statement], Field(min_length=1, max_length=5)], ...))
 
 
-@functools.cache
 def leaf_entries(text: str) -> list | None:
     """The leaf module's statements, or None when its output does not parse."""
     obj = parse_json_object(text)
@@ -111,6 +111,7 @@ def leaf_entries(text: str) -> list | None:
     return entries if isinstance(entries, list) else None
 
 
+@functools.cache
 def leaf_schema(n: int) -> str:
     return schema_of(leaf_model(n))
 

@@ -153,3 +153,15 @@ def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_ru
     cache.put(request, response)
     cache.flush()  # nothing written, nothing raised; the run keeps its memory part
     assert cache.get(request) == (response, "memory")
+
+    # a lock another writer holds past the busy timeout is a miss and a later write, not the end of the disk part
+    shared = RequestCache(0, path, NAMESPACES)
+    shared.db.execute("PRAGMA busy_timeout = 0")
+    holder = sqlite3.connect(path)
+    holder.execute("BEGIN EXCLUSIVE")
+    shared.put(other, other_response)
+    shared.flush()
+    assert shared.disk_error is None and shared.pending
+    holder.rollback()
+    shared.flush()
+    assert not shared.pending and RequestCache(0, path, NAMESPACES).get(other) == (other_response, "disk")

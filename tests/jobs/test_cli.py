@@ -83,6 +83,8 @@ def test_a_damaged_index_manifest_or_run_metrics_is_said_not_a_traceback(tmp_pat
         read_manifest(tmp_path)
     (tmp_path / "metrics.json").write_text("{")
     assert read_metrics(tmp_path / "metrics.json") is None  # the run's answers are still reported
+    (tmp_path / "metrics.json").write_bytes(b"\xff\xfe{")
+    assert read_metrics(tmp_path / "metrics.json") is None
 
 
 def test_an_answers_directory_counts_the_files_a_single_answers_file_would_be_accepted_as(tmp_path):

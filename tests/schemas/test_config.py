@@ -41,6 +41,14 @@ def test_a_key_written_twice_is_refused_not_the_last_one_kept(tmp_path):
         load_config(AnswerConfig, twice)
     with pytest.raises(ConfigError, match="key 'k' is written twice"):
         load_config(AnswerConfig, None, ["retrieval={k: 3, k: 7}"])
+    anchored = tmp_path / "anchored.yaml"  # a merge key is no repetition
+    anchored.write_text("generator: &llm {model: m, max_model_len: 1024}\njudge:\n  <<: *llm\n  model: j\n")
+    c = load_config(AnswerConfig, anchored)
+    assert (c.judge.model, c.judge.max_model_len) == ("j", 1024)
+    complex_key = tmp_path / "complex.yaml"
+    complex_key.write_text("? [1, 2]\n: v\n")
+    with pytest.raises(ConfigError, match="a key that is not a name"):
+        load_config(AnswerConfig, complex_key)
 
 
 @pytest.mark.parametrize("value, enabled", [("", True), ("0", True), ("false", True), ("off", True), ("1", False),
