@@ -45,7 +45,7 @@ CONTEXTS = ("sentences", "passages")
 PROMPTS = ("context", "rag")
 PAPER_TOP = 3  # "we select the top 3 most similar to the query ... as context" (Section 4.2)
 DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
-REFERENCE = re.compile(r"#(\d+)")  # a sub-query naming an earlier one's answer
+REFERENCE = re.compile(r"(?<![\w#])#(\d+)\b")  # a sub-query naming an earlier one's answer ("#1", not "C#1")
 
 
 class ThinkActConfig(Section):
@@ -126,12 +126,12 @@ class ThinkThenAct(Routine):
         subs = yield from self.split(item)
         if not subs:
             return None
-        if any(REFERENCE.search(q) for q in subs):
+        if any(references(q, i) for i, q in enumerate(subs)):
             # steps that name an earlier one's answer, as in the paper's samples ("When was #1 invented?"),
             # are asked in order, each with the answers before it in place of their #n
             children, asked = [], []
-            for q in subs:
-                asked.append(REFERENCE.sub(lambda m: earlier_answer(m, children), q))
+            for i, q in enumerate(subs):
+                asked.append(REFERENCE.sub(lambda m, i=i: earlier_answer(m, children, i), q))
                 children += yield Spawn([asked[-1]])
             item.trace.append({"step": "sub_queries_chained", "asked": asked})
             subs = asked
@@ -181,10 +181,16 @@ class ThinkThenAct(Routine):
         return Done(final_answer(response, form), resolved_by)
 
 
-def earlier_answer(reference: re.Match, children: list[Done]) -> str:
-    """The answer that ``#n`` names, once sub-query n has one; else the reference as written."""
+def references(query: str, position: int) -> list[int]:
+    """The earlier sub-queries (1-based) that sub-query ``position`` (0-based) names as ``#n``."""
+    return [n for n in map(int, REFERENCE.findall(query)) if 1 <= n <= position]
+
+
+def earlier_answer(reference: re.Match, children: list[Done], position: int) -> str:
+    """The answer that ``#n`` names, where n is an earlier sub-query with one; else the text as written
+    ("#1" of "the #1 ranked player", a step that failed)."""
     n = int(reference.group(1))
-    child = children[n - 1] if 1 <= n <= len(children) else None
+    child = children[n - 1] if 1 <= n <= min(position, len(children)) else None
     return child.answer if child and child.answer and not child.error else reference.group(0)
 
 

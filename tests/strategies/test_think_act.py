@@ -116,6 +116,12 @@ def test_sub_queries_naming_an_earlier_answer_are_asked_in_order_with_it_filled_
     aggregate = log[-1][1].messages[-1][1]
     assert "Sub-query 2: When was ans[Question: Who invented the telephone?] invented?" in aggregate
     assert done.resolved_by == "sub_queries" and "sub_queries_chained" in steps(item)
+    # "#1" that names no earlier step (the first sub-query's own text, C#1) is text, and nothing is chained
+    plain = Script(assess="AMBIGUOUS", subs=["Who was the #1 ranked player?", "What is C#1?"], beta=0.9)
+    log = []
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", plain, log=log)
+    assert "sub_queries_chained" not in steps(item)
+    assert "Sub-query 1: Who was the #1 ranked player?" in log[-1][1].messages[-1][1]
 
 
 AMBIGUOUS_AT_0_4 = {"CLEAR AND COMPLETE": 0.25, "INCOMPLETE": 0.35, "AMBIGUOUS": 0.4}
