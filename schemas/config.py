@@ -9,7 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -566,7 +566,7 @@ def load_config(cls: type[BaseModel], file: str | Path | list | None = None, ove
             raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        _layer(data, loaded)
+        _layer(data, loaded, cls)
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -583,13 +583,24 @@ def load_config(cls: type[BaseModel], file: str | Path | list | None = None, ove
     return validated(cls, data)
 
 
-def _layer(data: dict, over: dict) -> None:
-    """``over`` onto ``data``: a section merged field by field, anything else replaced."""
+def _layer(data: dict, over: dict, cls: type[BaseModel]) -> None:
+    """``over`` onto ``data``: a config section merged field by field, any other value (a mapping such
+    as ``resources`` or ``input.columns`` too) replaced, as ``--set`` replaces it."""
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            _layer(data[key], value)
+        field = cls.model_fields.get(key)
+        section = _section_of(field.annotation) if field else None
+        if section and isinstance(value, dict) and isinstance(data.get(key), dict):
+            _layer(data[key], value, section)
         else:
             data[key] = value
+
+
+def _section_of(annotation) -> type[BaseModel] | None:
+    """The config section class a field holds (``LLMConfig | None`` included), or None."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def validated(cls: type[BaseModel], data: dict) -> BaseModel:

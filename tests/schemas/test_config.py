@@ -27,6 +27,12 @@ def test_config_files_layer_field_by_field_and_a_runs_own_config_takes_overrides
     calibrated.write_text("raisf: {know_threshold: 0.9}\n")
     c = load_config(AnswerConfig, [mine, calibrated])  # the second file replaced the first whole before
     assert (c.retrieval.k, c.raisf.d_th, c.raisf.know_threshold) == (3, 2, 0.9)
+    # a mapping that is one setting is replaced, not merged: a replica asking for both nodes' resources
+    # could be placed nowhere
+    mine.write_text("generator: {model: g, resources: {gpu_a100: 1}}\n")
+    calibrated.write_text("generator: {resources: {gpu_h100: 1}}\n")
+    c = load_config(AnswerConfig, [mine, calibrated])
+    assert c.generator.resources == {"gpu_h100": 1} and c.generator.model == "g"
     written = tmp_path / "config.yaml"
     written.write_text("judge: null\ngenerator: {endpoint: null}\n")  # as a run's resolved config.yaml has them
     c = load_config(AnswerConfig, written, ["judge.model=qwen2.5-coder-1.5b-instruct",
