@@ -114,7 +114,10 @@ class RequestCache:
 
     def key(self, request: Request) -> str:
         fields = [getattr(request, f.name) for f in dataclasses.fields(request) if f.compare]
-        text = json.dumps([self.namespaces[request.stage], type(request).__name__, fields], ensure_ascii=False)
+        kind = type(request).__name__
+        # a namespace per stage, or per stage and request kind where that kind's responses depend on less
+        namespace = self.namespaces.get(f"{request.stage}/{kind}", self.namespaces[request.stage])
+        text = json.dumps([namespace, kind, fields], ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __len__(self) -> int:

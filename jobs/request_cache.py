@@ -59,6 +59,8 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         parts["retriever"] = {"index": index, "embedder": revision(manifest["embedder"]),
                               "retrieval": retrieval, "nprobe": config.index.nprobe,
                               "hnsw_ef_search": config.index.hnsw_ef_search}
+    # a judgment on the generator (a yes / no or verdict answer) is greedy over its choices too
+    parts["generator/Judge"] = llm_namespace(config.generator, config, sampling=False)
     return {stage: digest({**part, "cache_version": CACHE_VERSIONS[stage]} if CACHE_VERSIONS.get(stage, 1) > 1 else part)
             for stage, part in parts.items()}
 

@@ -15,6 +15,7 @@ from jobs.index import IndexJobConfig, build_index
 from jobs.request_cache import namespaces, open_cache
 from jobs.sweep import run as sweep
 from schemas.config import load_config
+from schemas.records import Generate, Judge
 from strategies.registry import AnswerConfig
 from tests.conftest import IN_BATCH, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 
@@ -64,6 +65,10 @@ def test_the_namespace_changes_with_what_changes_a_pools_responses_and_only_then
     longer = namespaces(config(small, "x", "sampling.max_tokens=20"))
     assert longer["generator"] != base["generator"] and longer["retriever"] == base["retriever"]
     assert longer["judge"] == base["judge"]  # judgments are greedy over their choices whatever the sampling
+    assert longer["generator/Judge"] == base["generator/Judge"]  # on the generator too (yes / no answers)
+    a, b = open_cache(config(small, "x")), open_cache(config(small, "x", "sampling.max_tokens=20"))
+    judged = Judge((("user", "Is Paris in France?"),), stage="generator")
+    assert a.key(judged) == b.key(judged) and a.key(Generate((("user", "q"),))) != b.key(Generate((("user", "q"),)))
     # a GPU replica computes in the model's own dtype whatever the driver's CPU
     gpu = namespaces(config(small, "x", "generator.num_gpus=1"))["generator"]
     assert gpu == namespaces(config(small, "x", "generator.tensor_parallel_size=2"))["generator"] != base["generator"]
