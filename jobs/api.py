@@ -68,6 +68,8 @@ def check_questions(table: pa.Table) -> None:
     try:
         check_schema(table.schema, QUESTION_REQUIRED, {}, "the questions")
     except SchemaError as err:
+        if all(c in table.column_names for c in QUESTION_REQUIRED):  # there, of another type: a rename will not help
+            raise
         raise SchemaError(f"{err}; name your own columns with columns={{'question': '<yours>', 'id': '<yours>'}}") from None
 
 
@@ -140,7 +142,9 @@ class Session:
             init_ray(config.ray, *ray_request(config, plan))
             self.started_ray = True
         elif self.started_ray:
-            unplaceable(plan, ray_request(config, plan), ray.available_resources())
+            cpus, resources = ray_request(config, plan)
+            gpus = sum(pool.per_replica.get("GPU", 0.0) * len(pool.replicas) for pool in plan.values())
+            unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources())
         self.stages.update(build_stages(config, missing, plan))
 
     def actors(self) -> list:
@@ -173,7 +177,8 @@ def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: 
     """Refuse pools a Session's own Ray, sized for its first call, cannot place: Ray would leave them
     waiting, and the call with them, for ever."""
     cpus, resources = request
-    short = {name: need for name, need in {"CPU": cpus, **resources}.items() if need > available.get(name, 0.0) + 1e-9}
+    short = {name: need for name, need in {"CPU": cpus, **resources}.items()
+             if need and need > available.get(name, 0.0) + 1e-9}
     if short:
         raise UserError(f"this Session started Ray for its first call, which cannot place the pools {sorted(plan)} "
                         f"ask for now ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())}): "

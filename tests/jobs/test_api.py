@@ -168,3 +168,6 @@ def test_a_later_call_whose_pools_a_sessions_own_ray_cannot_place_is_refused_not
     unplaceable({"encoder": None}, (1.0, {}), {"CPU": 1.0})  # fits
     with pytest.raises(UserError, match=r"cannot place the pools \['encoder', 'shards'\].*retrieval 1, 0 free"):
         unplaceable({"encoder": None, "shards": None}, (0.5, {"retrieval": 1.0}), {"CPU": 2.0})
+    with pytest.raises(UserError, match="GPU 1, 0 free"):  # a GPU pool on a CPU-only local Ray
+        unplaceable({"generator": None}, (1.0, {"GPU": 1.0}), {"CPU": 2.0})
+    unplaceable({"encoder": None}, (0.5, {"GPU": 0.0}), {"CPU": 2.0})  # asks for no GPU: fits
