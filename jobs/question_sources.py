@@ -9,6 +9,7 @@ which the run then reads like any question file."""
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import sys
 import tempfile
@@ -100,9 +101,15 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
 def as_parquet(uri: str) -> str:
     """A question file that a job reading gold (evaluate, report, train relevance) opens as Parquet:
     ``uri`` itself, or a JSON Lines / CSV file, a ``datasets`` folder or ``hf:NAME`` converted as
-    ``answer`` converts it (so its ids are the answers' ids), into a folder of this process removed at exit."""
+    ``answer`` converts it (so its ids are the answers' ids), into a folder of this process removed at exit.
+    A split is the answer run's choice (``input.split``), so ``hf:`` and a folder of several splits are
+    refused here, naming the file that run converted."""
     if not (is_datasets_dir(uri) or uri.startswith("hf:") or is_foreign(uri)):
         return uri
+    splits = Path(uri) / "dataset_dict.json"
+    if uri.startswith("hf:") or (splits.exists() and len(json.loads(splits.read_text()).get("splits", [])) > 1):
+        raise UserError(f"{uri}: which split was answered is the answer run's choice (input.split): pass the "
+                        "questions it converted, <output>/_input/questions-<digest>.parquet")
     global _SCRATCH
     if _SCRATCH is None:
         _SCRATCH = tempfile.mkdtemp(prefix="ragsift-questions-")

@@ -189,3 +189,5 @@ def test_questions_in_json_lines_or_csv_are_read_as_answer_reads_them(tmp_path):
     for questions in (jsonl, csv):  # "not a readable Parquet file" before, though answer had taken them
         table, _ = evaluate(answers, str(questions))
         assert (overall(table)["n"], overall(table)["EM"]) == (2, 50.0)
+    with pytest.raises(UserError, match="which split was answered is the answer run's choice"):
+        evaluate(answers, "hf:some/dataset")  # its default split, train, may not be the one answered
