@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,15 @@ class Session:
         elif self.started_ray:
             cpus, resources = ray_request(config, plan)
             gpus = sum(pool.per_replica.get("GPU", 0.0) * len(pool.replicas) for pool in plan.values())
-            unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources())
+            deadline = time.monotonic() + FREED_WITHIN_S
+            while True:  # what the last call's engine actors held is freed a moment after they are killed
+                try:
+                    unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources())
+                    break
+                except UserError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         self.stages.update(build_stages(config, missing, plan))
 
     def actors(self) -> list:
@@ -173,6 +182,9 @@ class Session:
         self.stages.clear()
 
 
+FREED_WITHIN_S = 15.0
+
+
 def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: dict[str, float]) -> None:
     """Refuse pools a Session's own Ray, sized for its first call, cannot place: Ray would leave them
     waiting, and the call with them, for ever."""
@@ -188,8 +200,6 @@ def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: 
 def wait_until_dead(actors: list, wait_s: float) -> None:
     """Wait for killed actors to die: ray.kill only asks the GCS to, and a call made at once may
     still be answered by the old process."""
-    import time
-
     import ray
 
     deadline = time.monotonic() + wait_s
