@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from jobs.formats import ids_as_text, is_foreign
 from jobs.formats import read as read_foreign
+from jobs.questions import check_questions
 from jobs.storage import file_sha256, filesystem, read_table, redact, scheme_of
 from schemas.errors import UserError
 
@@ -93,6 +94,7 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
         table = to_arrow(read_foreign(uri), columns)
     else:
         table = to_arrow(read_table(uri), columns)
+    check_questions(table.schema, uri)  # naming the user's file, before anything is written
     target = write_input(table, output)
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
     return target

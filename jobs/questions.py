@@ -86,6 +86,11 @@ class InputPlan:
                 for s in range(-(-self.rows // shard_rows))}
 
 
+def check_questions(schema: pa.Schema, uri: str) -> list[str]:
+    """The required question columns of ``schema`` (``uri``'s, named in the error), as ``answer`` reads them."""
+    return _check_questions(schema, {}, uri)
+
+
 def _check_questions(schema: pa.Schema, optional: dict, uri: str) -> list[str]:
     """check_schema, and where a required column is missing, how to name the file's own column for it."""
     try:

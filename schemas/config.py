@@ -59,7 +59,8 @@ class EndpointConfig(Section):
                              "fails its call, which the engine retries and at last turns into an error row")
     timeout_s: float = Field(600, json_schema_extra=SPEED, gt=0, description="one HTTP request's timeout")
     vllm_extensions: bool = Field(True, description="judgments use vLLM's `structured_outputs: {choice}`; False for "
-                                  "servers without it: a judgment is then one free token scored by its top log-probs")
+                                  "servers without it: a judgment is then free text, read as the choice it names, else scored by "
+                                  "its first token's top log-probs, else an error")
 
 
 class PlacementGroupConfig(Section):

@@ -75,3 +75,14 @@ def test_other_questions_converted_into_a_claimed_output_leave_its_input_as_it_w
     assert pq.read_table(first)["answers"].to_pylist() == [["x"]]
     assert sorted(p.name for p in (tmp_path / "out" / "_input").iterdir()) == sorted(
         [first.rsplit("/", 1)[-1], other.rsplit("/", 1)[-1]])
+
+
+def test_a_converted_input_without_a_question_column_is_refused_naming_the_users_file_before_anything_is_written(
+        tmp_path):
+    from schemas.tables import SchemaError
+
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text('{"id": "a", "query": "Who?"}\n')
+    with pytest.raises(SchemaError, match=r"q\.jsonl.*question"):  # named the _input/ copy, already written
+        config_for(jsonl, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
