@@ -19,7 +19,7 @@ from collections import Counter, deque
 
 from actors.generator import JUDGE_LOGPROBS, choice_probs
 from actors.streaming_generator import StreamingReplica
-from schemas.records import Generate, Generation, Judge, Judgment
+from schemas.records import Generate, Generation, Judge, Judgment, failed
 
 # statuses the openai client retries itself; one still failing after its retries fails the call
 RETRIED = {408, 409, 429}
@@ -85,8 +85,7 @@ class EndpointGenerator(StreamingReplica):
                 await done.put((index, err))  # the server's trouble, not this request's: the call fails
             else:
                 failure = f"endpoint refused the request ({err.status_code}): {err.message[:300]}"
-                await done.put((index, Judgment("", error=failure) if isinstance(req, Judge)
-                                else Generation("", error=failure)))
+                await done.put((index, failed(req, failure)))
         except Exception as err:  # noqa: BLE001 - lost connection, timeout: the call fails and the engine retries
             await done.put((index, err))
 
@@ -112,8 +111,7 @@ class EndpointGenerator(StreamingReplica):
         try:
             return cls._result(req, response)
         except (IndexError, AttributeError, TypeError) as err:  # a 200 of another shape: this request's error
-            error = f"the endpoint's response has another shape ({type(err).__name__}: {err})"
-            return Judgment("", error=error) if isinstance(req, Judge) else Generation("", error=error)
+            return failed(req, f"the endpoint's response has another shape ({type(err).__name__}: {err})")
 
     @staticmethod
     def _result(req: Generate | Judge, response) -> Generation | Judgment:
@@ -122,8 +120,7 @@ class EndpointGenerator(StreamingReplica):
         usage = response.usage
         if choice.message.content is None or choice.finish_reason == "content_filter":
             # no text is not an answer (a content filter, a refusal): an error row, never cached as an answer
-            error = f"the endpoint returned no content (finish_reason {choice.finish_reason!r})"
-            return Judgment("", error=error) if isinstance(req, Judge) else Generation("", error=error)
+            return failed(req, f"the endpoint returned no content (finish_reason {choice.finish_reason!r})")
         n_prompt = (usage.prompt_tokens or 0) if usage else 0
         n_completion = (usage.completion_tokens or 0) if usage else 0
         details = getattr(usage, "prompt_tokens_details", None)

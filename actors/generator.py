@@ -8,7 +8,7 @@ import math
 import os
 import re
 
-from schemas.records import Generate, Generation, Judge, Judgment
+from schemas.records import Generate, Generation, Judge, Judgment, failed
 
 JUDGE_LOGPROBS = 20  # top-k first-token log-probs from which P(choice) is estimated
 
@@ -88,8 +88,7 @@ class Prompts:
             ids = ids["input_ids"]
         budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
         if isinstance(budget, str):
-            return (Judgment("", None, len(ids), error=budget) if isinstance(req, Judge)
-                    else Generation("", len(ids), error=budget))
+            return failed(req, budget, prompt_tokens=len(ids))
         sp.max_tokens = budget
         return TokensPrompt(prompt_token_ids=list(ids)), sp
 

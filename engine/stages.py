@@ -20,7 +20,6 @@ from schemas.records import (
     Entail,
     Entailment,
     Generate,
-    Generation,
     Judge,
     Judgment,
     Rank,
@@ -29,6 +28,7 @@ from schemas.records import (
     Response,
     Retrieval,
     Retrieve,
+    failed,
 )
 
 
@@ -284,7 +284,7 @@ class GeneratorStage(Stage):
 
     def failed(self, batch, error):
         # each request type gets its own failure: a failed judgment is an error, never a judgment
-        return [Judgment("", error=error) if isinstance(r, Judge) else Generation("", error=error) for r in batch]
+        return [failed(r, error) for r in batch]
 
 
 class StreamingGeneratorStage(GeneratorStage):

@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.question_sources import to_arrow, write_input
+from jobs.questions import check_questions as check_columns
 from jobs.questions import stand_in_row
 from schemas.config import validated
 from schemas.errors import UserError
-from schemas.tables import QUESTION_REQUIRED, SchemaError, check_schema
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
@@ -66,12 +66,8 @@ def check_questions(table: pa.Table) -> None:
     """The questions' required columns and their types, or a clear error naming ``columns=``."""
     if table.num_rows == 0:
         raise UserError("no questions to answer")
-    try:
-        check_schema(table.schema, QUESTION_REQUIRED, {}, "the questions")
-    except SchemaError as err:
-        if all(c in table.column_names for c in QUESTION_REQUIRED):  # there, of another type: a rename will not help
-            raise
-        raise SchemaError(f"{err}; name your own columns with columns={{'question': '<yours>', 'id': '<yours>'}}") from None
+    check_columns(table.schema, "the questions", rename=lambda missing: "name your own columns with columns={"
+                  + ", ".join(f"'{c}': '<yours>'" for c in missing) + "}")
 
 
 class Session:
@@ -125,7 +121,7 @@ class Session:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
         import ray
 
-        from jobs.pools import build_stages, pool_plan, ray_request
+        from jobs.pools import build_stages, gpus_requested, pool_plan, ray_request
         from jobs.ray_session import init_ray
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
@@ -144,7 +140,7 @@ class Session:
             self.started_ray = True
         elif self.started_ray:
             cpus, resources = ray_request(config, plan)
-            gpus = sum(pool.per_replica.get("GPU", 0.0) * len(pool.replicas) for pool in plan.values())
+            gpus = gpus_requested(plan)
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
                 try:

@@ -66,11 +66,11 @@ from strategies.registry import make_strategy
 
 PROBE = "calibration_probe"
 DECOMPOSITION_PASS = "decomposition_pass"
-# --force discards an output only when its config changed, and the code's version is not part of that
 # every field calibrate may choose: the file holds its choice, never the base config's value
 CHOSEN = {"raisf.know_threshold", "raisf.relevance_threshold", "think_act.context", "think_act.top_sentences",
           "think_act.answer_prompt", "think_act.beta_threshold", "think_act.ambiguity_threshold",
           "migres.relevance_threshold"}
+# --force discards an output only when its config changed, and the code's version is not part of that
 STALE = f"rerun calibrate into a new --output, or delete its {PROBE}/ folder first"
 
 

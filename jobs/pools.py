@@ -143,6 +143,11 @@ def cpus_requested(plan: dict[str, Pool]) -> float:
     return sum(pool.cpus for pool in plan.values())
 
 
+def gpus_requested(plan: dict[str, Pool]) -> float:
+    """The GPUs ``plan`` asks Ray for, its replicas' placement groups' bundles included."""
+    return sum(pool.per_replica.get("GPU", 0.0) * len(pool.replicas) for pool in plan.values())
+
+
 def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
     """The custom resources ``plan`` asks Ray for, summed over every replica: what a local Ray is given."""
     total: dict[str, float] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,12 +86,19 @@ class InputPlan:
                 for s in range(-(-self.rows // shard_rows))}
 
 
-def check_questions(schema: pa.Schema, uri: str) -> list[str]:
-    """The required question columns of ``schema`` (``uri``'s, named in the error), as ``answer`` reads them."""
-    return _check_questions(schema, {}, uri)
+def rename_with_set(missing: list[str]) -> str:
+    mapping = ", ".join(f"{c}: <yours>" for c in missing)
+    return f"if the file names it otherwise, map it (answer, compare, label, calibrate): --set 'input.columns={{{mapping}}}'"
 
 
-def _check_questions(schema: pa.Schema, optional: dict, uri: str) -> list[str]:
+def check_questions(schema: pa.Schema, uri: str, rename: Callable[[list[str]], str] = rename_with_set) -> list[str]:
+    """The required question columns of ``schema`` (``uri``'s, named in the error), as ``answer`` reads them;
+    ``rename(missing columns)``: how to map the file's own columns to them."""
+    return _check_questions(schema, {}, uri, rename)
+
+
+def _check_questions(schema: pa.Schema, optional: dict, uri: str,
+                     rename: Callable[[list[str]], str] = rename_with_set) -> list[str]:
     """check_schema, and where a required column is missing, how to name the file's own column for it."""
     try:
         return check_schema(schema, QUESTION_REQUIRED, optional, redact(uri))
@@ -99,9 +106,7 @@ def _check_questions(schema: pa.Schema, optional: dict, uri: str) -> list[str]:
         missing = [c for c in QUESTION_REQUIRED if c not in schema.names]
         if not missing:
             raise
-        mapping = ", ".join(f"{c}: <yours>" for c in missing)
-        raise SchemaError(f"{err}; if the file names it otherwise, map it (answer, compare, label, calibrate): "
-                          f"--set 'input.columns={{{mapping}}}'") from None
+        raise SchemaError(f"{err}; {rename(missing)}") from None
 
 
 def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:

@@ -86,7 +86,8 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
     optional = [c for c in ["dataset"] if c in question_columns(questions)]
     rows = [{"dataset": None, **r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
             for r in read_table(questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()
-            if gold_ids(r["gold_passage_ids"]) and str(r["id"]) not in skip]
+            if str(r["id"]) not in skip]
+    rows = [r for r in rows if r["gold_passage_ids"]]
     if settings.per_dataset:
         seen, kept = collections.Counter(), []
         for r in rows:

@@ -64,9 +64,6 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     fit = None
     if bi:  # cosine -> a logit of relevant, fitted on the held-out pairs (their AUC is unchanged by it)
         fitted, fitted_scores = (test, scores) if two_classes else (train, relevance_scores(model, train, bi))
-        if len({p["label"] > 0.5 for p in fitted}) < 2:
-            raise UserError("the relevance pairs are of one class: a bi-encoder's logit needs relevant and irrelevant "
-                            "pairs; nothing was written")
         fit = logit_fit(fitted_scores, fitted)
         if fit["scale"] <= 0:  # the reranker refuses such a model; say so now, not at answer time
             raise UserError(f"the trained bi-encoder's cosine falls as relevance rises (fitted scale {fit['scale']:.3g}): "

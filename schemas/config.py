@@ -466,8 +466,7 @@ def speed_setting(model: type[BaseModel], key: str) -> bool:
             return False
         if (info.json_schema_extra or {}).get("changes_answers") is False:
             return True
-        section = next((t for t in (info.annotation, *getattr(info.annotation, "__args__", ()))
-                        if isinstance(t, type) and issubclass(t, Section)), None)
+        section = section_of(info.annotation)
         if section is not None and not section.changes_answers:
             return True
         model = section
@@ -589,17 +588,17 @@ def _layer(data: dict, over: dict, cls: type[BaseModel]) -> None:
     as ``resources`` or ``input.columns`` too) replaced, as ``--set`` replaces it."""
     for key, value in over.items():
         field = cls.model_fields.get(key)
-        section = _section_of(field.annotation) if field else None
+        section = section_of(field.annotation) if field else None
         if section and isinstance(value, dict) and isinstance(data.get(key), dict):
             _layer(data[key], value, section)
         else:
             data[key] = value
 
 
-def _section_of(annotation) -> type[BaseModel] | None:
+def section_of(annotation) -> type[Section] | None:
     """The config section class a field holds (``LLMConfig | None`` included), or None."""
     for candidate in (annotation, *get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+        if isinstance(candidate, type) and issubclass(candidate, Section):
             return candidate
     return None
 

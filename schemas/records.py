@@ -116,6 +116,13 @@ class Judgment:
         return float(self.label == choice)
 
 
+def failed(request: Generate | Judge, error: str, prompt_tokens: int = 0) -> Generation | Judgment:
+    """A generator request's error response, of the request's own kind: a failed judgment is an error
+    Judgment, never a Generation (nor a judgment a strategy would act on)."""
+    return (Judgment("", None, prompt_tokens, error=error) if isinstance(request, Judge)
+            else Generation("", prompt_tokens, error=error))
+
+
 def shown_text(title: str | None, text: str) -> str:
     """A passage as every prompt and judge model sees it (``title: text``; the text alone when it has no title)."""
     return f"{title}: {text}" if title else text
