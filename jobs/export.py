@@ -16,7 +16,9 @@ custom_id); rows takes them all. Streamed a Parquet file at a time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import uuid
 
@@ -28,17 +30,23 @@ from jobs.storage import filesystem, open_parquet, redact
 from schemas.errors import UserError
 
 
+# what each format reads of an answer row (rows takes what is there)
+READ_COLUMNS = {"openai-batch": ("id", "strategy", "answer", "error", "prompt_tokens", "completion_tokens"),
+                "rows": ("id", "strategy")}
+
+
 def batch_line(row: dict, model: str) -> dict:
     request_id = f"ragsift-{row['strategy']}-{row['id']}"
+    custom_id = str(row["id"])  # the batch format's custom_id is a string, whatever the id column held
     if row["error"] is not None:
-        return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": row["id"],
+        return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": custom_id,
                 "response": {"status_code": 500, "request_id": request_id, "body": None}, "error": row["error"]}
     prompt, completion = row["prompt_tokens"] or 0, row["completion_tokens"] or 0
     body = {"id": request_id, "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": row["answer"]},
                          "finish_reason": "stop", "logprobs": None}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
-    return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": row["id"],
+    return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
 
 
@@ -56,6 +64,24 @@ def strategies_of(part: str) -> set[str]:
     return set(pc.unique(open_parquet(part).read(columns=["strategy"])["strategy"]).to_pylist())
 
 
+def where(uri: str) -> tuple[str, str]:
+    """Which file ``uri`` names: its filesystem's kind and its absolute path (local links resolved)."""
+    fs, path = filesystem(uri)
+    return fs.type_name, os.path.realpath(path) if fs.type_name == "local" else path
+
+
+def check_readable(files: list[str], to: str, form: str) -> None:
+    """Refuse before ``to`` is touched: writing it truncates it at once, so a file it names among the
+    answers, or an answer file without a column the format reads, would lose what was there."""
+    if where(to) in {where(f) for f in files}:
+        raise UserError(f"--to {redact(to)} is one of the answer files it would read: write elsewhere")
+    for f in files:
+        missing = [c for c in READ_COLUMNS[form] if c not in open_parquet(f).schema_arrow.names]
+        if missing:
+            raise UserError(f"{redact(f)} has no column {missing}, which --format {form} reads: "
+                            "export answers written by `ragsift answer` / `compare`")
+
+
 def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
     # an empty part (a shard with no question) names no strategy
     files = [f for f in one_run(answers, answer_files(answers), "export") if open_parquet(f).metadata.num_rows]
@@ -66,21 +92,29 @@ def export(answers: str, to: str, form: str, strategy: str | None = None) -> int
     elif form == "openai-batch" and len(set().union(*map(strategies_of, files))) > 1:
         raise UserError(f"{redact(answers)} holds several strategies: pick one with --strategy "
                         "(an OpenAI batch file has one response per custom_id)")
+    check_readable(files, to, form)
     fs, path = filesystem(to)
     lines = 0
-    with fs.open_output_stream(path) as out:
-        for f in files:
-            model = generator_model(f)
-            source_fs, source = filesystem(f)
-            with source_fs.open_input_file(source) as handle:
-                for row in pq.read_table(handle).to_pylist():
-                    if strategy and row["strategy"] != strategy:
-                        continue
-                    if row.get("step_tokens") is not None:  # an Arrow map reads as (key, value) pairs
-                        row["step_tokens"] = dict(row["step_tokens"])
-                    record = batch_line(row, model) if form == "openai-batch" else row
-                    out.write((json.dumps(record, default=str) + "\n").encode())
-                    lines += 1
+    # written beside ``to`` and moved over it at the end: a failure leaves what ``to`` held
+    try:
+        with fs.open_output_stream(path + ".tmp") as out:
+            for f in files:
+                model = generator_model(f)
+                source_fs, source = filesystem(f)
+                with source_fs.open_input_file(source) as handle:
+                    for row in pq.read_table(handle).to_pylist():
+                        if strategy and row["strategy"] != strategy:
+                            continue
+                        if row.get("step_tokens") is not None:  # an Arrow map reads as (key, value) pairs
+                            row["step_tokens"] = dict(row["step_tokens"])
+                        record = batch_line(row, model) if form == "openai-batch" else row
+                        out.write((json.dumps(record, default=str) + "\n").encode())
+                        lines += 1
+    except BaseException:
+        with contextlib.suppress(OSError):  # it may not have been created
+            fs.delete_file(path + ".tmp")
+        raise
+    fs.move(path + ".tmp", path)
     return lines
 
 

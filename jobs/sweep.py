@@ -41,12 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from jobs.ray_session import init_ray
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
+    # refused before the base config converts the questions: `input` is read then, once for every value
+    if args.param.split(".")[0] in ("cache", "ray", "output", "questions", "input"):
+        raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "
+                          "(set once, from the base config); set it with --set instead")
     base = answer_job.config_from_args(args)
     if base.questions and "answers" not in question_columns(base.questions):  # before any value is answered, not after the first
         raise UserError(f"{base.questions}: no `answers` column: a sweep scores each value against gold answers")
-    if args.param.split(".")[0] in ("cache", "ray", "output", "questions"):
-        raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "
-                          "(set once, from the base config); set it with --set instead")
     configs = [(v, with_value(base, args.param, v)) for v in distinct_values(args.param, args.values)]
     needs = stages_needed(base)
     pools = pool_plan(base, needs)

@@ -82,3 +82,36 @@ def test_a_file_holding_two_strategies_exports_only_the_one_asked_for(tmp_path):
     assert json.loads((tmp_path / "rag.jsonl").read_text())["step_tokens"] == {"read": 5}  # a map, not pairs
     with pytest.raises(UserError, match="several strategies"):
         export(str(tmp_path / "both.parquet"), str(tmp_path / "b.jsonl"), "openai-batch")
+
+
+def test_export_refuses_to_write_over_the_answers_it_reads_and_keeps_the_old_file_when_it_fails(tmp_path):
+    """``--to`` was truncated before anything was read: naming the answer part itself emptied it, and an
+    answer file without a column the format reads crashed with a KeyError after the old --to was emptied."""
+    import pyarrow as pa
+
+    from schemas.tables import ANSWERS
+    from tests.jobs.test_evaluate import answer_row
+
+    part = tmp_path / "rag" / "part-00000.parquet"
+    part.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist([answer_row("a", "x", "rag")], schema=ANSWERS), part)
+    with pytest.raises(UserError, match="one of the answer files"):
+        export(str(tmp_path), str(part), "rows")
+    assert pq.read_table(part).num_rows == 1
+
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pa.table({"id": [1], "strategy": ["rag"], "answer": ["x"]}), bare)
+    old = tmp_path / "old.jsonl"
+    old.write_text("kept\n")
+    with pytest.raises(UserError, match=r"no column \['error', 'prompt_tokens', 'completion_tokens'\]"):
+        export(str(bare), str(old), "openai-batch")
+    assert old.read_text() == "kept\n" and not (tmp_path / "old.jsonl.tmp").exists()
+    assert export(str(bare), str(old), "rows") == 1 and json.loads(old.read_text())["id"] == 1
+
+
+def test_a_batch_line_names_its_custom_id_as_a_string():
+    from jobs.export import batch_line
+
+    line = batch_line({"id": 7, "strategy": "rag", "answer": "x", "error": None, "prompt_tokens": 1,
+                       "completion_tokens": 1}, "m")
+    assert line["custom_id"] == "7"

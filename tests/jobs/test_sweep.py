@@ -91,9 +91,11 @@ def test_values_are_trimmed_and_each_swept_once():
     assert distinct_values("think_act.beta_threshold", "0, 0.5,0.0,0.5 ,1") == ["0", "0.5", "1"]
 
 
-@pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output"])
+@pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output", "input.split", "input.columns"])
 def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, capsys, param):
-    """cache.enabled=false still read the shared cache; output was overwritten by the value's folder."""
+    """cache.enabled=false still read the shared cache; output was overwritten by the value's folder; each
+    input.split answered the questions the base config's split converted, under its own label. Refused
+    before the questions are converted under the output."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -103,6 +105,7 @@ def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, c
     code = main(["sweep", "--param", param, "--values", "1,2", "--questions", str(tmp_path / "q.parquet"),
                  "--output", str(tmp_path / "out"), "--strategy", "direct"])
     assert code == 2 and "set it with --set instead" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_sweep_without_gold_answers_stops_before_answering_a_value(tmp_path, capsys):
