@@ -29,7 +29,6 @@ from jobs.evaluate import answer_files, one_run
 from jobs.storage import filesystem, open_parquet, redact
 from schemas.errors import UserError
 
-
 # what each format reads of an answer row (rows takes what is there)
 READ_COLUMNS = {"openai-batch": ("id", "strategy", "answer", "error", "prompt_tokens", "completion_tokens"),
                 "rows": ("id", "strategy")}
