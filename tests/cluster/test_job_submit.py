@@ -1,4 +1,4 @@
-"""`ray job submit` against a local head node started as cluster/local.sh does, with the real model."""
+"""`ray job submit` against a local head node started as cluster/local.sh does (token auth on), with the real model."""
 
 import os
 import shutil
@@ -29,8 +29,10 @@ def head(tmp_path):
     """A head started like cluster/local.sh (``--block``, in its own process group), stopped by killing
     that group: ``ray stop`` would stop every Ray on the machine, including other tests' sessions."""
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "RAY_DASHBOARD_PORT": str(free_port()),
-           "RAY_GCS_PORT": str(free_port()), "RAY": str(bin_dir / "ray"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "auth_token"), "RAY_ADDRESS": "",
+           "RAY_DASHBOARD_PORT": str(free_port()), "RAY_GCS_PORT": str(free_port()), "RAY": str(bin_dir / "ray"),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("RAY_AUTH_TOKEN", None)  # local.sh makes the token file, and the clients read it
     temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # Ray's socket paths must stay short
     # every port of its own: the default agent ports clash with any other Ray on this machine (a
     # clash leaves the head without a job agent: "No available agent to submit job")
@@ -76,3 +78,11 @@ def test_answer_job_submitted_to_a_local_head_writes_its_output(head, tmp_path):
     rows = pq.read_table(out / "direct").to_pylist()
     assert sorted(r["id"] for r in rows) == sorted(pq.read_table(SAMPLE_QUESTIONS)["id"].to_pylist()[:3])
     assert all(r["error"] is None and r["answer"].strip() for r in rows)
+
+    # the head's token, made by local.sh, is its owner's alone, and a client without it is refused
+    assert (Path(env["RAY_AUTH_TOKEN_PATH"]).stat().st_mode & 0o777) == 0o600
+    stranger = {**env, "RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path / "elsewhere")}
+    stranger.pop("RAY_AUTH_TOKEN_PATH")
+    proc = subprocess.run([env["RAY"], "job", "list", "--address", address], env=stranger, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "authentication" in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr

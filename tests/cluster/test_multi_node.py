@@ -34,11 +34,14 @@ def node_ports() -> list[str]:
 class LocalCluster:
     def __init__(self):
         self.temp = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # Ray's socket paths must stay short
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
+        # token auth as local.sh starts the head: the workers and the client join with the token it made
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{self.temp}/auth_token",
+                    "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_DASHBOARD_PORT": str(free_port()), "RAY_GCS_PORT": str(free_port()),
                     "RAY": str(BIN / "ray"), "PATH": f"{BIN}:{os.environ['PATH']}"}
         # worker nodes need Ray's multi-node switch on, whatever the environment this test runs in says
         self.env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        self.env.pop("RAY_AUTH_TOKEN", None)
         self.dashboard = f"http://127.0.0.1:{self.env['RAY_DASHBOARD_PORT']}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
