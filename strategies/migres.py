@@ -64,7 +64,7 @@ from strategies.forms import (
     form_of,
     response_text,
 )
-from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
+from strategies.parsing import parse_json_object, parse_string_list, same_question, string_list_schema
 from strategies.structured import schema_of
 
 UNANSWERABLE = "unanswerable"
@@ -164,7 +164,7 @@ class MIGRES(Routine):
                 iteration["extracted"] = verdicts
             answer, missing, confidence = yield from self.main(item, info, t)  # Main module
             iteration.update(answer=answer, confidence=confidence, missing=missing)
-            if answer.strip() and UNANSWERABLE not in answer.lower():
+            if clean_answer(answer) and UNANSWERABLE not in answer.lower():  # "```" / "Answer:" answer nothing
                 if self.config.answer_step == "read":
                     return (yield from self.final(item, info, iterations, "answered"))
                 return self.done(item, clean_answer(answer), "answered", iterations, info)
@@ -172,10 +172,10 @@ class MIGRES(Routine):
                 return (yield from self.final(item, info, iterations, "max_iterations"))
             missing = missing or item.question
             new = yield from self.query(item, history, info, missing, t)  # Query Generator
-            seen = {q.strip().lower() for q in history}
-            new = [q for q in new if q.strip().lower() not in seen]
-            if not new:  # memory: nothing new to ask; the missing information itself is the query
-                new = [missing] if missing.strip().lower() not in seen else []
+            # memory: a query asked before, up to case, punctuation and spacing, is not new
+            new = [q for q in new if not any(same_question(q, h) for h in history)]
+            if not new:  # nothing new to ask; the missing information itself is the query
+                new = [missing] if not any(same_question(missing, h) for h in history) else []
             if not new:
                 return (yield from self.final(item, info, iterations, "no_new_query"))
             queries, t = new, t + 1
@@ -285,12 +285,15 @@ class MIGRES(Routine):
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.main_schemas[form],
                            step="main")
 
+        closed = {a.lower() for a in choices(form, self.forms) + (UNANSWERABLE,)} if choices(form, self.forms) else None
+
         def parse(text):
             obj = parse_json_object(text) or {}
             answer = obj.get("answer")
             if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
                 answer = answer.get("text")
-            return (obj, answer), isinstance(answer, str)
+            # a closed form's answer is one of its choices (a server may ignore the schema that says so)
+            return (obj, answer), isinstance(answer, str) and (closed is None or answer.strip().lower() in closed)
 
         (obj, answer), ok, _ = yield from structured(item, request, parse, f"main {t}")
         return (answer if ok else UNANSWERABLE), str(obj.get("missing_information") or "").strip(), obj.get("confidence")

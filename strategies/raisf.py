@@ -171,9 +171,11 @@ class RAISF(Routine):
             answers, cited = [UNKNOWN] * len(subs), []
         else:
             children = yield Spawn(subs)  # a_i = Problem-solving(q_i, iter + 1)
-            # a sub-question that failed, or that the engine did not run (its node cap), is unknown
-            answers = [child.answer if child.answer and not child.error else UNKNOWN for child in children]
-            cited = list(dict.fromkeys(p for child in children if not child.error for p in child.citations))
+            # a sub-question that failed, or that the engine did not run (its node cap), is unknown, and
+            # what an unknown answer read is not the synthesis's evidence
+            known = [bool(child.answer.strip()) and not child.error for child in children]
+            answers = [child.answer if ok else UNKNOWN for child, ok in zip(children, known)]
+            cited = list(dict.fromkeys(p for child, ok in zip(children, known) if ok for p in child.citations))
         pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))
         done = yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
                                       prompt("raisf/synthesize").format(pairs=pairs, question=q))

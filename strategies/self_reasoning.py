@@ -134,7 +134,8 @@ class SelfReasoning(Routine):
 
         def parse(text):
             t = parse_as(model, text)
-            return t, t is not None and bool(t.answer.strip())
+            # an answer that cleans to nothing ("```", "Answer:") is no answer: the fallback reads instead
+            return t, t is not None and bool(clean_answer(t.answer))
 
         t, ok, response = yield from structured(item, request, parse, "trajectory")
         if not ok:  # the fallback: a plain read of the same passages, in the same form
@@ -179,7 +180,10 @@ class SelfReasoning(Routine):
         for group in _CITE.findall(t.analysis):
             for part in group.split(","):
                 ends = [int(n) for n in re.split(r"[-–]", part)]
-                indices += list(range(ends[0], ends[-1] + 1)) if len(ends) == 2 and ends[0] <= ends[-1] else ends
+                if len(ends) == 2 and ends[0] <= ends[-1]:  # a range, cut to the passages shown: "[1-1000000000]"
+                    indices += range(max(1, ends[0]), min(len(item.passages), ends[-1]) + 1)
+                else:
+                    indices += ends
         ids = []
         for n in indices:
             if 1 <= n <= len(item.passages) and item.passages[n - 1].id not in ids:

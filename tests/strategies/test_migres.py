@@ -283,3 +283,44 @@ def test_a_statement_citing_passages_in_another_shape_is_read_and_a_bad_one_skip
     done, item = drive(MIGRES(MigresConfig(max_iterations=2)), "What nationality is the director of Levity?", respond)
     assert [i["info"] for i in trace(item)["information"]][:1] == ["Levity was directed by Ed Solomon."]
     assert done.answer == "American"
+
+
+def test_a_query_that_differs_from_an_earlier_one_only_in_case_or_punctuation_is_not_new():
+    """"Who directed Levity" after "Who directed Levity?" cost a whole iteration (retrieve, rank, leaf, main)."""
+    script = Script(extract=False, queries=("who directed  Levity",), retrieve=lambda q: [FILM])
+    done, item = drive(MIGRES(MigresConfig()), "Who directed Levity?", script)
+    assert history(item) == ["Who directed Levity?", "The nationality of Ed Solomon"]
+    assert done.resolved_by == "no_new_query"
+
+
+class MainSays(Script):
+    """The main module answers ``said`` every time."""
+
+    def __init__(self, said, **kw):
+        super().__init__(**kw)
+        self.said = said
+
+    def __call__(self, request, item):
+        if is_main(request):
+            self.main_prompts.append(request.messages[-1][1])
+            return Generation(json.dumps({"answer": self.said, "confidence": 4, "explanation": "",
+                                          "missing_information": "The nationality of Ed Solomon"}))
+        return super().__call__(request, item)
+
+
+def test_a_main_answer_that_cleans_to_nothing_is_not_an_answer():
+    """With answer_step main, "```" was accepted (not blank) and returned cleaned: an empty answer, "answered"."""
+    for said in ("```", "Answer:"):
+        done, item = drive(MIGRES(MigresConfig(answer_step="main", max_iterations=2)), "Who directed Levity?",
+                           MainSays(said, extract=False))
+        assert done.resolved_by != "answered" and done.answer.strip()
+        assert [it["answer"] for it in trace(item)["iterations"]] == [said, said]
+
+
+def test_a_main_answer_outside_a_closed_forms_choices_is_unparsed_not_the_answer():
+    """A server that ignores the schema's enum: "[99]" became a yes/no question's answer."""
+    script = MainSays("[99]", extract=False)
+    item = Item("Were Levity and Ed Solomon both American?", kind="yes-no")
+    done, item = drive_item(MIGRES(MigresConfig(answer_step="main", max_iterations=1)), item, script)
+    assert (done.answer, done.resolved_by) == ("no", "max_iterations")
+    assert item.counts["parse_failures"] == 2  # asked again with more tokens, then unanswerable

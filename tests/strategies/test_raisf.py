@@ -225,6 +225,21 @@ def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
     assert "Answer 1: a\n" in user and "Answer 2: unknown\n" in user and "Answer 3: unknown\n" in user
 
 
+def test_a_sub_answer_shown_as_unknown_lends_the_synthesis_none_of_its_citations():
+    """An empty sub-answer was shown as "unknown" but its passages were cited as the synthesis's evidence."""
+    from strategies.base import Done, Item
+    s = RAISF(RaisfConfig(self_knowledge=False))
+    item = Item("Q")
+    s.start(item)
+    s.resume(item, [Retrieval(PASSAGES)])
+    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
+    s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?"]}))])
+    step = s.resume(item, [Done("a", "passages", ["p1"]), Done("  ", "passages", ["p2", "p3"])])
+    assert "Answer 2: unknown\n" in step.requests[0].messages[-1][1]
+    done = s.resume(item, [Generation("synth")])
+    assert (done.resolved_by, done.citations) == ("decomposition", ["p1"])
+
+
 @pytest.mark.parametrize("phase", ["know", "relevance"])
 def test_a_failed_judgment_is_an_error_never_a_no(phase):
     from strategies.base import Item

@@ -213,6 +213,22 @@ def test_a_range_of_passages_cited_in_the_analysis_cites_each():
     assert done.citations == ["p0", "p1", "p2", "p4"]
 
 
+def test_a_range_cited_in_the_analysis_is_cut_to_the_passages_shown_before_it_is_expanded():
+    """[1-1000000000] built a list of a billion indices in the driver (a MemoryError row, or the run's
+    driver out of memory) before the indices past k were dropped."""
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
+                    script(trajectory(cites=(), analysis="It grew [4-1000000000000], see [3-2] [0-1].")))
+    assert done.citations == ["p3", "p4", "p2", "p1", "p0"]
+
+
+@pytest.mark.parametrize("answer", ["```", "Answer:", '""'])
+def test_a_trajectory_answer_that_cleans_to_nothing_goes_to_the_fallback_read(answer):
+    """Its answer was checked with strip() and returned cleaned: "```" was the question's answer, empty."""
+    done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
+                    script(trajectory(answer=answer), trajectory(answer=answer), read="Paris"))
+    assert (done.answer, done.resolved_by) == ("Paris", "fallback")
+
+
 def test_with_no_passage_retrieved_the_answer_is_the_models_own_knowledge():
     """A "relevant" verdict over no passage was reported as resolved by passages."""
     respond = script(trajectory(cites=()))
