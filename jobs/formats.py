@@ -8,7 +8,8 @@
 
 A CSV cannot hold a list: its ``answers`` (or ``golden_answers``) cell is one answer, or several
 separated by ``|``; every CSV cell is read as text (``007`` stays ``007``, an all-numeric answers
-column is answers). Ids become strings. Read with pyarrow's streaming readers, a block at a time, so a
+column is answers). Ids become strings, and so do answers written as numbers; a JSON column keeps one
+type in every row (pyarrow's reader refuses one that changes). Read with pyarrow's streaming readers, a block at a time, so a
 corpus larger than memory converts to Parquet in bounded memory.
 """
 
@@ -31,8 +32,9 @@ def is_foreign(uri: str) -> bool:
     return uri.lower().endswith(SUFFIXES)
 
 
-def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
-    """The file's rows, a block at a time, with ragsift's column names."""
+def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Iterator[pa.RecordBatch]:
+    """The file's rows, a block at a time, with ragsift's column names (``mapped``; else the file's own,
+    for a caller that renames them first, as ``input.columns`` does)."""
     import pyarrow.csv as pa_csv
     import pyarrow.json as pa_json
 
@@ -55,16 +57,34 @@ def batches(uri: str, block_bytes: int = 16 << 20) -> Iterator[pa.RecordBatch]:
             else:
                 reader = pa_json.open_json(stream, read_options=pa_json.ReadOptions(block_size=block_bytes))
             for batch in reader:
-                yield ours(batch, csv, uri)
+                yield ours(batch, csv, uri) if mapped else batch
                 rows += batch.num_rows
         except pa.ArrowInvalid as err:
             # pyarrow reads a block at a time: its row numbers count from the block's start, and its columns
-            # are the first block's (a field first seen later is "unexpected")
-            where = f"after its first {rows:,} rows, " if rows else ""
+            # are the first block's (a field first seen later is "unexpected"); a line that is not JSON
+            # is found by reading the file again, line by line, to name its line number
+            line = None if csv or "unexpected field" in str(err).lower() else _first_bad_json_line(fs, path)
+            where = f"line {line}: " if line else f"after its first {rows:,} rows, " if rows else ""
             hint = (" (a field that first appears after the first block: give it in the first rows, null if need be)"
                     if "unexpected field" in str(err).lower() else "")
             raise UserError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} "
                             f"({where}{err}){hint}") from None
+
+
+def _first_bad_json_line(fs, path: str) -> int | None:
+    """The number (from 1) of the first line of a JSON Lines file that is not a JSON object, if any."""
+    import io
+    import json
+
+    with fs.open_input_stream(path) as raw:
+        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace"), 1):
+            if line.strip():
+                try:
+                    if not isinstance(json.loads(line), dict):
+                        return number
+                except ValueError:
+                    return number
+    return None
 
 
 def _csv_header(fs, path: str) -> list[str]:
@@ -77,8 +97,9 @@ def _csv_header(fs, path: str) -> list[str]:
             return []  # an empty file: the read proper says so
 
 
-def ours(batch: pa.RecordBatch, csv: bool = False, uri: str = "") -> pa.RecordBatch:
-    """FlashRAG's names to ragsift's, ids as strings, a CSV's answers cell as a list."""
+def ours(batch, csv: bool = False, uri: str = ""):
+    """FlashRAG's names to ragsift's, ids as strings, a CSV's answers cell as a list, answers written as
+    numbers as text (a RecordBatch, or a Table: a DataFrame's or a ``datasets`` table)."""
     columns = dict(zip(batch.schema.names, batch.columns))
     if {"custom_id", "body"} <= set(columns) and "question" not in columns:  # an OpenAI batch input file
         columns = {"id": columns["custom_id"], "question": pa.array(
@@ -93,10 +114,49 @@ def ours(batch: pa.RecordBatch, csv: bool = False, uri: str = "") -> pa.RecordBa
         columns["text"] = text
     if "id" in columns and not pa.types.is_string(columns["id"].type):
         columns["id"] = ids_as_text(columns["id"], uri)
-    if "answers" in columns and pa.types.is_string(columns["answers"].type):  # one answer, not a list
-        columns["answers"] = (pc.split_pattern(columns["answers"], "|") if csv else pa.array(
-            [None if a is None else [a] for a in columns["answers"].to_pylist()], pa.list_(pa.string())))
-    return pa.RecordBatch.from_pydict(columns)
+    if "answers" in columns:
+        columns["answers"] = answers_as_lists(columns["answers"], csv, uri)
+    for name in ("id", "answers"):  # a CSV keeps invalid UTF-8 as it is: the question's row can say so, these cannot
+        if name in columns:
+            check_utf8(columns[name], name, uri)
+    return type(batch).from_pydict(columns)
+
+
+def answers_as_lists(answers, csv: bool, uri: str):
+    """Gold answers as lists of text: one answer (a CSV cell: several, split at ``|``) is a list of one,
+    numbers (``"answers": [1984]``) are text; other shapes are left for the schema check to name."""
+    kind = answers.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type):
+            return pc.cast(answers, pa.list_(pa.string()))
+        return answers
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        answers, kind = pc.cast(answers, pa.string()), pa.string()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if csv:
+            return pc.split_pattern(answers, "|")
+        return pa.array([None if a is None else [a] for a in answers.to_pylist()], pa.list_(pa.string()))
+    return answers
+
+
+def check_utf8(column, name: str, uri: str) -> None:
+    """Refuse, naming the row, a text column (or list of text) holding bytes that are not UTF-8: reading
+    it fails later, after the models load (a question's own bad bytes are its row's error instead)."""
+    nested = pa.types.is_list(column.type)
+    if not (nested or pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return
+    as_bytes = pc.cast(column, pa.list_(pa.binary()) if nested else pa.binary())
+    try:
+        pc.cast(pc.list_flatten(as_bytes) if nested else as_bytes, pa.string())  # the cast checks the bytes
+        return
+    except pa.ArrowInvalid:
+        pass
+    for row, value in enumerate(as_bytes.to_pylist(), 1):
+        for raw in (value or []) if nested else [value]:
+            try:
+                (raw or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{redact(uri)}: column {name!r} of row {row} is not valid UTF-8 ({raw[:40]!r})") from None
 
 
 def ids_as_text(ids: pa.Array, uri: str) -> pa.Array:
@@ -114,7 +174,11 @@ def last_user_message(body) -> str | None:
     messages = body.get("messages") if isinstance(body, dict) else None
     users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"] \
         if isinstance(messages, list) else []
-    return users[-1] if users and isinstance(users[-1], str) else None
+    content = users[-1] if users else None
+    if isinstance(content, list):  # content parts, as the API allows: the text parts, in order
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = "\n".join(t for t in texts if isinstance(t, str)) or None
+    return content if isinstance(content, str) else None
 
 
 def split_contents(contents: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -127,8 +191,8 @@ def split_contents(contents: pa.Array) -> tuple[pa.Array, pa.Array]:
     return pa.array(titles, pa.string()), pa.array(texts, pa.string())
 
 
-def read(uri: str) -> pa.Table:
-    read = list(batches(uri))
+def read(uri: str, mapped: bool = True) -> pa.Table:
+    read = list(batches(uri, mapped=mapped))
     if not read:
         raise UserError(f"{redact(uri)}: no rows")
     return pa.Table.from_batches(read)

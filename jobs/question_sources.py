@@ -21,16 +21,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from jobs.formats import ids_as_text, is_foreign
+from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
 from jobs.storage import file_sha256, filesystem, read_table, redact, scheme_of
 from schemas.errors import UserError
+from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
 
-def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
-    """An Arrow table with ragsift's column names (``columns`` maps ours -> yours); ids from row numbers
-    when there is no id column."""
+def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = False, uri: str = "questions") -> pa.Table:
+    """An Arrow table with ragsift's column names (``columns`` maps ours -> yours, applied before other
+    tools' names are mapped to ours: jobs/formats.py ``ours``; ``csv``: answers cells split at ``|``);
+    ids from row numbers when there is no id column."""
     if isinstance(questions, pa.Table):
         table = questions
     elif type(questions).__module__.startswith("pandas"):
@@ -42,7 +44,16 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
     else:
         raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
                         f"not {type(questions).__name__}")
-    renames = {theirs: ours for ours, theirs in (columns or {}).items()}
+    columns = columns or {}
+    unknown = sorted(set(columns) - set(QUESTION_REQUIRED) - set(QUESTION_OPTIONAL))
+    if unknown:  # a misspelt name of ours would leave the file's own column of that name in use
+        raise UserError(f"input.columns names {unknown}, not question columns: the keys are ours "
+                        f"({', '.join([*QUESTION_REQUIRED, *QUESTION_OPTIONAL])}), the values the file's")
+    shared = sorted({theirs for theirs in columns.values() if list(columns.values()).count(theirs) > 1})
+    if shared:
+        raise UserError(f"input.columns maps one column of the questions, {shared}, to several of ours: "
+                        "one column each")
+    renames = {theirs: ours for ours, theirs in columns.items()}
     missing = [c for c in renames if c not in table.column_names]
     if missing:
         raise UserError(f"columns {missing} are not in the questions (they have {table.column_names})")
@@ -51,9 +62,7 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None) -> pa.Table:
     if twice:
         raise UserError(f"renaming gives two columns named {twice} (the questions have {table.column_names}; "
                         "rename or drop the one input.columns does not name)")
-    table = table.rename_columns(names)
-    if "id" in table.column_names and not pa.types.is_string(table.schema.field("id").type):  # a DataFrame's 3, 1, 2
-        table = table.set_column(table.column_names.index("id"), "id", ids_as_text(table["id"].combine_chunks(), "questions"))
+    table = ours(table.rename_columns(names), csv, uri)  # ids as text (a DataFrame's 3, 1, 2), answers as lists
     if "id" not in table.column_names:
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
     return table
@@ -75,7 +84,9 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
             loaded = datasets.load_dataset(uri[3:], split=split or "train")
         except Exception as err:  # noqa: BLE001 - offline hub names, bad splits...: one clear CLI error
             raise UserError(f"{uri}: datasets.load_dataset failed: {type(err).__name__}: {err}") from None
-        table = to_arrow(loaded, columns)
+        # a local folder of CSV files: datasets reads each cell as its type guess, so its answers are text
+        local = Path(uri[3:])
+        table = to_arrow(loaded, columns, csv=local.is_dir() and any(local.rglob("*.csv")), uri=uri)
     elif is_datasets_dir(uri):
         import datasets
 
@@ -89,11 +100,11 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
             if split not in loaded:
                 raise UserError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
             loaded = loaded[split]
-        table = to_arrow(loaded, columns)
+        table = to_arrow(loaded, columns, uri=uri)
     elif is_foreign(uri):
-        table = to_arrow(read_foreign(uri), columns)
+        table = to_arrow(read_foreign(uri, mapped=False), columns, csv=uri.lower().endswith(".csv"), uri=uri)
     else:
-        table = to_arrow(read_table(uri), columns)
+        table = to_arrow(read_table(uri), columns, uri=uri)
     check_questions(table.schema, uri)  # naming the user's file, before anything is written
     target = write_input(table, output)
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)

@@ -92,9 +92,10 @@ def rename_with_set(missing: list[str]) -> str:
 
 
 def check_questions(schema: pa.Schema, uri: str, rename: Callable[[list[str]], str] = rename_with_set) -> list[str]:
-    """The required question columns of ``schema`` (``uri``'s, named in the error), as ``answer`` reads them;
-    ``rename(missing columns)``: how to map the file's own columns to them."""
-    return _check_questions(schema, {}, uri, rename)
+    """The question columns of ``schema`` (``uri``'s, named in the error) as ``answer`` reads them, the
+    optional ones' types too (a wrong one was found only after the models had loaded, or by evaluate
+    after the run); ``rename(missing columns)``: how to map the file's own columns to them."""
+    return _check_questions(schema, QUESTION_OPTIONAL, uri, rename)
 
 
 def _check_questions(schema: pa.Schema, optional: dict, uri: str,
@@ -112,7 +113,7 @@ def _check_questions(schema: pa.Schema, optional: dict, uri: str,
 def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
     """The questions file, schema-checked, and how many of its rows are in play."""
     pf = open_parquet(uri)
-    _check_questions(pf.schema_arrow, {}, uri)
+    _check_questions(pf.schema_arrow, QUESTION_OPTIONAL, uri)
     return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
 
 

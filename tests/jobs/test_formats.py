@@ -197,3 +197,44 @@ def test_csv_cells_that_look_like_nulls_are_text_only_an_empty_cell_is_none(tmp_
     (tmp_path / "q.csv").write_text("id,question,answers\nNA,what is NA?,NA\nb,what is null?,null\nc,empty?,\n")
     rows = read(str(tmp_path / "q.csv")).to_pylist()
     assert [(r["id"], r["answers"]) for r in rows] == [("NA", ["NA"]), ("b", ["null"]), ("c", None)]
+
+
+def test_an_openai_batch_message_given_as_content_parts_is_its_text():
+    """The API takes content as a list of parts; such a request became an error row ("empty question")."""
+    from jobs.formats import last_user_message
+
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Who wrote"},
+                                                      {"type": "image_url", "image_url": {"url": "x"}},
+                                                      {"type": "text", "text": "Hamlet?"}]}]}
+    assert last_user_message(body) == "Who wrote\nHamlet?"
+    assert last_user_message({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}) is None
+
+
+@pytest.mark.parametrize("suffix, content", [
+    (".csv", b"id,question,answers\n\xff1,q,x\n2,fine,y\n"),
+    (".csv", b"id,question,answers\n1,q,caf\xe9\n"),
+    (".jsonl", b'{"id": "\xff1", "question": "q"}\n'),
+])
+def test_ids_or_answers_that_are_not_utf8_are_refused_naming_the_row_before_the_run(tmp_path, suffix, content):
+    """They converted, then plan_input (or evaluate) died with a UnicodeDecodeError traceback."""
+    source = tmp_path / f"q{suffix}"
+    source.write_bytes(content)
+    with pytest.raises(UserError, match=r"of row [12] is not valid UTF-8"):
+        materialize_questions(str(source), str(tmp_path / "out"), {}, None)
+
+
+def test_numeric_gold_answers_are_text_and_optional_columns_of_the_wrong_type_are_refused_at_conversion(tmp_path):
+    """[1984] was accepted by answer and refused by evaluate after the run; a numeric dataset column
+    was refused by question_rows only after the models had loaded, naming the converted file."""
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": "a", "question": "q", "answers": [1984]}])
+    target = materialize_questions(source, str(tmp_path / "out"), {}, None)
+    assert pq.read_table(target)["answers"].to_pylist() == [["1984"]]
+    source = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "question": "q", "dataset": 3}])
+    with pytest.raises(UserError, match=r"d\.jsonl: column 'dataset' has type int64"):
+        materialize_questions(source, str(tmp_path / "out"), {}, None)
+
+
+def test_a_line_that_is_not_json_is_named_by_its_line_number(tmp_path):
+    (tmp_path / "q.jsonl").write_text('\n\n\n{"id": "a", "question": "q"}\n\n{"id": "b", "question": "r"}\nnot json\n')
+    with pytest.raises(UserError, match=r"q\.jsonl: not readable as JSONL \(line 7: "):
+        read(str(tmp_path / "q.jsonl"))

@@ -86,3 +86,34 @@ def test_a_converted_input_without_a_question_column_is_refused_naming_the_users
     with pytest.raises(SchemaError, match=r"q\.jsonl.*question"):  # named the _input/ copy, already written
         config_for(jsonl, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_renamed_columns_get_the_formats_reading_too(tmp_path):
+    """The rename ran after a CSV's answers were split and FlashRAG's names mapped: a renamed answers
+    column stayed 'a|b' (refused as text), and golden_answers could not be named (it was gone)."""
+    (tmp_path / "q.csv").write_text("id,query,golds\n1,q1,a|b\n")
+    config = config_for(tmp_path / "q.csv", tmp_path / "out", "input.columns={question: query, answers: golds}")
+    assert pq.read_table(config.questions).select(["id", "question", "answers"]).to_pylist() == [
+        {"id": "1", "question": "q1", "answers": ["a", "b"]}]
+    (tmp_path / "f.jsonl").write_text('{"qid": "x", "question": "q", "golden_answers": ["g"]}\n')
+    config = config_for(tmp_path / "f.jsonl", tmp_path / "out2", "input.columns={id: qid, answers: golden_answers}")
+    assert pq.read_table(config.questions).select(["id", "answers"]).to_pylist() == [{"id": "x", "answers": ["g"]}]
+
+
+@pytest.mark.parametrize("mapping, message", [
+    ("{id: query, question: query}", "maps one column of the questions"),
+    ("{questoin: query}", r"names \['questoin'\], not question columns"),
+])
+def test_an_input_columns_mapping_that_loses_or_misnames_a_column_is_refused(tmp_path, capsys, mapping, message):
+    """One file column for two of ours silently dropped the first; a misspelt key of ours was accepted
+    and the file's own `question` column answered instead."""
+    (tmp_path / "q.jsonl").write_text('{"query": "q1", "question": "other"}\n')
+    with pytest.raises(UserError, match=message):
+        config_for(tmp_path / "q.jsonl", tmp_path / "out", f"input.columns={mapping}")
+
+
+def test_a_local_hf_folder_of_csv_files_splits_answers_and_maps_flashrag_names(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "train.csv").write_text("id,question,golden_answers\nq1,Who?,a|b\n")
+    config = config_for(f"hf:{tmp_path / 'hf'}", tmp_path / "out")
+    assert pq.read_table(config.questions).select(["id", "answers"]).to_pylist() == [{"id": "q1", "answers": ["a", "b"]}]
