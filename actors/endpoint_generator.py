@@ -17,7 +17,7 @@ import os
 import time
 from collections import Counter, deque
 
-from actors.generator import JUDGE_LOGPROBS, choice_probs
+from actors.generator import JUDGE_LOGPROBS, choice_probs, max_tokens_of
 from actors.streaming_generator import StreamingReplica
 from schemas.records import Generate, Generation, Judge, Judgment, failed
 
@@ -93,14 +93,13 @@ class EndpointGenerator(StreamingReplica):
         """The chat completion request: the batch kind's sampling, in the OpenAI API's words."""
         body = dict(model=self.model, messages=req.as_chat(), seed=self.seed)
         if isinstance(req, Judge):
-            # no tokenizer here: a choice has at most as many tokens as characters
-            body.update(temperature=0.0, max_tokens=max(map(len, req.choices)) + 1,
+            body.update(temperature=0.0, max_tokens=req.max_tokens,
                         logprobs=True, top_logprobs=JUDGE_LOGPROBS)
             if self.vllm_extensions:
                 body["extra_body"] = {"structured_outputs": {"choice": list(req.choices)}}
             return body
         body.update(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
-                    max_tokens=req.max_tokens or self.sampling["max_tokens"])
+                    max_tokens=max_tokens_of(req, self.sampling["max_tokens"]))
         if req.json_schema:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": json.loads(req.json_schema)}}

@@ -82,6 +82,8 @@ class Prompts:
         templated and tokenized here so an overlong prompt is one error result, not a failed batch."""
         from vllm.inputs import TokensPrompt
 
+        if isinstance(req, Generate) and req.max_tokens is not None and req.max_tokens < 1:
+            return failed(req, f"max_tokens {req.max_tokens}: at least 1 (None: the run's default)")
         sp = self.params(req)
         ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
         if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
@@ -97,15 +99,15 @@ class Prompts:
         from vllm.sampling_params import StructuredOutputsParams
 
         if isinstance(req, Judge):
-            longest = max(len(self.tokenizer.encode(c, add_special_tokens=False)) for c in req.choices)
-            return SamplingParams(temperature=0.0, max_tokens=longest + 1, logprobs=JUDGE_LOGPROBS,
+            # guided decoding takes any tokens that spell a choice: the budget is the choice's bytes (with
+            # its own token count, a model spelling "A", "M", "B", ... was cut at "AMBIGUO")
+            return SamplingParams(temperature=0.0, max_tokens=req.max_tokens, logprobs=JUDGE_LOGPROBS,
                                   structured_outputs=StructuredOutputsParams(choice=list(req.choices)))
         structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
-        return SamplingParams(**{**self.sampling, "max_tokens": req.max_tokens or self.sampling["max_tokens"]},
+        return SamplingParams(**{**self.sampling, "max_tokens": max_tokens_of(req, self.sampling["max_tokens"])},
                               structured_outputs=structured)
 
-    @staticmethod
-    def result(req: Generate | Judge, out) -> Generation | Judgment:
+    def result(self, req: Generate | Judge, out) -> Generation | Judgment:
         """A request's result from its finished ``RequestOutput``."""
         completion = out.outputs[0]
         n_prompt, n_completion = len(out.prompt_token_ids), len(completion.token_ids)
@@ -113,7 +115,11 @@ class Prompts:
         if isinstance(req, Judge):
             first = completion.logprobs[0] if completion.logprobs else {}
             top = [(lp.decoded_token, lp.logprob) for lp in first.values()]
-            return Judgment(completion.text.strip(), choice_probs(top, req.choices), n_prompt, n_completion,
+            # a choice's own first token, by id: a byte fragment of a non-Latin choice decodes to no text
+            starts = {c: self.tokenizer.encode(c, add_special_tokens=False)[:1] for c in req.choices}
+            fragments = [(c, first[ids[0]].logprob) for c, ids in starts.items()
+                         if ids and ids[0] in first and not (first[ids[0]].decoded_token or "").strip()]
+            return Judgment(completion.text.strip(), choice_probs(top, req.choices, fragments), n_prompt, n_completion,
                             cached_tokens=cached)
         return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached)
 
@@ -151,6 +157,11 @@ class Generator:
         self.llm.reset_prefix_cache()
 
 
+def max_tokens_of(req: Generate, default: int) -> int:
+    """A request's own budget, the run's default where it names none (0 is not "none": it is refused)."""
+    return default if req.max_tokens is None else req.max_tokens
+
+
 def min_completion(req: Generate | Judge, sp) -> int:
     """A judgment needs its whole choice; free text is worth generating with any room left."""
     return sp.max_tokens if isinstance(req, Judge) else 1
@@ -180,21 +191,24 @@ def bound_cores(bind: str) -> int:
     return max(1, count)
 
 
-def choice_probs(first_token: list[tuple[str | None, float]], choices: tuple[str, ...]) -> dict[str, float] | None:
+def choice_probs(first_token: list[tuple[str | None, float]], choices: tuple[str, ...],
+                 fragments: list[tuple[str, float]] = ()) -> dict[str, float] | None:
     """P(choice) from the first generated position's top log-probs ``(token text, log-prob)``,
     normalised over the choices.
 
     A token counts for a choice when its text (stripped, lower-cased) is a non-empty prefix of the
-    choice; raw log-probs are taken before the guided-decoding mask, so they reflect the model.
+    choice; one that begins several choices ("yes" of yes / yesterday) cannot tell them apart, so its
+    mass is shared among them evenly, whatever their order. ``fragments``: (choice, log-prob) of a
+    choice's own first token that decodes to no text (a byte of a non-Latin character). Raw log-probs
+    are taken before the guided-decoding mask, so they reflect the model.
     """
     mass = dict.fromkeys(choices, 0.0)
     for text, logprob in first_token:
         token = (text or "").strip().lower()
-        if not token:
-            continue
-        for choice in choices:
-            if choice.lower().startswith(token):
-                mass[choice] += math.exp(logprob)
-                break
+        begun = [c for c in choices if token and c.lower().startswith(token)]
+        for choice in begun:
+            mass[choice] += math.exp(logprob) / len(begun)
+    for choice, logprob in fragments:
+        mass[choice] += math.exp(logprob)
     total = sum(mass.values())
     return {c: m / total for c, m in mass.items()} if total > 0 else None

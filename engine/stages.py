@@ -311,8 +311,8 @@ class StreamingGeneratorStage(GeneratorStage):
     def cost(self, request: Generate | Judge) -> int:
         """Tokens a request may hold in the KV cache: its prompt (about 4 characters a token) and completion."""
         chars = sum(len(text) for _, text in request.messages)
-        completion = (len(request.choices) if isinstance(request, Judge)
-                      else request.max_tokens or self.default_max_tokens)
+        completion = (request.max_tokens if isinstance(request, Judge) or request.max_tokens is not None
+                      else self.default_max_tokens)
         return chars // 4 + completion
 
     def probe(self, replica):

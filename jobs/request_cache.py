@@ -30,8 +30,10 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
 # Per stage, bumped when ragsift changes how its pool computes a response for the same request and
 # settings (an actor's output, a stage's merge or fusion), so entries of the older computation are not
 # served; 1 adds nothing to the key (entries from before versions existed stay valid). retriever 2:
-# hybrid retrieval takes k from each ranking when k > fusion_candidates (0d982af).
-CACHE_VERSIONS = {"retriever": 2}
+# hybrid retrieval takes k from each ranking when k > fusion_candidates (0d982af). judge and
+# generator/Judge 2: a judgment's budget spells its whole choice, and a first token that begins several
+# choices is shared among them (a label was cut, "AMBIGUO"; the mass went to the first choice listed).
+CACHE_VERSIONS = {"retriever": 2, "judge": 2, "generator/Judge": 2}
 
 
 def namespaces(config: AnswerConfig) -> dict[str, str]:

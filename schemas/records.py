@@ -41,6 +41,12 @@ class Judge:
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
 
+    @property
+    def max_tokens(self) -> int:
+        """Tokens enough to spell the longest choice however it is tokenized (under guided decoding a model
+        may spell one letter by letter), and the end after it: its bytes, as no token is shorter than one."""
+        return max(len(c.encode("utf-8")) for c in self.choices) + 1
+
 
 @dataclass(frozen=True)
 class Retrieve:

@@ -21,6 +21,26 @@ def test_choice_prefix_tokens_count_and_no_mass_gives_none():
     assert choice_probs([lp("Paris", 0.9), lp("  ", 0.1)], ("yes", "no")) is None
 
 
+def test_a_first_token_that_begins_several_choices_is_shared_whatever_their_order():
+    """"yes" begins yes and yesterday: all its mass went to whichever was listed first."""
+    for choices in (("yes", "yesterday"), ("yesterday", "yes")):
+        probs = choice_probs([lp("yes", 0.6), lp("yester", 0.2)], choices)
+        assert probs["yes"] == pytest.approx(0.3 / 0.8) and probs["yesterday"] == pytest.approx(0.5 / 0.8)
+
+
+def test_a_choices_first_token_that_decodes_to_no_text_counts_by_its_id():
+    """A byte of 否 decodes to '': P(否) was 0 and P(是) 1.0 whenever 是 was among the top tokens."""
+    probs = choice_probs([lp("是", 0.09), lp("", 0.3)], ("是", "否"), fragments=[("否", math.log(0.3))])
+    assert probs["否"] == pytest.approx(0.3 / 0.39)
+
+
+def test_a_judgments_budget_spells_its_longest_choice_letter_by_letter():
+    from schemas.records import Judge
+
+    assert Judge((("user", "q"),), ("CLEAR AND COMPLETE", "AMBIGUOUS")).max_tokens == 19
+    assert Judge((("user", "q"),), ("是", "否")).max_tokens == 4  # three bytes each
+
+
 def test_completion_budget_is_cut_to_the_context_left_and_errors_only_without_room():
     assert completion_budget(1000, 384, 2048) == 384
     assert completion_budget(1300, 768, 2048) == 748  # a retry with a doubled budget still runs
@@ -61,7 +81,16 @@ def test_an_async_replica_streams_each_result_when_its_sequence_ends_with_the_ba
     batched = ray_session.get(batch.generate.remote(requests))
     long = Generate((("user", "Name a colour. " * 60),), max_tokens=2)  # over one 128-token KV block
     first, again = (ray_session.get(batch.generate.remote([long]))[0] for _ in range(2))
+    # under guided choice SmolLM2 spells these letter by letter: with the choices' own token counts as the
+    # budget the labels came back "AMBIGUO" and "NO RETRI"; a budget of 0 ran the default 48 tokens
+    choices = [("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS"), ("RETRIEVAL", "NO RETRIEVAL")]
+    judged = ray_session.get(batch.generate.remote([
+        Judge((("user", "Is 'what is it' a clear question?"),), choices[0]),
+        Judge((("user", "Do you need to search the web to answer 'What is 2+2'?"),), choices[1]),
+        Generate((("user", "Name a colour."),), max_tokens=0)]))
     ray_session.kill(batch)
+    assert [j.label in c for j, c in zip(judged, choices)] == [True, True], [j.label for j in judged[:2]]
+    assert judged[2].error and "max_tokens 0" in judged[2].error
     assert first.cached_tokens == 0 and again.cached_tokens >= 128  # the prefix cache's hits are counted
     # same prompts and sampling; log-probs may differ in the last digits with the batch's composition
     assert [streamed[i].text for i in (0, 2)] == [batched[i].text for i in (0, 2)]
