@@ -19,7 +19,7 @@ from collections import Counter, deque
 
 from actors.generator import JUDGE_LOGPROBS, choice_probs, max_tokens_of
 from actors.streaming_generator import StreamingReplica
-from schemas.records import Generate, Generation, Judge, Judgment, failed
+from schemas.records import Generate, Generation, Judge, Judgment, as_choice, failed
 
 # statuses the openai client retries itself; one still failing after its retries fails the call
 RETRIED = {408, 409, 429}
@@ -136,22 +136,6 @@ class EndpointGenerator(StreamingReplica):
                                           "with no log-probs of them")
             return Judgment(label, probs, n_prompt, n_completion, cached_tokens=cached)
         return Generation(text, n_prompt, n_completion, cached_tokens=cached)
-
-
-def as_choice(text: str, choices: tuple[str, ...]) -> str | None:
-    """The choice ``text`` names, or None: the choice itself ("Yes." is yes), the longest choice it
-    begins with ("no retrieval needed"), or the one choice it is the start of (a cut-off "CLEAR AND")."""
-    said = text.strip().strip(".!:;,\"'").strip().lower()
-    if not said:
-        return None
-    exact = [c for c in choices if c.lower() == said]
-    begun = [c for c in choices if said.startswith(c.lower() + " ") or said.startswith(c.lower() + ",")]
-    started = [c for c in choices if c.lower().startswith(said)]
-    if exact:
-        return exact[0]
-    if begun:
-        return max(begun, key=len)
-    return started[0] if len(started) == 1 else None
 
 
 class Pace:

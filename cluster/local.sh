@@ -19,11 +19,12 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token} RAY_USAGE_STATS_ENABLED=0
 case "${1:-}" in
   start)
     shift
-    token_file=${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}
+    token_file=${RAY_AUTH_TOKEN_PATH:-${HOME:-~}/.ray/auth_token}
     if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ ! -s "$token_file" ]; then
       # 32 random bytes in hex, as `ray get-auth-token --generate` makes (which writes ~/.ray only)
       mkdir -p "$(dirname "$token_file")"
       (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token_file")
+      chmod 600 "$token_file"  # an empty file that was there keeps its mode through the write
     fi
     "$RAY" start --head --dashboard-host=127.0.0.1 --dashboard-port="${RAY_DASHBOARD_PORT:-8265}" \
       --port="${RAY_GCS_PORT:-6379}" --disable-usage-stats "$@"

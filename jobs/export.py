@@ -24,6 +24,7 @@ import uuid
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyarrow.fs import FileType
 
 from jobs.evaluate import answer_files, one_run
 from jobs.storage import filesystem, open_parquet, redact
@@ -93,10 +94,15 @@ def export(answers: str, to: str, form: str, strategy: str | None = None) -> int
                         "(an OpenAI batch file has one response per custom_id)")
     check_readable(files, to, form)
     fs, path = filesystem(to)
+    if fs.get_file_info(path).type == FileType.Directory:
+        raise UserError(f"--to {redact(to)} is a directory: name the file to write")
+    # written beside ``to`` and moved over it at the end, so a failure leaves what ``to`` held; a pipe, a
+    # link or a device (/dev/stdout) is written as it is: moving a file over it would replace it
+    special = fs.type_name == "local" and (os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)))
+    target = path if special else path + ".tmp"
     lines = 0
-    # written beside ``to`` and moved over it at the end: a failure leaves what ``to`` held
     try:
-        with fs.open_output_stream(path + ".tmp") as out:
+        with fs.open_output_stream(target) as out:
             for f in files:
                 model = generator_model(f)
                 source_fs, source = filesystem(f)
@@ -109,11 +115,13 @@ def export(answers: str, to: str, form: str, strategy: str | None = None) -> int
                         record = batch_line(row, model) if form == "openai-batch" else row
                         out.write((json.dumps(record, default=str) + "\n").encode())
                         lines += 1
+        if not special:
+            fs.move(target, path)
     except BaseException:
-        with contextlib.suppress(OSError):  # it may not have been created
-            fs.delete_file(path + ".tmp")
+        if not special:
+            with contextlib.suppress(OSError):  # it may not have been created
+                fs.delete_file(target)
         raise
-    fs.move(path + ".tmp", path)
     return lines
 
 

@@ -116,6 +116,8 @@ def ours(batch, csv: bool = False, uri: str = ""):
         columns["id"] = ids_as_text(columns["id"], uri)
     if "answers" in columns:
         columns["answers"] = answers_as_lists(columns["answers"], csv, uri)
+    if "gold_passage_ids" in columns:  # as answers, but a CSV cell of several ids is not split (none is promised)
+        columns["gold_passage_ids"] = answers_as_lists(columns["gold_passage_ids"], False, uri)
     for name in ("id", "answers"):  # a CSV keeps invalid UTF-8 as it is: the question's row can say so, these cannot
         if name in columns:
             check_utf8(columns[name], name, uri)
@@ -142,9 +144,11 @@ def answers_as_lists(answers, csv: bool, uri: str):
 def check_utf8(column, name: str, uri: str) -> None:
     """Refuse, naming the row, a text column (or list of text) holding bytes that are not UTF-8: reading
     it fails later, after the models load (a question's own bad bytes are its row's error instead)."""
-    nested = pa.types.is_list(column.type)
-    if not (nested or pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return
+    kind = column.type
+    nested = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    text = kind.value_type if nested else kind
+    if not (pa.types.is_string(text) or pa.types.is_large_string(text)):
+        return  # not text: the schema check names it
     as_bytes = pc.cast(column, pa.list_(pa.binary()) if nested else pa.binary())
     try:
         pc.cast(pc.list_flatten(as_bytes) if nested else as_bytes, pa.string())  # the cast checks the bytes

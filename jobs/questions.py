@@ -40,6 +40,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 NULL_ID_PREFIX = "<row "
+# the optional columns answering reads (gold columns are read by evaluate, label and calibrate, which check them)
+READ_BY_ANSWER = {c: QUESTION_OPTIONAL[c] for c in ("kind", "dataset")}
 
 
 def _row_id(row: int, prefix: str = NULL_ID_PREFIX) -> str:
@@ -93,9 +95,9 @@ def rename_with_set(missing: list[str]) -> str:
 
 def check_questions(schema: pa.Schema, uri: str, rename: Callable[[list[str]], str] = rename_with_set) -> list[str]:
     """The question columns of ``schema`` (``uri``'s, named in the error) as ``answer`` reads them, the
-    optional ones' types too (a wrong one was found only after the models had loaded, or by evaluate
-    after the run); ``rename(missing columns)``: how to map the file's own columns to them."""
-    return _check_questions(schema, QUESTION_OPTIONAL, uri, rename)
+    optional ones it reads too (a wrong type was found only after the models had loaded); ``rename(missing
+    columns)``: how to map the file's own columns to them."""
+    return _check_questions(schema, READ_BY_ANSWER, uri, rename)
 
 
 def _check_questions(schema: pa.Schema, optional: dict, uri: str,
@@ -113,7 +115,7 @@ def _check_questions(schema: pa.Schema, optional: dict, uri: str,
 def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
     """The questions file, schema-checked, and how many of its rows are in play."""
     pf = open_parquet(uri)
-    _check_questions(pf.schema_arrow, QUESTION_OPTIONAL, uri)
+    _check_questions(pf.schema_arrow, READ_BY_ANSWER, uri)
     return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
 
 
@@ -179,7 +181,7 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
         if start < total and any(s not in skip_shards for s in shards):
             groups.append((g, start))
         start += size
-    extra = check_schema(pf.schema_arrow, {}, {c: QUESTION_OPTIONAL[c] for c in ("kind", "dataset")}, redact(uri))
+    extra = check_schema(pf.schema_arrow, {}, READ_BY_ANSWER, redact(uri))
     for g, n in groups:
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=["id", "question", *extra]):
             if n >= total:

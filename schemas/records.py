@@ -179,3 +179,19 @@ class Question:
     shard: int = 0  # input shard (output is committed per shard)
     kind: str | None = None  # the optional `kind` column (e.g. "claim": strategies may adapt)
     dataset: str | None = None  # the optional `dataset` column (answer forms may be set per dataset)
+
+
+def as_choice(text: str, choices: tuple[str, ...]) -> str | None:
+    """The choice ``text`` names, or None: the choice itself ("Yes." is yes), the longest choice it
+    begins with ("no retrieval needed"), or the one choice it is the start of (a cut-off "CLEAR AND")."""
+    said = text.strip().strip(".!:;,\"'").strip().lower()
+    if not said:
+        return None
+    exact = [c for c in choices if c.lower() == said]
+    begun = [c for c in choices if said.startswith(c.lower() + " ") or said.startswith(c.lower() + ",")]
+    started = [c for c in choices if c.lower().startswith(said)]
+    if exact:
+        return exact[0]
+    if begun:
+        return max(begun, key=len)
+    return started[0] if len(started) == 1 else None

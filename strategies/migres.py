@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field, create_model
 
 from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig, Section
-from schemas.records import Entail, Entailment, Generate, Judge, Retrieve
+from schemas.records import Entail, Entailment, Generate, Judge, Retrieve, as_choice
 from strategies.base import (
     Routine,
     Solve,
@@ -64,7 +64,7 @@ from strategies.forms import (
     form_of,
     response_text,
 )
-from strategies.parsing import parse_json_object, parse_string_list, same_question, string_list_schema
+from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from strategies.structured import schema_of
 
 UNANSWERABLE = "unanswerable"
@@ -124,6 +124,12 @@ def main_model(answers: tuple[str, ...] | None) -> type[BaseModel]:
                         missing_information=(Annotated[str, Field(max_length=200)], ...))
 
 
+def as_asked(query: str) -> str:
+    """A query as the memory compares it: "Who directed Levity" was asked as "Who directed Levity?" (not
+    words alone: "C++" and "C#" are other questions)."""
+    return " ".join(query.lower().split()).rstrip("?.! ")
+
+
 class MIGRES(Routine):
     name = "migres"
     Config = MigresConfig
@@ -172,10 +178,11 @@ class MIGRES(Routine):
                 return (yield from self.final(item, info, iterations, "max_iterations"))
             missing = missing or item.question
             new = yield from self.query(item, history, info, missing, t)  # Query Generator
-            # memory: a query asked before, up to case, punctuation and spacing, is not new
-            new = [q for q in new if not any(same_question(q, h) for h in history)]
+            # memory: a query asked before, up to case, spacing and its closing mark, is not new
+            asked = {as_asked(q) for q in history}
+            new = [q for q in new if as_asked(q) not in asked]
             if not new:  # nothing new to ask; the missing information itself is the query
-                new = [missing] if not any(same_question(missing, h) for h in history) else []
+                new = [missing] if as_asked(missing) not in asked else []
             if not new:
                 return (yield from self.final(item, info, iterations, "no_new_query"))
             queries, t = new, t + 1
@@ -285,15 +292,16 @@ class MIGRES(Routine):
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.main_schemas[form],
                            step="main")
 
-        closed = {a.lower() for a in choices(form, self.forms) + (UNANSWERABLE,)} if choices(form, self.forms) else None
+        closed = choices(form, self.forms) + (UNANSWERABLE,) if choices(form, self.forms) else None
 
         def parse(text):
             obj = parse_json_object(text) or {}
             answer = obj.get("answer")
             if isinstance(answer, dict):  # the paper's own format nests {"text", "confidence"}
                 answer = answer.get("text")
-            # a closed form's answer is one of its choices (a server may ignore the schema that says so)
-            return (obj, answer), isinstance(answer, str) and (closed is None or answer.strip().lower() in closed)
+            if closed and isinstance(answer, str):  # a server may ignore the schema's choices: "Yes." is yes
+                answer = as_choice(answer, closed)
+            return (obj, answer), isinstance(answer, str)
 
         (obj, answer), ok, _ = yield from structured(item, request, parse, f"main {t}")
         return (answer if ok else UNANSWERABLE), str(obj.get("missing_information") or "").strip(), obj.get("confidence")

@@ -115,3 +115,25 @@ def test_a_batch_line_names_its_custom_id_as_a_string():
     line = batch_line({"id": 7, "strategy": "rag", "answer": "x", "error": None, "prompt_tokens": 1,
                        "completion_tokens": 1}, "m")
     assert line["custom_id"] == "7"
+
+
+def test_export_writes_through_a_link_and_refuses_a_directory(tmp_path):
+    """Moving the finished file over --to replaced a link (its target kept the old text) and, for a
+    directory, failed after all the work, leaving <to>.tmp behind."""
+    import os
+
+    import pyarrow as pa
+
+    from schemas.tables import ANSWERS
+    from tests.jobs.test_evaluate import answer_row
+
+    part = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist([answer_row("a", "x", "rag")], schema=ANSWERS), part)
+    (tmp_path / "real.jsonl").write_text("old\n")
+    os.symlink(tmp_path / "real.jsonl", tmp_path / "link.jsonl")
+    assert export(str(part), str(tmp_path / "link.jsonl"), "rows") == 1
+    assert (tmp_path / "link.jsonl").is_symlink() and json.loads((tmp_path / "real.jsonl").read_text())["id"] == "a"
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError, match="is a directory"):
+        export(str(part), str(tmp_path / "d"), "rows")
+    assert not (tmp_path / "d.tmp").exists()

@@ -238,3 +238,12 @@ def test_a_line_that_is_not_json_is_named_by_its_line_number(tmp_path):
     (tmp_path / "q.jsonl").write_text('\n\n\n{"id": "a", "question": "q"}\n\n{"id": "b", "question": "r"}\nnot json\n')
     with pytest.raises(UserError, match=r"q\.jsonl: not readable as JSONL \(line 7: "):
         read(str(tmp_path / "q.jsonl"))
+
+
+def test_gold_columns_of_other_shapes_convert_and_only_what_answering_reads_is_type_checked(tmp_path):
+    """Review of the conversion changes: nested answers crashed the UTF-8 check (a cast to binary), and
+    meta of objects or numeric gold passage ids were refused though answering reads neither."""
+    source = write_jsonl(tmp_path / "q.jsonl", [{"id": "a", "question": "q", "answers": [["Paris", "City"]],
+                                                 "gold_passage_ids": [12, 34], "meta": {"source": "x"}}])
+    table = pq.read_table(materialize_questions(source, str(tmp_path / "out"), {}, None))
+    assert table["gold_passage_ids"].to_pylist() == [["12", "34"]]

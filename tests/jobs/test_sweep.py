@@ -101,8 +101,8 @@ def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, c
 
     from jobs.cli import main
 
-    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), tmp_path / "q.parquet")
-    code = main(["sweep", "--param", param, "--values", "1,2", "--questions", str(tmp_path / "q.parquet"),
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')  # converted first, before
+    code = main(["sweep", "--param", param, "--values", "1,2", "--questions", str(tmp_path / "q.jsonl"),
                  "--output", str(tmp_path / "out"), "--strategy", "direct"])
     assert code == 2 and "set it with --set instead" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -317,6 +317,17 @@ def test_a_main_answer_that_cleans_to_nothing_is_not_an_answer():
         assert [it["answer"] for it in trace(item)["iterations"]] == [said, said]
 
 
+def test_a_main_answer_naming_a_choice_in_other_words_is_that_choice_and_symbols_make_another_query():
+    """"Yes." from a server that ignores the schema is yes (as the endpoint replica reads a judgment); and
+    "C#" after "C++" is a new query, though their words are the same."""
+    item = Item("Were Levity and Ed Solomon both American?", kind="yes-no")
+    done, item = drive_item(MIGRES(MigresConfig(answer_step="main")), item, MainSays("Yes.", extract=False))
+    assert (done.answer, done.resolved_by) == ("yes", "answered")
+    script = Script(extract=False, queries=("Who created C#",), retrieve=lambda q: [FILM])
+    _, item = drive(MIGRES(MigresConfig(max_iterations=2)), "Who created C++?", script)
+    assert history(item) == ["Who created C++?", "Who created C#"]
+
+
 def test_a_main_answer_outside_a_closed_forms_choices_is_unparsed_not_the_answer():
     """A server that ignores the schema's enum: "[99]" became a yes/no question's answer."""
     script = MainSays("[99]", extract=False)
