@@ -96,8 +96,6 @@ def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, c
     """cache.enabled=false still read the shared cache; output was overwritten by the value's folder; each
     input.split answered the questions the base config's split converted, under its own label. Refused
     before the questions are converted under the output."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from jobs.cli import main
 
