@@ -141,8 +141,6 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), build_key))}
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
-    if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
-        (out / MANIFEST).unlink(missing_ok=True)
 
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
     init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()})
@@ -155,6 +153,13 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
         encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
+    # settings that cannot build a shard are refused now, before an index in place is touched or a row
+    # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped)
+    for s in range(n_shards):
+        if s not in done:
+            factory_string(config.index, dims, bounds[s + 1] - bounds[s])
+    if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
+        (out / MANIFEST).unlink(missing_ok=True)
 
     started = time.perf_counter()
     first = _first_occurrences(corpus)
@@ -201,6 +206,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     skipped = Counter({"null_text": 0, "null_id": 0, "duplicate_id": 0, "invalid_utf8": 0})
     for s in shards:
         skipped.update(s["skipped"])
+    if not sum(s["count"] for s in shards):  # an index of nothing would answer every question from no passage
+        raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (skipped: {dict(skipped)})")
     manifest = {
         "format": FORMAT,
         "embedder": config.embedder.model,

@@ -143,6 +143,34 @@ def test_ivf_pq_on_too_small_a_shard_is_a_clear_error(ray_session, squad_slice, 
         _build(corpus, tmp_path / "pq", 2, "index.index_type=ivf_pq", "index.pq_m=8", encoders=encoder)
 
 
+def test_settings_that_cannot_build_a_shard_leave_the_index_in_place_untouched_and_encode_nothing(
+        ray_session, squad_slice, tmp_path):
+    """pq_m=7 (not dividing the dims) was refused after every row was encoded, the old manifest removed
+    and the shards wiped down to their spill files."""
+    import ray
+
+    corpus, _ = squad_slice
+    encoder = ray.remote(HashEncoder).options(num_cpus=0).remote()
+    _build(corpus, tmp_path / "idx", 2, encoders=[encoder])
+    before = {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")}
+    calls = ray.get(encoder.n_calls.remote())
+    for bad in ("index.pq_m=7", "index.pq_m=8"):  # 7 does not divide the dims; 8 on shards too small to train
+        with pytest.raises(UserError, match="pq_m=7 must divide|ivf_pq needs at least"):
+            _build(corpus, tmp_path / "idx", 2, "index.index_type=ivf_pq", bad, encoders=[encoder])
+    assert {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")} == before
+    assert ray.get(encoder.n_calls.remote()) == calls
+
+
+def test_a_corpus_with_no_usable_row_is_a_clear_error_not_an_empty_index(ray_session, tmp_path):
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": pa.array([None, None], pa.string())}), corpus)
+    with pytest.raises(UserError, match=r"no row of its 2 can be indexed \(skipped: \{'null_text': 2"):
+        _build(corpus, tmp_path / "idx", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert not (tmp_path / "idx" / "manifest.json").exists()
+
+
 def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_slice, tmp_path):
     import ray
 
