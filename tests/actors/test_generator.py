@@ -105,3 +105,22 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively():
     assert resolve_dtype("auto", "flags : fpu avx2 amx_bf16 amx_tile") == "bfloat16"
     assert resolve_dtype("auto", "flags : fpu sse4_2 avx2 fma") == "float32"
     assert resolve_dtype("float16", "flags : avx2") == "float16"  # an explicit dtype is kept
+
+
+def test_a_judgments_result_finds_a_choices_byte_fragment_first_token_by_its_id():
+    """How Prompts.result builds the fragments choice_probs reads: the choice's own first token id among
+    the first position's top log-probs, decoding to no text."""
+    from types import SimpleNamespace as NS
+
+    from actors.generator import Prompts
+    from schemas.records import Judge
+
+    class Tokenizer:
+        def encode(self, text, add_special_tokens=False):
+            return {"是": [11, 12], "否": [21, 22]}[text]
+
+    first = {11: NS(decoded_token="是", logprob=math.log(0.1)), 21: NS(decoded_token="", logprob=math.log(0.3)),
+             99: NS(decoded_token="", logprob=math.log(0.5))}  # a fragment of neither choice: not counted
+    out = NS(outputs=[NS(text="否", token_ids=[21, 22], logprobs=[first])], prompt_token_ids=[1, 2], num_cached_tokens=0)
+    judgment = Prompts(Tokenizer(), 512, {}).result(Judge((("user", "q"),), ("是", "否")), out)
+    assert judgment.label == "否" and judgment.probs == pytest.approx({"是": 0.25, "否": 0.75})
