@@ -211,14 +211,20 @@ def test_a_node_at_d_th_synthesizes_from_unknown_sub_answers_without_spawning():
     assert RaisfConfig(d_th=3, max_subquestions=4).max_nodes == 1 + 4 + 16 + 64
 
 
-def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
-    from strategies.base import Done, Item
-    s = RAISF(RaisfConfig(self_knowledge=False))
-    item = Item("Q")
+def decomposed_into(subs):
+    """A RA-ISF item that found no passage relevant and split into ``subs``, waiting for their answers."""
+    from strategies.base import Item
+    s, item = RAISF(RaisfConfig(self_knowledge=False)), Item("Q")
     s.start(item)
     s.resume(item, [Retrieval(PASSAGES)])
     s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
-    s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?", "C?"]}))])
+    s.resume(item, [Generation(json.dumps({"sub_questions": subs}))])
+    return s, item
+
+
+def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
+    from strategies.base import Done
+    s, item = decomposed_into(["A?", "B?", "C?"])
     step = s.resume(item, [Done("a", "passages"), Done("", "node_cap", error="not run: past engine.max_nodes_per_root"),
                            Done("", "error", error="boom")])
     user = step.requests[0].messages[-1][1]
@@ -227,13 +233,8 @@ def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
 
 def test_a_sub_answer_shown_as_unknown_lends_the_synthesis_none_of_its_citations():
     """An empty sub-answer was shown as "unknown" but its passages were cited as the synthesis's evidence."""
-    from strategies.base import Done, Item
-    s = RAISF(RaisfConfig(self_knowledge=False))
-    item = Item("Q")
-    s.start(item)
-    s.resume(item, [Retrieval(PASSAGES)])
-    s.resume(item, [Judgment("no", {"yes": 0.1, "no": 0.9})] * 5)
-    s.resume(item, [Generation(json.dumps({"sub_questions": ["A?", "B?"]}))])
+    from strategies.base import Done
+    s, item = decomposed_into(["A?", "B?"])
     step = s.resume(item, [Done("a", "passages", ["p1"]), Done("  ", "passages", ["p2", "p3"])])
     assert "Answer 2: unknown\n" in step.requests[0].messages[-1][1]
     done = s.resume(item, [Generation("synth")])
