@@ -17,7 +17,7 @@ import os
 import time
 from collections import Counter, deque
 
-from actors.generator import JUDGE_LOGPROBS, choice_probs, max_tokens_of
+from actors.generator import JUDGE_LOGPROBS, choice_probs
 from actors.streaming_generator import StreamingReplica
 from schemas.records import Generate, Generation, Judge, Judgment, as_choice, failed
 
@@ -99,7 +99,7 @@ class EndpointGenerator(StreamingReplica):
                 body["extra_body"] = {"structured_outputs": {"choice": list(req.choices)}}
             return body
         body.update(temperature=self.sampling["temperature"], top_p=self.sampling["top_p"],
-                    max_tokens=max_tokens_of(req, self.sampling["max_tokens"]))
+                    max_tokens=req.budget(self.sampling["max_tokens"]))
         if req.json_schema:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": json.loads(req.json_schema)}}

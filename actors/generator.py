@@ -104,7 +104,7 @@ class Prompts:
             return SamplingParams(temperature=0.0, max_tokens=req.max_tokens, logprobs=JUDGE_LOGPROBS,
                                   structured_outputs=StructuredOutputsParams(choice=list(req.choices)))
         structured = StructuredOutputsParams(json=req.json_schema) if req.json_schema else None
-        return SamplingParams(**{**self.sampling, "max_tokens": max_tokens_of(req, self.sampling["max_tokens"])},
+        return SamplingParams(**{**self.sampling, "max_tokens": req.budget(self.sampling["max_tokens"])},
                               structured_outputs=structured)
 
     def result(self, req: Generate | Judge, out) -> Generation | Judgment:
@@ -115,10 +115,11 @@ class Prompts:
         if isinstance(req, Judge):
             first = completion.logprobs[0] if completion.logprobs else {}
             top = [(lp.decoded_token, lp.logprob) for lp in first.values()]
-            # a choice's own first token, by id: a byte fragment of a non-Latin choice decodes to no text
-            starts = {c: self.tokenizer.encode(c, add_special_tokens=False)[:1] for c in req.choices}
-            fragments = [(c, first[ids[0]].logprob) for c, ids in starts.items()
-                         if ids and ids[0] in first and not (first[ids[0]].decoded_token or "").strip()]
+            # a choice's own first token, by id, where a top token decodes to no text (a byte fragment of a
+            # non-Latin choice); the choices are tokenized only then, not for every judgment
+            blank = {i for i, lp in first.items() if not (lp.decoded_token or "").strip()}
+            starts = {c: self.tokenizer.encode(c, add_special_tokens=False)[:1] for c in req.choices} if blank else {}
+            fragments = [(c, first[ids[0]].logprob) for c, ids in starts.items() if ids and ids[0] in blank]
             return Judgment(completion.text.strip(), choice_probs(top, req.choices, fragments), n_prompt, n_completion,
                             cached_tokens=cached)
         return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached)
@@ -155,11 +156,6 @@ class Generator:
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""
         self.llm.reset_prefix_cache()
-
-
-def max_tokens_of(req: Generate, default: int) -> int:
-    """A request's own budget, the run's default where it names none (0 is not "none": it is refused)."""
-    return default if req.max_tokens is None else req.max_tokens
 
 
 def min_completion(req: Generate | Judge, sp) -> int:

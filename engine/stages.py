@@ -311,9 +311,7 @@ class StreamingGeneratorStage(GeneratorStage):
     def cost(self, request: Generate | Judge) -> int:
         """Tokens a request may hold in the KV cache: its prompt (about 4 characters a token) and completion."""
         chars = sum(len(text) for _, text in request.messages)
-        completion = (request.max_tokens if isinstance(request, Judge) or request.max_tokens is not None
-                      else self.default_max_tokens)
-        return chars // 4 + completion
+        return chars // 4 + request.budget(self.default_max_tokens)
 
     def probe(self, replica):
         return self.replicas[replica].kv_capacity.remote()

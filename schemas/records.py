@@ -25,6 +25,11 @@ class Generate:
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
 
+    def budget(self, default: int) -> int:
+        """Tokens it may generate: its own max_tokens, the run's ``default`` where it names none (0 is
+        not "none": a replica refuses it)."""
+        return default if self.max_tokens is None else self.max_tokens
+
 
 @dataclass(frozen=True)
 class Judge:
@@ -46,6 +51,10 @@ class Judge:
         """Tokens enough to spell the longest choice however it is tokenized (under guided decoding a model
         may spell one letter by letter), and the end after it: its bytes, as no token is shorter than one."""
         return max(len(c.encode("utf-8")) for c in self.choices) + 1
+
+    def budget(self, default: int) -> int:
+        """As Generate's: a judgment's own, whatever the run's default."""
+        return self.max_tokens
 
 
 @dataclass(frozen=True)

@@ -286,13 +286,14 @@ class MIGRES(Routine):
     def main(self, item: Item, info: list[dict], t: int):
         """(answer or "unanswerable", the missing information, the confidence)."""
         form = form_of(item, self.forms)
+        answers = choices(form, self.forms)
         if form not in self.main_schemas:
-            self.main_schemas[form] = schema_of(main_model(choices(form, self.forms)))
+            self.main_schemas[form] = schema_of(main_model(answers))
         user = prompt("migres/main").format(information=information(info), question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.main_schemas[form],
                            step="main")
 
-        closed = choices(form, self.forms) + (UNANSWERABLE,) if choices(form, self.forms) else None
+        closed = answers + (UNANSWERABLE,) if answers else None
 
         def parse(text):
             obj = parse_json_object(text) or {}
