@@ -12,8 +12,7 @@ import argparse
 import sys
 
 from jobs import answer as answer_job
-from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
-from jobs.questions import question_columns
+from jobs.evaluate import evaluate, gold_columns, print_table, resolution_markdown, write_reports
 from strategies.registry import ANSWERING
 
 
@@ -23,10 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = answer_job.config_from_args(args, default_strategies=ANSWERING)
-    question_columns(config.questions)  # the gold columns are checked before hours of answering
+    gold_columns(config.questions)  # the gold columns are checked before hours of answering
     answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force,
                       retry_errors=args.retry_errors)
-    table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k)
+    # only what this run answered, every question of it: another strategy left in the folder by an
+    # earlier, interrupted run would sit in the same table scored on other questions
+    table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k, strategies=config.strategies)
     print_table(table)
     print(resolution_markdown(resolved))
     write_reports(table, config.output, resolved)

@@ -85,9 +85,11 @@ def checked(files: list[str]) -> list[str]:
     return files
 
 
-def evaluate(answers: str, questions: str, k: int | None = None) -> tuple[list[dict], list[dict]]:
-    """(scores per strategy and dataset, how questions were resolved), from one read of the files."""
-    groups = grouped_rows(answers, questions)
+def evaluate(answers: str, questions: str, k: int | None = None,
+             strategies: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(scores per strategy and dataset, how questions were resolved), from one read of the files;
+    of ``strategies`` only where given (compare scores what it ran, not a folder's other strategies)."""
+    groups = grouped_rows(answers, questions, strategies=strategies)
     return [score(strategy, dataset, rows, k) for (strategy, dataset), rows in groups], resolution(groups)
 
 
@@ -110,22 +112,32 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
     return table
 
 
-def grouped_rows(answers: str, questions: str, job: str = "evaluate") -> list[tuple[tuple[str, str], list[dict]]]:
-    """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
-    grouped by (strategy, dataset) plus (strategy, ALL)."""
-    questions = as_parquet(questions)
+def gold_columns(questions: str) -> list[str]:
+    """The gold columns of a Parquet question file, refused when they cannot be scored: compare and
+    sweep call this before answering, so a missing column is not found after hours of it."""
     cols = question_columns(questions)
     if "answers" not in cols:
         raise UserError(f"{questions}: no `answers` column to evaluate against")
-    gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]]).to_pylist()
-    if any(r.get("dataset") == "ALL" for r in gold):
+    if "dataset" in cols and "ALL" in read_table(questions, ["dataset"]).column("dataset").to_pylist():
         raise UserError(f"{questions}: a dataset named ALL (the name of the row over all questions): rename it")
+    return cols
+
+
+def grouped_rows(answers: str, questions: str, job: str = "evaluate",
+                 strategies: list[str] | None = None) -> list[tuple[tuple[str, str], list[dict]]]:
+    """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
+    grouped by (strategy, dataset) plus (strategy, ALL)."""
+    questions = as_parquet(questions)
+    cols = gold_columns(questions)
+    gold = read_table(questions, ["id", *[c for c in ("answers", "dataset", "gold_passage_ids") if c in cols]]).to_pylist()
     gold_by_id = by_first_id(gold)
 
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     unmatched: Counter = Counter()
     for path in one_run(answers, checked(answer_files(answers)), job):
         for row in read_table(path).to_pylist():
+            if strategies is not None and row["strategy"] not in strategies:
+                continue
             g = gold_of(row["id"], gold_by_id, gold)
             if g is None:
                 unmatched[row["strategy"]] += 1
@@ -262,7 +274,7 @@ def cost_quality(ax, table: list[dict]) -> None:
         ax.scatter([r["tokens/q"] for r in overall], [r[metric] or 0 for r in overall], marker=marker, label=metric)
     for r in overall:
         ax.annotate(r["strategy"], (r["tokens/q"], r["F1"] or 0), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
+    ax.set_xscale("symlog", linthresh=1)  # log-like, but a strategy of 0 tokens (all error rows) stays on it
     ax.set_xlabel("tokens per question")
     ax.set_ylabel("percent")
     ax.legend(fontsize=8)

@@ -32,6 +32,8 @@ from schemas.config import ConfigError
 from schemas.tables import ANSWERS
 
 MANIFEST = "_manifest.json"
+# what answer writes at a run's end (metrics, resolved config) and evaluate / compare beside it
+DESCRIBING = ("metrics.json", "config.yaml", "eval.json", "eval.md", "eval.png", "resolution.json")
 
 
 def checksum_path(part: str) -> str:
@@ -113,6 +115,9 @@ class ShardedOutput:
                 self.log(f"--force: discarding the previous output in {redact(self.output)}")
                 for strategy in self._strategy_dirs():
                     self.fs.delete_dir(f"{self.root}/{strategy}")
+                for name in DESCRIBING:  # they would describe the discarded answers until this run ends
+                    if self.fs.get_file_info(f"{self.root}/{name}").type == pafs.FileType.File:
+                        self.fs.delete_file(f"{self.root}/{name}")
         with self.fs.open_output_stream(manifest + ".tmp") as f:
             f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)

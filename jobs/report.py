@@ -36,13 +36,30 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
     if label:
         groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
     metrics_path = f"{run.rstrip('/')}/metrics.json"
+    k = retrieval_k(run)
     return {
-        "scores": [score(s, d, rows, None) for (s, d), rows in groups],
+        "scores": [score(s, d, rows, k) for (s, d), rows in groups],
         "resolution": resolution(groups),
         "rows": {s: rows for (s, d), rows in groups if d == "ALL"},
         "metrics": read_metrics(metrics_path),
         "label": label or Path(run).name,
     }
+
+
+def retrieval_k(run: str) -> int | None:
+    """The recall@k cut-off compare scored the run at: its config.yaml's retrieval.k (a strategy that
+    retrieves more than k, MIGRES over its iterations, is not credited with what it read past k);
+    all retrieved for a run without one (a single answer file)."""
+    import yaml
+
+    fs, where = filesystem(f"{run.rstrip('/')}/config.yaml")
+    try:
+        with fs.open_input_stream(where) as f:
+            config = yaml.safe_load(f.read().decode())
+    except (FileNotFoundError, NotADirectoryError, ValueError, yaml.YAMLError):
+        return None
+    k = ((config or {}).get("retrieval") or {}).get("k") if isinstance(config, dict) else None
+    return k if isinstance(k, int) and k > 0 else None
 
 
 def read_metrics(path) -> dict | None:

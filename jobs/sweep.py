@@ -19,13 +19,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from jobs import answer as answer_job
-from jobs.evaluate import evaluate
+from jobs.evaluate import evaluate, gold_columns
 from jobs.pools import build_stages, pool_plan, ray_request
-from jobs.questions import question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem
 from schemas.config import ConfigError, parse_override
-from schemas.errors import UserError
 from strategies.registry import make_strategy
 
 
@@ -46,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "
                           "(set once, from the base config); set it with --set instead")
     base = answer_job.config_from_args(args)
-    if base.questions and "answers" not in question_columns(base.questions):  # before any value is answered, not after the first
-        raise UserError(f"{base.questions}: no `answers` column: a sweep scores each value against gold answers")
+    if base.questions:  # scored against gold: checked before any value is answered, not after the first
+        gold_columns(base.questions)
     configs = [(v, with_value(base, args.param, v)) for v in distinct_values(args.param, args.values)]
     needs = stages_needed(base)
     pools = pool_plan(base, needs)

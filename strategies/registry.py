@@ -52,6 +52,9 @@ def _known(cls, value: list[str]) -> list[str]:
     unknown = [s for s in value if s not in STRATEGIES]
     if unknown or not value:
         raise UserError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
+    repeated = sorted({s for s in value if value.count(s) > 1})
+    if repeated:  # each would answer every question into the same part files: each id twice
+        raise UserError(f"strategy {repeated} named more than once")
     return value
 
 

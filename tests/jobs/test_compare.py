@@ -9,7 +9,7 @@ import pytest
 
 from jobs import answer as answer_job
 from jobs import compare, label
-from schemas.tables import SchemaError
+from schemas.tables import ANSWERS, SchemaError
 from strategies.registry import ANSWERING
 
 
@@ -124,3 +124,51 @@ def test_a_model_that_cannot_be_loaded_offline_is_one_line_naming_it_before_ray_
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and f"model {model!r}" in err and "HF_HUB_OFFLINE" in err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_strategy_named_twice_is_refused_before_anything_runs(tmp_path, one_question_and_no_ray, capsys):
+    """Before, every question was answered twice into one part, committed with each id twice, and the
+    output could not be resumed or forced back to health."""
+    from jobs.cli import run_job
+
+    code = run_job("compare", ["--questions", str(one_question_and_no_ray), "--output", str(tmp_path / "out"),
+                               "--strategy", "direct,rag,direct"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "['direct'] named more than once" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out" / "direct").exists()
+
+
+@pytest.mark.parametrize("gold, refusal", [
+    ({}, "no `answers` column"),
+    ({"answers": [["x"]], "dataset": ["ALL"]}, "a dataset named ALL"),
+])
+def test_compare_refuses_gold_it_cannot_score_before_ray_starts(tmp_path, one_question_and_no_ray, capsys, gold, refusal):
+    """Before, every question was answered and the run failed at its evaluation."""
+    from jobs.cli import run_job
+
+    questions = tmp_path / "gold.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], **gold}), questions)
+    code = run_job("compare", ["--questions", str(questions), "--output", str(tmp_path / "out"), "--strategy", "direct"])
+    assert code == 2 and refusal in capsys.readouterr().err
+    assert not (tmp_path / "out" / "direct").exists()
+
+
+def test_compare_scores_the_strategies_it_ran_not_another_left_incomplete_in_the_folder(tmp_path, monkeypatch):
+    """A killed `--strategy direct,rag` left rag with one question of two; the rerun `--strategy direct`
+    put rag (n=1) beside direct (n=2) in one table, scored on other questions, with no word."""
+    from tests.jobs.test_report import answer_row
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["A?", "B?"], "answers": [["x"], ["y"]]}), questions)
+    out = tmp_path / "out"
+    (out / "rag").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([answer_row("a", "rag", "x", "retrieval")], schema=ANSWERS),
+                   out / "rag" / "part-00000.parquet")
+    (out / "direct").mkdir()
+    pq.write_table(pa.Table.from_pylist([answer_row("a", "direct", "x", "closed_book"),
+                                         answer_row("b", "direct", "y", "closed_book")], schema=ANSWERS),
+                   out / "direct" / "part-00000.parquet")
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)  # the answers above stand for the run's
+    compare.run(args_for(compare, "--questions", str(questions), "--output", str(out), "--strategy", "direct"))
+    table = json.loads((out / "eval.json").read_text())
+    assert {r["strategy"] for r in table} == {"direct"}

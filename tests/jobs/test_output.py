@@ -106,9 +106,13 @@ def test_a_different_run_is_refused_unless_forced(tmp_path):
         ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3)
     (tmp_path / "_input").mkdir()  # this run's questions, converted (hf:, a datasets folder...) before the output opens
     (tmp_path / "_input" / "questions.parquet").write_bytes(b"converted")
+    for name in ("metrics.json", "config.yaml", "eval.json", "eval.md", "eval.png", "resolution.json"):
+        (tmp_path / name).write_text("of the run --force discards")
     forced = ShardedOutput(str(tmp_path), changed, ["rag"], shard_rows=3, force=True, log=lambda *_: None)
     assert forced.committed == set() and not list((tmp_path / "rag").iterdir())
     assert (tmp_path / "_input" / "questions.parquet").read_bytes() == b"converted"
+    # before, they stayed: a forced run stopped early left eval.md and metrics.json of the discarded answers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_input", "_manifest.json", "rag"]
 
 
 def test_a_setting_added_later_keeps_old_output_resumable_while_it_has_its_default(tmp_path):

@@ -125,3 +125,42 @@ def test_runs_in_folders_of_the_same_name_get_labels_that_tell_them_apart(tmp_pa
     assert run_labels([str(a), str(b)]) == ["a/out", "b/out"]  # both "out" before: one overwrote the other
     with pytest.raises(UserError, match="same run twice"):
         run_labels([str(a), str(a)])
+
+
+def test_report_scores_recall_at_the_k_the_run_retrieved_as_compare_does(run_dir):
+    """Before, report scored recall over every retrieved passage: a strategy reading past k (MIGRES over
+    its iterations) read 100 in the report and 50 in the same run's eval.json."""
+    from jobs.evaluate import evaluate
+    from jobs.report import load_run
+
+    run, questions = run_dir
+    (run / "config.yaml").write_text("retrieval:\n  k: 1\n")
+    rows = [answer_row("a", "rag", "Paris", "retrieval", retrieved_ids=["p2", "p1"]),
+            answer_row("b", "rag", "no", "retrieval", retrieved_ids=["p9", "p1"])]
+    pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), run / "rag" / "part-00000.parquet")
+    shown = {(r["strategy"], r["dataset"]): r["recall@k any"] for r in load_run(str(run), str(questions), None)["scores"]}
+    compared = {(r["strategy"], r["dataset"]): r["recall@k any"] for r in evaluate(str(run), str(questions), k=1)[0]}
+    assert shown[("rag", "ALL")] == compared[("rag", "ALL")] == 50.0
+    (run / "config.yaml").unlink()  # a folder of answers without a run's config: every passage retrieved
+    assert {r["strategy"]: r["recall@k any"] for r in load_run(str(run), str(questions), None)["scores"]
+            if r["dataset"] == "ALL"}["rag"] == 100.0
+
+
+def test_a_strategy_of_no_tokens_stays_on_the_cost_quality_plane():
+    """Before, the plane's log axis hid a strategy whose every row was an error (0 tokens a question)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jobs.evaluate import cost_quality
+
+    fig, ax = plt.subplots()
+    cost_quality(ax, [{"strategy": "rag", "dataset": "ALL", "tokens/q": 700.0, "F1": 35.0, "acc": 33.0},
+                      {"strategy": "broken", "dataset": "ALL", "tokens/q": 0.0, "F1": 0.0, "acc": 0.0}])
+    for points in ax.collections:
+        shown = ax.transData.transform(points.get_offsets())
+        assert len(shown) == 2 and all(math.isfinite(v) for xy in shown for v in xy)
+    plt.close(fig)
