@@ -57,7 +57,7 @@ class RequestCache:
             return None, None
         try:
             row = self.db.execute("SELECT response FROM responses WHERE key = ?", (self.key(request),)).fetchone()
-        except sqlite3.DatabaseError as err:
+        except (sqlite3.DatabaseError, OSError) as err:  # OSError: its folder cannot be made
             if not locked(err):  # locked past the busy timeout by another writer: a miss, this once
                 self._give_up_disk(err)
             return None, None
@@ -97,7 +97,7 @@ class RequestCache:
             try:
                 with self.db:  # one transaction
                     self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
-            except sqlite3.DatabaseError as err:
+            except (sqlite3.DatabaseError, OSError) as err:  # OSError: its folder cannot be made
                 if locked(err):  # by another writer past the busy timeout: kept for the next write
                     return
                 self._give_up_disk(err)
@@ -106,7 +106,7 @@ class RequestCache:
     def _on_disk(self, request: Request) -> bool:
         return self.path is not None and self.disk_error is None and request.stage in self.namespaces
 
-    def _give_up_disk(self, err: sqlite3.DatabaseError) -> None:
+    def _give_up_disk(self, err: Exception) -> None:
         """A damaged or unreadable cache file costs the run its disk cache (reported in metrics.json's
         request_cache.disk_error), not its answers."""
         self.disk_error = f"{self.path}: {type(err).__name__}: {err} (delete the file, or run with --no-cache)"

@@ -63,7 +63,8 @@ class StageStats:
                            "p90": pct(0.9), "max": sizes[-1] if sizes else 0},
             "utilisation": utilisation(self.spans, wall_s, replicas),
             **({"peak_tokens_in_flight": self.peak_tokens_in_flight} if self.peak_tokens_in_flight else {}),
-            **({"prefix_cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4)} if self.prompt_tokens else {}),
+            **({"prefix_cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4),
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens} if self.prompt_tokens else {}),
             "driver_bytes_in": {"total": self.bytes_in, "by_reference": self.bytes_in_by_reference,
                                 "per_request": round(self.bytes_in / max(1, self.requests), 1)},
         }

@@ -112,17 +112,17 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
         progress(engine)
         live(engine)
 
+    # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
+    cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
     try:
         if split:
-            # each engine actor opens the disk cache itself (SQLite in WAL mode takes several writers); the
-            # memory part is per engine
+            # each engine actor opens the disk part of the cache (a sweep's or a Session's too); its memory
+            # part is the actor's own, so a request two engines make alike is computed by each
             engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
                                          Todo(out.committed, out.retrying), out.write, report, log,
-                                         cache_on_disk=stages_from_config, report_every_s=progress.every_s)
+                                         cache=cache, report_every_s=progress.every_s)
             roots_done = engine_metrics["roots_done"]
         else:
-            # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
-            cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
             engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
                             progress_every_s=progress.every_s, log=log, cache=cache)
             engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 from engine.cache import RequestCache
 from engine.loop import Engine
 from jobs.questions import question_rows
-from jobs.request_cache import open_cache
 from schemas.config import EngineConfig
 from schemas.errors import StageDown, UserError
 
@@ -54,11 +53,12 @@ def status(engine: Engine) -> dict:
 class EngineActor:
     """One engine, in an actor of its own, over every ``n``-th question of the input."""
 
-    def __init__(self, stages: dict, strategies: dict, config: EngineConfig, share: float, cache_config=None,
-                 cache_on_disk: bool = False):
+    def __init__(self, stages: dict, strategies: dict, config: EngineConfig, share: float, cache_path=None,
+                 namespaces: dict[str, str] | None = None):
         for stage in stages.values():
             stage.share = share
-        cache = open_cache(cache_config, disk=cache_on_disk) if cache_config else RequestCache(config.cache_size)
+        # the run's disk cache, opened here (SQLite in WAL mode takes several writers); memory is per engine
+        cache = RequestCache(config.cache_size, cache_path, namespaces)
         # filled on the engine's thread, emptied by the streaming call's
         self.rows: queue.Queue = queue.Queue()
         self.lines: queue.Queue = queue.Queue()
@@ -136,13 +136,16 @@ class _StageView:
 
 
 def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo: Todo, write: Callable[[dict], None],
-                report: Callable, log: Callable[[str], None], cache_on_disk: bool, report_every_s: float = 10.0) -> dict:
-    """Answer with ``n`` engine actors; ``write`` each row here; returns the merged metrics."""
+                report: Callable, log: Callable[[str], None], cache: RequestCache | None = None,
+                report_every_s: float = 10.0) -> dict:
+    """Answer with ``n`` engine actors, each with the disk part of ``cache`` (its path and namespaces);
+    ``write`` each row here; returns the merged metrics."""
     import ray
 
     actor = ray.remote(EngineActor).options(num_cpus=config.engine.actor_cpus, max_restarts=0,
                                             resources=config.engine.actor_resources or None)
-    engines = [actor.remote(stages, strategies, config.engine, 1.0 / n, config, cache_on_disk) for _ in range(n)]
+    disk = (cache.path, cache.namespaces) if cache is not None else (None, None)
+    engines = [actor.remote(stages, strategies, config.engine, 1.0 / n, *disk) for _ in range(n)]
     streams = {engines[k].run.remote(read, (k, n), config.strategies, todo): k for k in range(n)}
     statuses: list[dict] = [{} for _ in range(n)]
     metrics: list[dict | None] = [None] * n
@@ -162,6 +165,10 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
                     if isinstance(err.cause, (UserError, StageDown)):
                         raise err.cause from None
                     raise
+                except ray.exceptions.RayActorError as err:  # its process died (killed, out of memory, its node)
+                    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise RuntimeError(f"engine actor {streams[stream]} of {n} died ({why}); the parts committed "
+                                       "so far are kept: the same command answers the rest") from err
                 k = streams[stream]
                 for row in message["rows"]:
                     write(row)
@@ -198,8 +205,19 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -
     for name in parts[0]["stages"] if parts else ():
         each = [p["stages"][name] for p in parts]
         stage = {key: round(sum(s[key] for s in each), 3) for key in STAGE_SUMMED}
-        stage["batch_size"] = {"mean": round(stage["requests"] / max(1, stage["calls"]), 2)}
+        # percentiles do not merge: each engine's are under `engines`
+        stage["batch_size"] = {"mean": round(stage["requests"] / max(1, stage["calls"]), 2),
+                               "max": max(s["batch_size"]["max"] for s in each)}
         stage["driver_bytes_in"] = {k: sum(s["driver_bytes_in"][k] for s in each) for k in ("total", "by_reference")}
+        if any("peak_tokens_in_flight" in s for s in each):
+            stage["peak_tokens_in_flight"] = max(s.get("peak_tokens_in_flight", 0) for s in each)
+        prompt = sum(s.get("prompt_tokens", 0) for s in each)
+        if prompt:
+            cached = sum(s.get("cached_tokens", 0) for s in each)
+            stage.update(prefix_cache_hit_rate=round(cached / prompt, 4), prompt_tokens=prompt, cached_tokens=cached)
+        vllm = next((s["vllm"] for s in each if "vllm" in s), None)
+        if vllm is not None:  # the replicas' own counters: every engine shares them, so any engine's read
+            stage["vllm"] = vllm
         stages[name] = stage
     resolved: dict[str, dict[str, int]] = {}
     for p in parts:
@@ -207,13 +225,21 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -
             for how, count in counts.items():
                 resolved.setdefault(strategy, {}).setdefault(how, 0)
                 resolved[strategy][how] += count
-    lookups = sum(p["request_cache"]["lookups"] for p in parts)
-    hits = sum(sum(p["request_cache"]["hits"].values()) for p in parts)
+    caches = [p["request_cache"] for p in parts]
+    lookups = sum(c["lookups"] for c in caches)
+    hits = {w: sum(c["hits"][w] for c in caches) for w in ("memory", "disk")}
+    by_stage: dict[str, dict[str, int]] = {}
+    for c in caches:
+        for stage_name, counts in c["by_stage"].items():
+            for key, count in counts.items():
+                by_stage.setdefault(stage_name, {}).setdefault(key, 0)
+                by_stage[stage_name][key] += count
     merged.update(stages=stages, resolved_by=resolved,
-                  request_cache={"lookups": lookups, "hit_rate": round(hits / lookups, 4) if lookups else 0.0,
-                                 "disk_error": next((p["request_cache"]["disk_error"] for p in parts
-                                                     if p["request_cache"]["disk_error"]), None),
-                                 "undecodable": sum(p["request_cache"]["undecodable"] for p in parts)},
+                  request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
+                                 "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
+                                 "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
+                                 "hits": hits, "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
+                                 "by_stage": dict(sorted(by_stage.items()))},
                   driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())
                                                  / max(1, merged["roots_done"]), 1),
                   engines=parts)

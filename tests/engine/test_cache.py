@@ -128,6 +128,22 @@ class NeverReady:
         time.sleep(3600)
 
 
+def test_a_cache_folder_that_cannot_be_made_costs_the_disk_part_not_the_run(tmp_path):
+    """Before, a cache path under a file (or an unwritable $RAGSIFT_HOME) raised FileExistsError out of the
+    engine and ended the run."""
+    (request, response), (other, other_response) = PAIRS[:2]
+    (tmp_path / "a-file").write_text("not a folder")
+    cache = RequestCache(10, tmp_path / "a-file" / "requests.sqlite", NAMESPACES)
+    assert cache.get(request) == (None, None) and "a-file" in cache.disk_error
+    cache.put(request, response)
+    cache.flush()
+    assert cache.get(request) == (response, "memory")
+    late = RequestCache(10, tmp_path / "a-file" / "requests.sqlite", NAMESPACES)
+    late.put(other, other_response)  # the first touch of the disk is a write
+    late.flush()
+    assert "a-file" in late.disk_error and late.get(other) == (other_response, "memory")
+
+
 def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_run(tmp_path):
     path = tmp_path / "c.sqlite"
     (request, response), (other, other_response) = PAIRS[:2]

@@ -6,6 +6,7 @@ import pytest
 
 from engine.stages import GeneratorStage, RetrieverStage, StreamingGeneratorStage
 from jobs.answer import answer
+from jobs.engine_actors import EngineActor
 from schemas.config import LLMBatching, StageBatching
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard
@@ -119,3 +120,82 @@ def test_a_stage_down_inside_an_engine_actor_reaches_the_job_as_itself_not_wrapp
         answer(config, log=lambda *_: None, stages=stages)
     assert type(raised.value) is StageDown and "\n" not in str(raised.value)
     assert "the server rejects this schema" in str(raised.value)
+
+
+def test_a_cache_handed_to_engine_actors_is_shared_on_disk_by_a_sweeps_values(ray_session, tmp_path):
+    """A sweep's values (a Session's calls) pass one cache; with engine.actors > 1 it was ignored: each
+    value computed every request again and the cache file was never made."""
+    import sqlite3
+
+    from engine.cache import RequestCache
+
+    ray = ray_session
+    write_questions(tmp_path / "q.parquet", 20)
+    db = tmp_path / "requests.sqlite"
+    cache = RequestCache(1000, db, {"generator": "g", "judge": "g", "retriever": "r"})  # as sweep / Session open it
+    stages = stub_stages(ray)
+    computed = []
+    for value in (1, 2):
+        config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / f"out{value}"),
+                              strategies=["direct", "rag"], engine={"actors": 2, "actor_cpus": 0})
+        metrics = answer(config, log=lambda *_: None, stages=stages, cache=cache)
+        computed.append(metrics["tokens_computed"])
+        assert metrics["request_cache"]["path"] == str(db)
+    assert computed[0] > 0 and computed[1] == 0
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM responses").fetchone()[0] == 60
+
+
+def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say():
+    """Before, hits by kind, hits per stage, the cache's path, the prefix-cache hit rate and the replicas'
+    vLLM counters were only under `engines`."""
+    from jobs.engine_actors import merge_metrics
+
+    def part(memory, disk, prompt, cached, biggest):
+        stage = {"calls": 2, "requests": 8, "errors": 0, "rests": 0, "busy_s": 1.0,
+                 "batch_size": {"mean": 4.0, "p50": 4, "p90": biggest, "max": biggest},
+                 "driver_bytes_in": {"total": 10, "by_reference": 0, "per_request": 1.2},
+                 "prefix_cache_hit_rate": round(cached / prompt, 4), "prompt_tokens": prompt, "cached_tokens": cached,
+                 "vllm": {"kv_cache_usage": 0.5}}
+        return {"roots_done": 4, "tokens_computed": 100, "requests_deduped": 0, "batch_failures": 0, "batch_splits": 0,
+                "stage_tests": 0, "empty_answers": 0, "trees_capped": 0, "parse_failures": 0, "peak_roots_in_flight": 4,
+                "replica_restarts": 0, "stages": {"generator": stage}, "resolved_by": {"rag": {"retrieval": 4}},
+                "request_cache": {"path": "/c.sqlite", "disk_error": None, "undecodable": 0, "lookups": 8,
+                                  "hits": {"memory": memory, "disk": disk},
+                                  "by_stage": {"generator": {"lookups": 8, "memory": memory, "disk": disk}}}}
+
+    merged = merge_metrics([part(1, 2, 100, 50, 5), part(3, 0, 300, 30, 6)], wall_s=2.0, first_row_s=0.5)
+    cache = merged["request_cache"]
+    assert cache["path"] == "/c.sqlite" and cache["hits"] == {"memory": 4, "disk": 2} and cache["hit_rate"] == 0.375
+    assert cache["by_stage"] == {"generator": {"lookups": 16, "memory": 4, "disk": 2}}
+    generator = merged["stages"]["generator"]
+    assert generator["prefix_cache_hit_rate"] == 0.2 and generator["batch_size"]["max"] == 6
+    assert generator["vllm"] == {"kv_cache_usage": 0.5}
+
+
+class DiesAtOnce(EngineActor):
+    """The first engine actor to start answering dies, as one the OOM killer ends."""
+
+    def run(self, read, nth, strategy_names, todo):
+        if nth[0] == 0:
+            import os
+
+            os._exit(1)
+        yield from super().run(read, nth, strategy_names, todo)
+
+
+def test_an_engine_actor_that_dies_is_named_and_the_rerun_answers_the_rest_once(ray_session, tmp_path, monkeypatch):
+    """Before, Ray's ActorDiedError (a screenful naming neither the engine nor what a rerun does)."""
+    import jobs.engine_actors
+
+    ray = ray_session
+    write_questions(tmp_path / "q.parquet", 30)
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"),
+                          strategies=["direct", "rag"], commit={"shard_rows": 10},
+                          engine={"actors": 2, "actor_cpus": 0})
+    monkeypatch.setattr(jobs.engine_actors, "EngineActor", DiesAtOnce)
+    with pytest.raises(RuntimeError, match=r"^engine actor 0 of 2 died \(.*\); the parts committed so far are kept"):
+        answer(config, log=lambda *_: None, stages=stub_stages(ray))
+    monkeypatch.undo()
+    metrics = answer(config, log=lambda *_: None, stages=stub_stages(ray))
+    assert all(c["ok"] for c in metrics["exactly_once"].values())
+    assert [len(rows) for rows in read(tmp_path / "out").values()] == [30, 30]
