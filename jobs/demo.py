@@ -16,8 +16,10 @@ from jobs.answer import answer
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
+from jobs.pools import llm_settings
 from jobs.storage import file_sha256, filesystem
 from schemas.config import as_override, load_config
+from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "demo"
@@ -44,6 +46,8 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
             return
     except FileNotFoundError:
         pass
+    except UserError as err:  # damaged: the demo builds it again, as it builds a missing one
+        log(f"rebuilding the demo index at {index_dir}: {err}")
     config = load_config(IndexJobConfig, corpus=str(CORPUS), overrides=[
         as_override("index.path", str(index_dir)), f"index.shards={shards}",
         f"embedder.replicas={os.cpu_count()}"])  # Ray gives each encoder actor one thread
@@ -57,20 +61,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="direct,rag")
     p.add_argument("--generator", default=DEFAULT_GENERATOR)
     p.add_argument("--limit", type=int, help="only the first N sample questions")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an answer config field")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an answer config field (not index.*, output, questions, strategies or limit: "
+                        "the flags above set those)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a demo of other settings in --output (`make demo` does); without it that is refused")
+
+
+# set by the demo's own flags; a --set of them was silently outranked or disagreed with the index it built
+FLAGGED = {"index": "--index-dir / --shards", "output": "--output", "questions": "none: the demo's questions are fixed",
+           "strategies": "--strategy", "limit": "--limit"}
 
 
 def run(args: argparse.Namespace) -> int:
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
     started = time.perf_counter()
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
+    for item in args.set:
+        key = item.split("=", 1)[0].strip()
+        if key.split(".")[0] in FLAGGED:
+            raise UserError(f"demo --set {key}: set by the demo's flags ({FLAGGED[key.split('.')[0]]})")
     config = load_config(  # checked before the index is built
         AnswerConfig, None, [as_override("index.path", str(index_dir)), as_override("generator.model", args.generator),
                              *args.set],
         questions=str(QUESTIONS), output=args.output, strategies=args.strategy.split(","), limit=args.limit,
     )
+    for llm in (config.generator, config.judge):  # the models too, not after minutes of indexing
+        if llm is not None:
+            llm_settings(llm)
     ensure_index(index_dir, args.shards, log)
-    answer(config, log=log, force=True)  # a demo of other settings in the same folder is replaced
+    answer(config, log=log, force=args.force)
     table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
     print_table(table)
     print(resolution_markdown(resolved))

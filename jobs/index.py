@@ -224,7 +224,9 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         "build_s": round(time.perf_counter() - started, 2),
         **(extra or {}),
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    # whole or not at all: a build killed while writing it left a damaged manifest no run could read
+    (out / f"{MANIFEST}.tmp").write_text(json.dumps(manifest, indent=2))
+    os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     return manifest

