@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
+from jobs.lease import Lease
 from jobs.models import REGISTRY, loadable, model_files
 from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
@@ -115,11 +116,17 @@ def corpus_parquet(uri: str, index_dir: Path, log) -> str:
 
 
 def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, encoders: list | None = None) -> dict:
-    """Build (or finish building) the shards and write the manifest.
+    """Build (or finish building) the shards and write the manifest, one build of an index folder at a
+    time (two demos, or two `ragsift index`, each removed the shard the other was writing and both failed).
 
     ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
     actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
     """
+    with Lease(str(Path(config.index.path)), log=log, flag="--index-dir"):
+        return _build_index(config, log, extra, encoders)
+
+
+def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None) -> dict:
     import ray
 
     from jobs.ray_session import init_ray

@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 
 import pyarrow.fs as pafs
 
@@ -39,10 +40,10 @@ class LeaseLost(ConfigError):
 
 
 class Lease:
-    def __init__(self, output: str, heartbeat_s: float = 10.0, stale_s: float = 60.0, log=print):
+    def __init__(self, output: str, heartbeat_s: float = 10.0, stale_s: float = 60.0, log=print, flag: str = "--output"):
         self.fs, root = filesystem(output)
         self.output, self.path = output, f"{root}/{LEASE}"
-        self.heartbeat_s, self.stale_s, self.log = heartbeat_s, stale_s, log
+        self.heartbeat_s, self.stale_s, self.log, self.flag = heartbeat_s, stale_s, log, flag
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,17 +60,57 @@ class Lease:
         if not self._create():
             held = self._read()
             if held is not None and not self._stale(held):
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("started", 0)))
-                raise OutputInUse(
-                    f"{redact(self.output)} is in use by pid {held.get('pid')} on {held.get('host')} (since {since}, "
-                    f"last heartbeat {time.time() - held.get('heartbeat', 0):.0f} s ago); wait for it, stop it, or "
-                    "use another --output")
+                raise self._in_use(held)
+            if not self._take_over():
+                held = self._read() or held  # another driver took it over first: it holds the output now
+                raise self._in_use(held)
             if held is not None:
                 self.log(f"taking over the lease of {redact(self.output)} from pid {held.get('pid')} on "
                          f"{held.get('host')}: it is gone")
-            self._write()
         self._thread = threading.Thread(target=self._beat, name="ragsift-lease", daemon=True)
         self._thread.start()
+
+    def _in_use(self, held: dict) -> OutputInUse:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("started", 0)))
+        return OutputInUse(
+            f"{redact(self.output)} is in use by pid {held.get('pid')} on {held.get('host')} (since {since}, "
+            f"last heartbeat {time.time() - held.get('heartbeat', 0):.0f} s ago); wait for it, stop it, or "
+            f"use another {self.flag}")
+
+    def _take_over(self) -> bool:
+        """Replace a lease found stale; False when another driver took it first. On a local disk one driver
+        at a time does this, under an exclusive ``.takeover`` file, and looks again before replacing: two
+        drivers rerun at once after a crash both found it stale, both wrote, and both stopped."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            self._write()  # object stores: best effort (module docstring)
+            return True
+        guard = f"{self.path}.takeover"
+        for _ in range(2):
+            try:
+                fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                break
+            except FileExistsError:
+                try:  # left by a driver killed while it took over: cleared, and tried once more
+                    if time.time() - os.stat(guard).st_mtime <= self.stale_s:
+                        return False
+                    os.unlink(guard)
+                except FileNotFoundError:
+                    pass
+        else:
+            return False
+        try:
+            held = self._read()
+            if held is not None and not self._stale(held):
+                return False
+            if held is not None:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+            return self._create()
+        finally:
+            os.close(fd)
+            os.unlink(guard)
 
     def check(self) -> None:
         """Raise unless this driver still holds the lease (read now: the heartbeat may not have run yet)."""
@@ -125,9 +166,10 @@ class Lease:
         return True
 
     def _write(self) -> None:
-        with self.fs.open_output_stream(self.path + ".tmp") as f:
+        tmp = f"{self.path}.{os.getpid()}.{uuid.uuid4().hex}.tmp"  # this writer's own: two never share one
+        with self.fs.open_output_stream(tmp) as f:
             f.write(self._record())
-        self.fs.move(self.path + ".tmp", self.path)
+        self.fs.move(tmp, self.path)
 
     def _read(self) -> dict | None:
         """The lease's record; None when there is none. A storage error raises: it says nothing of the owner."""

@@ -445,3 +445,18 @@ def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_th
                "embedder.resources={retrieval: 1}")
     assert asked == {"cpus": 3, "resources": {"retrieval": 3}}
     assert encoder_options(EmbedderConfig(resources={"retrieval": 1}))["resources"] == {"retrieval": 1}
+
+
+def test_a_second_build_of_an_index_folder_being_built_is_refused_and_the_first_keeps_its_shards(tmp_path):
+    """Two demos (or two `ragsift index`) on one folder: each removed the shard the other was writing, and
+    both failed (a 4-byte passages.parquet, a vectors.npy gone)."""
+    from jobs.lease import Lease, OutputInUse
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a"], "text": ["some text"]}), corpus)
+    (tmp_path / "idx" / "shard-000").mkdir(parents=True)
+    (tmp_path / "idx" / "shard-000" / "vectors.npy").write_bytes(b"being written")
+    with Lease(str(tmp_path / "idx"), heartbeat_s=0.05):  # the first build
+        with pytest.raises(OutputInUse, match="use another --index-dir"):
+            build_index(load_config(IndexJobConfig, corpus=str(corpus), overrides=[f"index.path={tmp_path / 'idx'}"]))
+        assert (tmp_path / "idx" / "shard-000" / "vectors.npy").read_bytes() == b"being written"

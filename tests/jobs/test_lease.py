@@ -174,3 +174,37 @@ def test_a_lease_of_this_pids_earlier_life_is_taken_over(tmp_path):
                                               "heartbeat": time.time()}))
     with Lease(str(tmp_path), heartbeat_s=0.05, log=lambda *_: None):
         assert json.loads((tmp_path / LEASE).read_text())["started"] != 1.0
+
+
+def test_of_two_drivers_finding_the_same_dead_owner_one_takes_the_output_and_the_other_is_refused(tmp_path):
+    """Both read the dead owner's lease; the second to take over wrote over the first's (the same .tmp
+    name too: a FileNotFoundError, or a record of two interleaved writes), and both stopped."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = {"host": socket.gethostname(), "pid": dead.pid, "started": 0, "heartbeat": time.time()}
+    (tmp_path / LEASE).write_text(json.dumps(stale))
+    late = Lease(str(tmp_path), heartbeat_s=0.05, log=lambda *_: None)
+    reads = iter([stale])  # what `late` read before the other driver took over
+    real_read = late._read
+    late._read = lambda: next(reads, None) or real_read()
+    first = Lease(str(tmp_path), heartbeat_s=0.05, log=lambda *_: None)
+    first.acquire()
+    try:
+        with pytest.raises(OutputInUse, match="in use by pid"):
+            late.acquire()
+        first.check()  # still the owner
+        assert not list(tmp_path.glob("*.takeover"))
+    finally:
+        first.release()
+
+
+def test_a_takeover_cut_off_by_a_kill_does_not_block_the_output_for_good(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / LEASE).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 0,
+                                              "heartbeat": time.time()}))
+    guard = tmp_path / f"{LEASE}.takeover"
+    guard.write_text("")
+    os.utime(guard, (time.time() - 120, time.time() - 120))  # a driver killed while it took over, long ago
+    with Lease(str(tmp_path), heartbeat_s=0.05, log=lambda *_: None):
+        assert json.loads((tmp_path / LEASE).read_text())["pid"] == os.getpid() and not guard.exists()
