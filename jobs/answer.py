@@ -89,7 +89,17 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
             raise RuntimeError(f"output incomplete: check {check}")
         log(f"nothing to do: all {len(sizes)} input shards of {redact(config.output)} are committed for every "
             "strategy, every input id once per strategy")
-        return previous_metrics(config.output) or {"exactly_once": check, "shards_resumed": len(skip)}
+        previous = previous_metrics(config.output)
+        whole = {"exactly_once": check, "files": {s: out.files(s) for s in config.strategies}}
+        if previous is not None and all(previous.get(k) == v for k, v in whole.items()):
+            return previous
+        # the session that committed the last part stopped before writing its record (or wrote it for
+        # fewer strategies): the record is made to cover the whole output now; its counts are not known
+        metrics = {**(previous or {**run_metadata(config, identity),
+                                   "covers": "no session's work: recorded by a rerun that found every part committed"}),
+                   **whole, "shards_resumed": len(skip)}
+        write_record(config, metrics)
+        return metrics
     if skip:
         log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
     # how the questions still to answer are read: here, or by each engine actor (every n-th of them)
@@ -136,18 +146,25 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
                "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
-    fs, root = filesystem(config.output)
-    with fs.open_output_stream(f"{root}/metrics.json") as f:
-        f.write(json.dumps(metrics, indent=2).encode())
-    with fs.open_output_stream(f"{root}/config.yaml") as f:
-        resolved = config.model_dump(mode="json")
-        resolved.update(questions=redact(config.questions), output=redact(config.output))
-        f.write(yaml.safe_dump(resolved, sort_keys=False).encode())
+    write_record(config, metrics)
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
     log(f"answered {roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
         f"{redact(config.output)}; every input id once per strategy")
     return metrics
+
+
+def write_record(config: AnswerConfig, metrics: dict) -> None:
+    """metrics.json and the resolved config.yaml, each written beside and moved into place (whole or not at
+    all: a run killed while writing one left it damaged)."""
+    resolved = config.model_dump(mode="json")
+    resolved.update(questions=redact(config.questions), output=redact(config.output))
+    fs, root = filesystem(config.output)
+    record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
+    for name, data in record.items():
+        with fs.open_output_stream(f"{root}/{name}.tmp") as f:
+            f.write(data.encode())
+        fs.move(f"{root}/{name}.tmp", f"{root}/{name}")
 
 
 def previous_metrics(output: str) -> dict | None:

@@ -175,7 +175,8 @@ def prepare(alias: str, log=print) -> Path:
 
     out = model_dir(alias)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+    _clear_dead_staging(out.parent)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f"{STAGING}{os.getpid()}-") as tmp:
         gguf = _gguf_file(model, Path(tmp), log)
         log(f"{alias}: converting {gguf.name} to a Hugging Face bf16 directory")
         staging = Path(tmp) / "hf"
@@ -186,6 +187,23 @@ def prepare(alias: str, log=print) -> Path:
     (out / DONE_MARKER).write_text(model.description + "\n")
     log(f"{alias}: ready at {out}")
     return out
+
+
+STAGING = ".prepare-"  # + pid: a prepare's working folder (a GGUF of up to 1 GB, its converted copy)
+
+
+def _clear_dead_staging(models: Path) -> None:
+    """Remove the working folders of prepares that were killed (kill -9 skips their clean-up; each
+    held up to ~1.7 GB); a live prepare's (its pid running) is left alone."""
+    for folder in models.glob(f"{STAGING}*"):
+        pid = folder.name.removeprefix(STAGING).split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):  # not ours by name, or another user's live process
+            continue
 
 
 def _gguf_file(model: OfflineModel, tmp: Path, log) -> Path:

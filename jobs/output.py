@@ -42,6 +42,8 @@ def checksum_path(part: str) -> str:
     folder, name = part.rsplit("/", 1)
     return f"{folder}/_{name}.sha256"
 _PART = re.compile(r"part-(\d{5,})\.parquet$")
+# every name a run writes in a strategy's folder: a part, its .tmp, its checksum
+_OURS = re.compile(r"_?part-\d{5,}\.parquet(\.tmp|\.sha256)?")
 
 
 @dataclass
@@ -130,7 +132,9 @@ class ShardedOutput:
                 entries = self._entries(strategy)
             for name, path in sorted(entries.items()):
                 match = _PART.fullmatch(name)
-                if match and self._valid(path):
+                if not _OURS.fullmatch(name):  # a notebook's checkpoints, a snapshot folder, a note: not ours
+                    self.log(f"leaving {redact(self.output)}/{strategy}/{name} in place: not a file ragsift writes")
+                elif match and self._valid(path):
                     self.committed.add((strategy, int(match.group(1))))
                 elif not (name.startswith("_") and name.endswith(".sha256") and name[1:-7] in entries):
                     self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part

@@ -35,3 +35,21 @@ def test_wheels_pip_cannot_install_are_a_one_line_error_naming_them(monkeypatch,
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     with pytest.raises(UserError, match="pip could not install ragsift-no-such-wheel==0.0.1"):
         _pip_install(["ragsift-no-such-wheel==0.0.1"])
+
+
+def test_a_prepare_killed_midway_leaves_no_gigabytes_behind_once_another_runs(tmp_path):
+    """Before, kill -9 during `models prepare` left models/tmpXXXX (up to a GGUF and its converted copy)
+    that no later run removed."""
+    import os
+    import subprocess
+
+    from jobs.models import STAGING, _clear_dead_staging
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"{STAGING}{dead.pid}-x1" / "hf").mkdir(parents=True)
+    (tmp_path / f"{STAGING}{dead.pid}-x1" / "model.gguf").write_bytes(b"part of a GGUF")
+    (tmp_path / f"{STAGING}{os.getpid()}-x2").mkdir()  # a prepare running now
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    _clear_dead_staging(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{STAGING}{os.getpid()}-x2", "smollm2-135m-instruct"]

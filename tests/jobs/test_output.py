@@ -248,3 +248,20 @@ def test_an_output_recorded_when_the_failure_settings_were_part_of_the_identity_
     out.close()
     again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, defaults=identity_defaults())
     assert again.committed == {("rag", 0)}
+
+
+def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_not_stop_a_resume(tmp_path):
+    """Before, a `.ipynb_checkpoints` folder in rag/ stopped every resume ("Cannot delete file ... Is a
+    directory"), and a note beside the parts was deleted without a word."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    (tmp_path / "rag" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "rag" / "NOTES.txt").write_text("mine")
+    (tmp_path / "rag" / "part-00001.parquet.tmp").write_bytes(b"a run's leftover")
+    said = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=said.append)
+    assert again.committed == {("rag", 0)}
+    assert sorted(p.name for p in (tmp_path / "rag").iterdir()) == [
+        ".ipynb_checkpoints", "NOTES.txt", "_part-00000.parquet.sha256", "part-00000.parquet"]
+    assert any("NOTES.txt in place" in line for line in said)

@@ -85,3 +85,30 @@ def test_a_resume_with_nothing_to_do_starts_nothing_and_keeps_the_runs_metrics(t
     metrics = answer(config, log=log.append)
     assert "nothing to do" in log[-1] and (out / "metrics.json").read_bytes() == before
     assert metrics["roots_done"] == 30 and all(c["ok"] for c in metrics["exactly_once"].values())
+
+
+def test_a_run_killed_after_its_last_commit_gets_its_record_from_the_rerun(tmp_path, monkeypatch):
+    """Before, a kill between the last part's rename and metrics.json left no metrics.json / config.yaml
+    (or one of fewer strategies) that no rerun wrote: "nothing to do" returned and wrote nothing."""
+    import json
+
+    import jobs.ray_session
+    from jobs.answer import answer
+    from strategies.registry import AnswerConfig
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(15)], "question": [f"question {i}" for i in range(15)]}),
+                   questions)
+    finish(start(questions, out))
+    earlier = json.loads((out / "metrics.json").read_text())
+    (out / "metrics.json").unlink()
+    (out / "config.yaml").unlink()
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *a, **k: (_ for _ in ()).throw(AssertionError("Ray")))
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct", "rag"],
+                          commit={"shard_rows": 10}, engine={"window": 8})
+    metrics = answer(config, log=lambda *_: None)
+    recorded = json.loads((out / "metrics.json").read_text())
+    assert recorded == metrics and recorded["exactly_once"] == earlier["exactly_once"]
+    assert recorded["files"] == earlier["files"] and recorded["config_sha256"] == earlier["config_sha256"]
+    assert "strategies:\n- direct\n- rag" in (out / "config.yaml").read_text()
+    assert answer(config, log=lambda *_: None) == recorded  # and is kept from then on
