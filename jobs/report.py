@@ -56,7 +56,7 @@ def retrieval_k(run: str) -> int | None:
     try:
         with fs.open_input_stream(where) as f:
             config = yaml.safe_load(f.read().decode())
-    except (FileNotFoundError, NotADirectoryError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # none (an answer file given alone), or unreadable
         return None
     k = ((config or {}).get("retrieval") or {}).get("k") if isinstance(config, dict) else None
     return k if isinstance(k, int) and k > 0 else None
