@@ -39,7 +39,10 @@ class ShardRetriever:
         scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         out = []
         for srow, rrow in zip(scores, rows):
-            hits = [(int(r), float(s)) for s, r in zip(srow, rrow) if r >= 0]
+            # equal scores (the same text under two ids) in row order, i.e. corpus order: FAISS returns
+            # them reversed, so a search of depth 3 put another passage first than one of depth 1, and the
+            # shards' merge kept other passages than one index did
+            hits = sorted(((int(r), float(s)) for s, r in zip(srow, rrow) if r >= 0), key=lambda h: (-h[1], h[0]))
             out.append(self.store.passages([r for r, _ in hits], [s for _, s in hits]))
         return out
 
@@ -50,7 +53,8 @@ class ShardRetriever:
 
 
 def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passage]]:
-    """Global top-k per query across shards (higher score first; ties keep shard order)."""
+    """Global top-k per query across shards (higher score first; ties keep shard order, and within a
+    shard row order: corpus order, as one index gives)."""
     merged = []
     for per_query in zip(*per_shard):
         candidates = [p for shard_hits in per_query for p in shard_hits]

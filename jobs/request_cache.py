@@ -33,7 +33,8 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
 # hybrid retrieval takes k from each ranking when k > fusion_candidates (0d982af). judge and
 # generator/Judge 2: a judgment's budget spells its whole choice, and a first token that begins several
 # choices is shared among them (a label was cut, "AMBIGUO"; the mass went to the first choice listed).
-CACHE_VERSIONS = {"retriever": 2, "judge": 2, "generator/Judge": 2}
+# retriever 3: dense hits of equal score come in corpus order, whatever the search's depth or the shards.
+CACHE_VERSIONS = {"retriever": 3, "judge": 2, "generator/Judge": 2}
 
 
 def namespaces(config: AnswerConfig) -> dict[str, str]:

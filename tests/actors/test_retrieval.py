@@ -48,3 +48,43 @@ def test_hybrid_returns_k_hits_when_k_is_above_fusion_candidates():
     bm25 = [[hits(*((f"d{i}", 9 - i) for i in range(4)))]]  # the same passages: fused, 2 + 2 were 2
     (out,) = stage.combine([Retrieve("q", 4, "hybrid")], dense + bm25)
     assert len(out.passages) == 4
+
+
+class RowStore:
+    """A shard's passages by row, with ids that say the corpus row (offset for a second shard)."""
+
+    def __init__(self, first_row: int):
+        self.first_row = first_row
+
+    def passages(self, rows, scores):
+        return [Passage(f"d{self.first_row + r:02d}", "", "the same text", s) for r, s in zip(rows, scores)]
+
+
+def flat_shard(vectors, first_row):
+    import faiss
+    import numpy as np
+
+    from actors.retriever import ShardRetriever
+
+    shard = object.__new__(ShardRetriever)  # a shard without files: its FAISS index and a store
+    shard.index = faiss.IndexFlatIP(vectors.shape[1])
+    shard.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    shard.store = RowStore(first_row)
+    return shard
+
+
+def test_passages_of_equal_score_come_in_corpus_order_whatever_the_depth_or_the_shards():
+    """The same text under four ids: FAISS returned them reversed, so a request's top hit changed with
+    the depth its batch searched at (d00 alone, d06 beside a k=3 request) and two shards kept other
+    passages than one index."""
+    import numpy as np
+
+    vectors = np.tile(np.array([[0.6, 0.8]]), (6, 1))
+    vectors[[1, 4]] = [1.0, 0.0]  # two other passages, scoring lower
+    query = np.array([[0.6, 0.8]])
+    one = flat_shard(vectors, 0)
+    assert [p.id for p in one.search(query, 1)[0]] == ["d00"]
+    assert [p.id for p in one.search(query, 3)[0]] == ["d00", "d02", "d03"]
+    assert [p.id for p in one.search(query, 6)[0]][:1] == ["d00"]
+    two = merge_topk([flat_shard(vectors[:3], 0).search(query, 3), flat_shard(vectors[3:], 3).search(query, 3)], 3)
+    assert [p.id for p in two[0]] == ["d00", "d02", "d03"]
