@@ -41,7 +41,8 @@ class ShardRetriever:
         for srow, rrow in zip(scores, rows):
             # equal scores (the same text under two ids) in row order, i.e. corpus order: FAISS returns
             # them reversed, so a search of depth 3 put another passage first than one of depth 1, and the
-            # shards' merge kept other passages than one index did
+            # shards' merge kept other passages than one index did. Exact for Flat and IVF, which scan
+            # rows in order; HNSW's choice among ties at the k-th place stays the graph's
             hits = sorted(((int(r), float(s)) for s, r in zip(srow, rrow) if r >= 0), key=lambda h: (-h[1], h[0]))
             out.append(self.store.passages([r for r, _ in hits], [s for _, s in hits]))
         return out

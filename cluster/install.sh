@@ -12,8 +12,15 @@ stamp="$VENV/.ragsift-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut
 healthy() { "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
 if [ ! -f "$stamp" ] || ! healthy; then
   start=$(date +%s)
-  # a venv whose creation was cut short (no pip yet) or whose interpreter is gone is made again, whole
-  healthy || "$PY" -m venv --clear "$VENV"
+  # a venv whose creation was cut short (no pip yet) gets pip; one whose interpreter is gone is made again
+  healthy || "$VENV/bin/python" -m ensurepip -q >/dev/null 2>&1 || true
+  if ! healthy; then
+    if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ] && [ -n "$(ls -A "$VENV")" ]; then
+      echo "ragsift: $VENV is not a virtualenv (no pyvenv.cfg) and not empty; set RAGSIFT_VENV to another folder" >&2
+      exit 2
+    fi
+    "$PY" -m venv --clear "$VENV"
+  fi
   # torch first, pinned: otherwise sentence-transformers resolves a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[cpu,test]"

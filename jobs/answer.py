@@ -89,16 +89,17 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
             raise RuntimeError(f"output incomplete: check {check}")
         log(f"nothing to do: all {len(sizes)} input shards of {redact(config.output)} are committed for every "
             "strategy, every input id once per strategy")
-        previous = previous_metrics(config.output)
-        whole = {"exactly_once": check, "files": {s: out.files(s) for s in config.strategies}}
-        if previous is not None and all(previous.get(k) == v for k, v in whole.items()):
+        previous = previous_metrics(config.output) or {}
+        checked, files = previous.get("exactly_once") or {}, previous.get("files") or {}
+        names = lambda paths: [p.rsplit("/", 1)[-1] for p in paths or []]  # noqa: E731 - the output may be spelt otherwise
+        if all(checked.get(s) == check[s] and names(files.get(s)) == names(out.files(s)) for s in check):
             return previous
         # the session that committed the last part stopped before writing its record (or wrote it for
-        # fewer strategies): the record is made to cover the whole output now; its counts are not known
+        # other strategies): the record is made to cover these strategies too; their counts are not known
         metrics = {**(previous or {**run_metadata(config, identity),
                                    "covers": "no session's work: recorded by a rerun that found every part committed"}),
-                   **whole, "shards_resumed": len(skip)}
-        write_record(config, metrics)
+                   "exactly_once": {**checked, **check}, "files": {**files, **{s: out.files(s) for s in check}}}
+        write_record(config.model_copy(update={"strategies": list(dict.fromkeys([*files, *config.strategies]))}), metrics)
         return metrics
     if skip:
         log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")

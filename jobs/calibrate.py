@@ -57,7 +57,7 @@ from jobs.identity import ranker_name
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
-from jobs.storage import file_sha256, filesystem, read_table, redact
+from jobs.storage import file_sha256, filesystem, join, read_table, redact
 from schemas.errors import UserError
 from strategies.base import passes
 from strategies.calibration_probe import reading_of
@@ -243,7 +243,7 @@ def pass_config(config, know: float, relevance: float):
     and depth are checked before the probe, not after it)."""
     data = config.model_dump()
     data["raisf"].update(know_threshold=know, relevance_threshold=relevance)
-    run = type(config).model_validate({**data, "strategies": ["raisf"], "output": f"{config.output}/{DECOMPOSITION_PASS}"})
+    run = type(config).model_validate({**data, "strategies": ["raisf"], "output": join(config.output, DECOMPOSITION_PASS)})
     make_strategy("raisf", run)
     return run
 
@@ -253,7 +253,7 @@ def decomposition_pass(config, chosen: dict, probe_rows: list[dict], gold: dict[
     run = pass_config(config, chosen["raisf.know_threshold"]["value"], chosen["raisf.relevance_threshold"]["value"])
     log(f"raisf.read is 'retrieved': RA-ISF at relevance cut {run.raisf.relevance_threshold} into {redact(run.output)}")
     answer_job.answer(run, log=log, **shared)
-    rows = [r for f in answer_files(f"{run.output}/raisf") for r in read_table(f).to_pylist()]
+    rows = [r for f in answer_files(join(run.output, "raisf")) for r in read_table(f).to_pylist()]
     return read_all_threshold(rows, probe_rows, gold, chosen["raisf.relevance_threshold"])
 
 
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     answer_job.answer(config, log=log, force=args.force, **shared)
     gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                              if c in cols]]).to_pylist())
-    rows = [r for f in answer_files(f"{config.output}/{PROBE}") for r in read_table(f).to_pylist()]
+    rows = [r for f in answer_files(join(config.output, PROBE)) for r in read_table(f).to_pylist()]
     chosen = choose(rows, gold, args.keep)
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,

@@ -62,15 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generator", default=DEFAULT_GENERATOR)
     p.add_argument("--limit", type=int, help="only the first N sample questions")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an answer config field (not index.*, output, questions, strategies or limit: "
-                        "the flags above set those)")
+                   help="override an answer config field (not what the flags above set, nor how the index is built)")
     p.add_argument("--force", action="store_true",
                    help="replace a demo of other settings in --output (`make demo` does); without it that is refused")
 
 
 # set by the demo's own flags; a --set of them was silently outranked or disagreed with the index it built
-FLAGGED = {"index": "--index-dir / --shards", "output": "--output", "questions": "none: the demo's questions are fixed",
-           "strategies": "--strategy", "limit": "--limit"}
+FLAGGED = {"output": "--output", "questions": "none: the demo's questions are fixed", "strategies": "--strategy",
+           "limit": "--limit", "generator.model": "--generator"}
+SEARCH_TIME = ("index.nprobe", "index.hnsw_ef_search")  # the rest of index.* is how the demo builds its index
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
     for item in args.set:
         key = item.split("=", 1)[0].strip()
-        if key.split(".")[0] in FLAGGED:
-            raise UserError(f"demo --set {key}: set by the demo's flags ({FLAGGED[key.split('.')[0]]})")
+        if key in FLAGGED or key.split(".")[0] in FLAGGED:
+            raise UserError(f"demo --set {key}: set by the demo's flags ({FLAGGED.get(key) or FLAGGED[key.split('.')[0]]})")
+        if key.startswith("index.") and key not in SEARCH_TIME:
+            raise UserError(f"demo --set {key}: the demo builds its own index (--index-dir / --shards); "
+                            "build one with `ragsift index` and use `ragsift answer` for other index settings")
     config = load_config(  # checked before the index is built
         AnswerConfig, None, [as_override("index.path", str(index_dir)), as_override("generator.model", args.generator),
                              *args.set],
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             llm_settings(llm)
     ensure_index(index_dir, args.shards, log)
     answer(config, log=log, force=args.force)
-    table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k)
+    table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k, strategies=config.strategies)
     print_table(table)
     print(resolution_markdown(resolved))
     write_reports(table, args.output, resolved)

@@ -149,7 +149,7 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
     streams = {engines[k].run.remote(read, (k, n), config.strategies, todo): k for k in range(n)}
     statuses: list[dict] = [{} for _ in range(n)]
     metrics: list[dict | None] = [None] * n
-    started, first_row, reported = time.perf_counter(), None, float("-inf")
+    started, first_row, reported, last = time.perf_counter(), None, float("-inf"), None
     try:
         while streams:
             ready, _ = ray.wait(list(streams), num_returns=1, timeout=REPORT_S)
@@ -166,7 +166,9 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
                         raise err.cause from None
                     raise
                 except ray.exceptions.RayActorError as err:  # its process died (killed, out of memory, its node)
-                    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    why = " ".join(str(err).split())[:500] or type(err).__name__  # Ray's reason is on later lines
+                    if getattr(err, "actor_init_failed", False):
+                        raise RuntimeError(f"engine actor {streams[stream]} of {n} could not start ({why})") from err
                     raise RuntimeError(f"engine actor {streams[stream]} of {n} died ({why}); the parts committed "
                                        "so far are kept: the same command answers the rest") from err
                 k = streams[stream]
@@ -179,6 +181,7 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
                 statuses[k] = message["status"]
                 if "metrics" in message:
                     metrics[k] = message["metrics"]
+                    last = k
             if all(statuses) and time.perf_counter() - reported >= report_every_s:
                 reported = time.perf_counter()
                 report(View(statuses))
@@ -186,7 +189,9 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
     finally:
         for e in engines:
             ray.kill(e)
-    return merge_metrics([m for m in metrics if m is not None], time.perf_counter() - started, first_row)
+    done = [m for m in metrics if m is not None]
+    return merge_metrics(done, time.perf_counter() - started, first_row,
+                         last=done.index(metrics[last]) if last is not None else None)
 
 
 SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "stage_tests",
@@ -194,7 +199,7 @@ SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures",
 STAGE_SUMMED = ("calls", "requests", "errors", "rests", "busy_s")
 
 
-def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -> dict:
+def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, last: int | None = None) -> dict:
     """One run's metrics from its engines': counts summed, replica restarts (each engine sees every restart of
     a shared replica) the most any engine saw; each engine's own metrics kept under ``engines``."""
     merged = {key: sum(p[key] for p in parts) for key in SUMMED}
@@ -215,8 +220,11 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None) -
         if prompt:
             cached = sum(s.get("cached_tokens", 0) for s in each)
             stage.update(prefix_cache_hit_rate=round(cached / prompt, 4), prompt_tokens=prompt, cached_tokens=cached)
-        vllm = next((s["vllm"] for s in each if "vllm" in s), None)
-        if vllm is not None:  # the replicas' own counters: every engine shares them, so any engine's read
+        # the replicas' own counters, which every engine shares and which only grow: the read of the
+        # engine that finished last (parts[last]) saw all the work
+        reads = ([each[last]] if last is not None else []) + each
+        vllm = next((s["vllm"] for s in reads if "vllm" in s), None)
+        if vllm is not None:
             stage["vllm"] = vllm
         stages[name] = stage
     resolved: dict[str, dict[str, int]] = {}

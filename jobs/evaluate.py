@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 from collections import Counter, defaultdict
 
 from jobs import metrics as M
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
-from jobs.storage import filesystem, open_parquet, read_table, redact, scheme_of
+from jobs.storage import filesystem, open_parquet, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -32,8 +33,10 @@ SCORED_COLUMNS = ("error", "resolved_by", "retrieved_ids", "n_llm_calls", "n_ret
 
 
 def answer_files(output: str) -> list[str]:
-    """Committed answer parts under an output directory (``<strategy>/part-*.parquet``), or one file.
-    Other Parquet files there (``labels/`` from ``ragsift label``) are not answers: skipped by schema."""
+    """Committed answer parts under an output directory (``<strategy>/part-NNNNN.parquet``), or one file.
+    Other Parquet files there are not answers: ``labels/`` from ``ragsift label`` (skipped by schema), a
+    copy of a part beside it (``part-00000 copy.parquet``: skipped by name; its rows were counted twice
+    and the folder refused as several runs)."""
     fs, root = filesystem(output)
     from pyarrow.fs import FileSelector, FileType
 
@@ -46,10 +49,9 @@ def answer_files(output: str) -> list[str]:
     if info.type == FileType.NotFound:
         raise FileNotFoundError(f"{output} does not exist")
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
-                   if i.type == FileType.File and i.path.endswith(".parquet")
+                   if i.type == FileType.File and re.fullmatch(r"part-\d{5,}\.parquet", i.path.rsplit("/", 1)[-1])
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
-    scheme = scheme_of(output)
-    files = [scheme + f for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(scheme + f).schema_arrow.names)]
+    files = [uri for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(uri := uri_of(output, f)).schema_arrow.names)]
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {output}")
     return files
@@ -341,7 +343,7 @@ def answers_folder(answers: str) -> str:
     fs, path = filesystem(answers)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         return answers
-    return answers.rstrip("/").rsplit("/", 1)[0] if "/" in answers else "."
+    return uri_of(answers, path.rstrip("/").rsplit("/", 1)[0]) if "/" in path else "."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.storage import filesystem, redact
+from jobs.storage import filesystem, path_of, redact
 from schemas.errors import UserError
 
 SUFFIXES = (".jsonl", ".json", ".csv")
@@ -29,7 +29,7 @@ SUFFIXES = (".jsonl", ".json", ".csv")
 
 def is_foreign(uri: str) -> bool:
     """Whether ``uri`` is a JSON Lines or CSV file (read through this module) rather than Parquet."""
-    return uri.lower().endswith(SUFFIXES)
+    return path_of(uri).lower().endswith(SUFFIXES)
 
 
 def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Iterator[pa.RecordBatch]:
@@ -39,7 +39,7 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
     import pyarrow.json as pa_json
 
     fs, path = filesystem(uri)
-    csv = uri.lower().endswith(".csv")
+    csv = path_of(uri).lower().endswith(".csv")
     try:
         # a CSV's columns are all text: pyarrow would infer numbers from the first block (ids lost their
         # leading zeros and collided, an all-numeric answers column was refused, a later block could disagree)

@@ -122,8 +122,17 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
     actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
     """
-    with Lease(str(Path(config.index.path)), log=log, flag="--index-dir"):
-        return _build_index(config, log, extra, encoders)
+    if encoders is None:
+        loadable(config.embedder.model)  # a mistyped embedder: one line, before a folder is made
+    out = Path(config.index.path)
+    fresh = not out.exists()
+    try:
+        with Lease(str(out), log=log, flag="--index-dir"):
+            return _build_index(config, log, extra, encoders)
+    except BaseException:
+        if fresh and out.is_dir() and not any(out.iterdir()):  # refused before anything was written
+            out.rmdir()
+        raise
 
 
 def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None) -> dict:

@@ -31,7 +31,7 @@ from jobs.dataset_card import push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
-from jobs.storage import filesystem, read_table, redact
+from jobs.storage import filesystem, join, read_table, redact
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
 from schemas.records import Passage
@@ -179,7 +179,7 @@ def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
     passages at most (plus one part), so memory stays bounded and a chunk needs one scan of the
     passage stores."""
     chunk, ids = [], set()
-    for f in answer_files(f"{output}/{strategy}"):
+    for f in answer_files(join(output, strategy)):
         rows = read_table(f).to_pylist()
         part_ids = {i for r in rows for i in (r["retrieved_ids"] or [])}
         if chunk and len(ids | part_ids) > max_passage_ids:

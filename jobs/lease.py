@@ -15,12 +15,15 @@ such create through pyarrow, so there the check is best effort (read, then write
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import os
 import socket
 import threading
 import time
 import uuid
+from contextlib import suppress
 
 import pyarrow.fs as pafs
 
@@ -57,11 +60,16 @@ class Lease:
 
     def acquire(self) -> None:
         self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+        if isinstance(self.fs, pafs.LocalFileSystem):  # a heartbeat's file, left by a driver killed writing it
+            for left in glob.glob(f"{glob.escape(self.path)}.*.tmp"):
+                with suppress(OSError):
+                    if time.time() - os.stat(left).st_mtime > self.stale_s:
+                        os.unlink(left)
         if not self._create():
             held = self._read()
             if held is not None and not self._stale(held):
                 raise self._in_use(held)
-            if not self._take_over():
+            if not self._take_over(held):
                 held = self._read() or held  # another driver took it over first: it holds the output now
                 raise self._in_use(held)
             if held is not None:
@@ -77,40 +85,29 @@ class Lease:
             f"last heartbeat {time.time() - held.get('heartbeat', 0):.0f} s ago); wait for it, stop it, or "
             f"use another {self.flag}")
 
-    def _take_over(self) -> bool:
-        """Replace a lease found stale; False when another driver took it first. On a local disk one driver
-        at a time does this, under an exclusive ``.takeover`` file, and looks again before replacing: two
-        drivers rerun at once after a crash both found it stale, both wrote, and both stopped."""
+    def _take_over(self, held: dict | None) -> bool:
+        """Replace the lease found stale (``held``); False when another driver took it first. On a local
+        disk one driver at a time does this, holding a lock on ``.takeover`` (the system drops it when
+        its holder dies), and looks again before replacing: two drivers rerun at once after a crash both
+        found it stale, both wrote, and both stopped."""
         if not isinstance(self.fs, pafs.LocalFileSystem):
             self._write()  # object stores: best effort (module docstring)
             return True
-        guard = f"{self.path}.takeover"
-        for _ in range(2):
-            try:
-                fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                break
-            except FileExistsError:
-                try:  # left by a driver killed while it took over: cleared, and tried once more
-                    if time.time() - os.stat(guard).st_mtime <= self.stale_s:
-                        return False
-                    os.unlink(guard)
-                except FileNotFoundError:
-                    pass
-        else:
-            return False
+        fd = os.open(f"{self.path}.takeover", os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            held = self._read()
-            if held is not None and not self._stale(held):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another driver is taking it over now
                 return False
-            if held is not None:
-                try:
+            now = self._read()
+            if now is not None and now != held and not self._stale(now):
+                return False
+            if now is not None:
+                with suppress(FileNotFoundError):
                     os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
             return self._create()
         finally:
-            os.close(fd)
-            os.unlink(guard)
+            os.close(fd)  # and with it the lock
 
     def check(self) -> None:
         """Raise unless this driver still holds the lease (read now: the heartbeat may not have run yet)."""

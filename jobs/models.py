@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -176,7 +177,7 @@ def prepare(alias: str, log=print) -> Path:
     out = model_dir(alias)
     out.parent.mkdir(parents=True, exist_ok=True)
     _clear_dead_staging(out.parent)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f"{STAGING}{os.getpid()}-") as tmp:
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f"{STAGING}{_host()}-{os.getpid()}-") as tmp:
         gguf = _gguf_file(model, Path(tmp), log)
         log(f"{alias}: converting {gguf.name} to a Hugging Face bf16 directory")
         staging = Path(tmp) / "hf"
@@ -189,14 +190,19 @@ def prepare(alias: str, log=print) -> Path:
     return out
 
 
-STAGING = ".prepare-"  # + pid: a prepare's working folder (a GGUF of up to 1 GB, its converted copy)
+STAGING = ".prepare-"  # + host + pid: a prepare's working folder (a GGUF of up to 1 GB, its converted copy)
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
 
 
 def _clear_dead_staging(models: Path) -> None:
-    """Remove the working folders of prepares that were killed (kill -9 skips their clean-up; each
-    held up to ~1.7 GB); a live prepare's (its pid running) is left alone."""
-    for folder in models.glob(f"{STAGING}*"):
-        pid = folder.name.removeprefix(STAGING).split("-", 1)[0]
+    """Remove the working folders of this host's prepares that were killed (kill -9 skips their clean-up;
+    each held up to ~1.7 GB); a live prepare's (its pid running), or another host's (a shared home), is
+    left alone."""
+    for folder in models.glob(f"{STAGING}{_host()}-*"):
+        pid = folder.name.removeprefix(f"{STAGING}{_host()}-").split("-", 1)[0]
         try:
             os.kill(int(pid), 0)
             continue

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
-from jobs.storage import file_sha256, filesystem, read_table, redact, scheme_of
+from jobs.storage import file_sha256, filesystem, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
@@ -147,4 +147,4 @@ def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:
         fs.delete_file(tmp)
     else:
         fs.move(tmp, path)
-    return scheme_of(output) + path
+    return uri_of(output, path)

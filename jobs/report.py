@@ -26,7 +26,7 @@ from jobs.evaluate import (
     resolution_cells,
     score,
 )
-from jobs.storage import filesystem, redact
+from jobs.storage import filesystem, join, redact
 from schemas.errors import UserError
 
 
@@ -35,7 +35,7 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
     groups = grouped_rows(run, questions, "report")
     if label:
         groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
-    metrics_path = f"{run.rstrip('/')}/metrics.json"
+    metrics_path = join(run, "metrics.json")
     k = retrieval_k(run)
     return {
         "scores": [score(s, d, rows, k) for (s, d), rows in groups],
@@ -52,7 +52,7 @@ def retrieval_k(run: str) -> int | None:
     all retrieved for a run without one (a single answer file)."""
     import yaml
 
-    fs, where = filesystem(f"{run.rstrip('/')}/config.yaml")
+    fs, where = filesystem(join(run, "config.yaml"))
     try:
         with fs.open_input_stream(where) as f:
             config = yaml.safe_load(f.read().decode())

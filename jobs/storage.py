@@ -4,6 +4,7 @@ and credentials kept out of logs; ids hashed for the exactly-once checks of what
 from __future__ import annotations
 
 import hashlib
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -12,28 +13,59 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from schemas.errors import UserError
 from schemas.tables import SchemaError
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowInvalid, ValueError):  # a plain relative path
-        return pafs.LocalFileSystem(), uri
+    except (pa.ArrowInvalid, ValueError) as err:
+        if "://" not in uri:  # a plain relative path
+            return pafs.LocalFileSystem(), uri
+        # not a local path either: taken as one, it failed later with a traceback that printed the secret
+        raise UserError(f"{redact(uri)}: not a URI pyarrow can open ({str(err).replace(uri, redact(uri))}); "
+                        "percent-encode '/', spaces and other reserved characters in keys and secrets") from None
 
 
 def scheme_of(uri: str) -> str:
-    """``s3://`` of ``s3://bucket/x`` ("" for a local path): what turns a path ``filesystem`` returned
-    back into a URI."""
+    """``s3://`` of ``s3://bucket/x`` ("" for a local path)."""
     return uri[: uri.index("://") + 3] if "://" in uri else ""
+
+
+def uri_of(base: str, path: str) -> str:
+    """The URI of ``path``, a path on ``filesystem(base)``'s filesystem (a part found under an output
+    folder, a file written there): ``base``'s scheme, credentials, host and query around it. From the
+    scheme alone, ``key:secret@`` and ``?endpoint_override=`` were lost and the file read elsewhere."""
+    if "://" not in base:
+        return path
+    parts = urlsplit(base)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    # a bucket store's paths begin with the bucket (s3://b/x -> b/x); a host's do not (hdfs://h:9/x -> /x)
+    prefix = scheme_of(base) + (f"{userinfo}@" if userinfo else "") if path.startswith(host) else scheme_of(base) + parts.netloc
+    return prefix + path + (f"?{parts.query}" if parts.query else "")
+
+
+def join(uri: str, *names: str) -> str:
+    """``uri`` / ``names``, the names put before a URI's query string (``s3://b/out?endpoint_override=x``
+    / metrics.json is ``s3://b/out/metrics.json?endpoint_override=x``)."""
+    if "://" in uri and (parts := urlsplit(uri)).query:
+        return urlunsplit(parts._replace(path="/".join([parts.path.rstrip("/"), *names])))
+    return "/".join([uri.rstrip("/"), *names])
+
+
+def path_of(uri: str) -> str:
+    """The path part of a URI (what its file name and suffix are read from), the string itself for a path."""
+    return urlsplit(uri).path if "://" in uri else uri
 
 
 def redact(uri: str) -> str:
     """A URI without credentials (``s3://key:secret@bucket`` -> ``s3://***@bucket``), for logs and manifests."""
     parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+    if "@" in parts.netloc:
+        return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+    # a secret with an unencoded '/' ends urlsplit's netloc early: everything to the first '@' goes
+    return re.sub(r"^([A-Za-z][\w+.-]*://)[^?#@]*@", r"\1***@", uri) if "://" in uri else uri
 
 
 def open_parquet(uri: str) -> pq.ParquetFile:
@@ -42,8 +74,10 @@ def open_parquet(uri: str) -> pq.ParquetFile:
         return pq.ParquetFile(fs.open_input_file(path))
     except FileNotFoundError:
         raise SchemaError(f"{redact(uri)}: file not found") from None
-    except (pa.ArrowInvalid, OSError) as err:
+    except pa.ArrowInvalid as err:
         raise SchemaError(f"{redact(uri)}: not a readable Parquet file ({err})") from None
+    except OSError as err:  # access denied, a network error: the file may be fine
+        raise SchemaError(f"{redact(uri)}: cannot be read ({str(err).replace(uri, redact(uri))})") from None
 
 
 def file_sha256(fs, path: str) -> str:

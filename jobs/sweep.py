@@ -19,10 +19,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from jobs import answer as answer_job
-from jobs.evaluate import evaluate, gold_columns
+from jobs.evaluate import answer_files, evaluate, gold_columns
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.request_cache import open_cache
-from jobs.storage import filesystem
+from jobs.storage import filesystem, join, read_table
 from schemas.config import ConfigError, parse_override
 from strategies.registry import make_strategy
 
@@ -34,7 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pyarrow.parquet as pq
 
     from jobs.ray_session import init_ray
 
@@ -62,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
                                     cache=cache)
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
         for strategy in config.strategies:
-            answers = pq.read_table(f"{config.output}/{strategy}", columns=["n_retrievals"])["n_retrievals"].to_pylist()
+            answers = [n for f in answer_files(join(config.output, strategy))
+                       for n in read_table(f, ["n_retrievals"])["n_retrievals"].to_pylist()]
             overall = next(r for r in table if r["strategy"] == strategy and r["dataset"] == "ALL")
             rows.append({"value": value, "strategy": strategy, "acc": overall["acc"], "F1": overall["F1"],
                          "retrieval ratio": round(100 * sum(n > 0 for n in answers) / len(answers), 1),
@@ -108,7 +108,7 @@ def with_value(base, param: str, value: str):
             raise ConfigError(f"--param {param}: {k} is not a config section")
         node = node[k]
     node[keys[-1]] = parsed
-    data["output"] = f"{base.output}/{param}={value}"
+    data["output"] = join(base.output, f"{param}={value}")
     try:
         return type(base).model_validate(data)
     except ValidationError as err:

@@ -54,3 +54,13 @@ def test_a_venv_cut_short_before_pip_is_made_again_not_a_dead_end(tmp_path):
     proc = subprocess.run(["bash", "cluster/install.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert proc.returncode not in (0, 127) and "No such file or directory" not in proc.stderr, proc.stderr[-2000:]
     assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_that_is_not_a_venv_is_never_cleared(tmp_path):
+    """RAGSIFT_VENV set to a wrong folder (., $HOME): `venv --clear` would have emptied it."""
+    (tmp_path / "mine.txt").write_text("keep me")
+    env = {**os.environ, "RAGSIFT_VENV": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", "cluster/install.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2 and "is not a virtualenv" in proc.stderr
+    assert (tmp_path / "mine.txt").read_text() == "keep me"

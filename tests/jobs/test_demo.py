@@ -59,15 +59,27 @@ def demo_args(tmp_path, *more):
     return parser.parse_args(["--output", str(tmp_path / "out"), "--index-dir", str(tmp_path / "idx"), *more])
 
 
-@pytest.mark.parametrize("setting", ["index.path=/elsewhere", "output=/elsewhere", "questions=q.parquet", "limit=3"])
+@pytest.mark.parametrize("setting", ["index.path=/elsewhere", "index.shards=3", "output=/elsewhere", "questions=q.parquet",
+                                     "limit=3", "generator.model=other"])
 def test_a_set_of_what_the_demos_flags_decide_is_refused(tmp_path, builds, setting):
     """Before, `--set index.path` answered from another index than the one the demo said it used, and
     `--set output` / `questions` were silently outranked."""
     from schemas.errors import UserError
 
-    with pytest.raises(UserError, match=f"demo --set {setting.split('=')[0]}: set by the demo's flags"):
+    with pytest.raises(UserError, match=f"demo --set {setting.split('=')[0]}: (set by the demo's flags|the demo builds)"):
         demo.run(demo_args(tmp_path, "--set", setting))
     assert builds == []
+
+
+def test_a_search_time_index_setting_is_the_demos_to_take(tmp_path, builds, monkeypatch):
+    answered = []
+    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(config.index.nprobe))
+    monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
+    monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
+    write_manifest(tmp_path / "idx")
+    demo.run(demo_args(tmp_path, "--set", "index.nprobe=4"))
+    assert answered == [4]
 
 
 def test_a_model_that_is_not_there_is_refused_before_the_index_is_built(tmp_path, builds):

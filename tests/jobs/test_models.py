@@ -43,13 +43,15 @@ def test_a_prepare_killed_midway_leaves_no_gigabytes_behind_once_another_runs(tm
     import os
     import subprocess
 
-    from jobs.models import STAGING, _clear_dead_staging
+    from jobs.models import STAGING, _clear_dead_staging, _host
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (tmp_path / f"{STAGING}{dead.pid}-x1" / "hf").mkdir(parents=True)
-    (tmp_path / f"{STAGING}{dead.pid}-x1" / "model.gguf").write_bytes(b"part of a GGUF")
-    (tmp_path / f"{STAGING}{os.getpid()}-x2").mkdir()  # a prepare running now
+    (tmp_path / f"{STAGING}{_host()}-{dead.pid}-x1" / "hf").mkdir(parents=True)
+    (tmp_path / f"{STAGING}{_host()}-{dead.pid}-x1" / "model.gguf").write_bytes(b"part of a GGUF")
+    (tmp_path / f"{STAGING}{_host()}-{os.getpid()}-x2").mkdir()  # a prepare running now
+    (tmp_path / f"{STAGING}otherhost-{dead.pid}-x3").mkdir()  # another host's, on a shared home: its pid says nothing here
     (tmp_path / "smollm2-135m-instruct").mkdir()
     _clear_dead_staging(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{STAGING}{os.getpid()}-x2", "smollm2-135m-instruct"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{STAGING}{_host()}-{os.getpid()}-x2", f"{STAGING}otherhost-{dead.pid}-x3", "smollm2-135m-instruct"])

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from jobs.questions import plan_input, question_columns, question_rows
 from jobs.storage import redact
+from schemas.errors import UserError
 from schemas.tables import SchemaError
 from tests.conftest import SAMPLE_QUESTIONS
 
@@ -131,3 +132,34 @@ def test_a_repeated_id_keeps_the_gold_of_its_first_row_where_it_is_answered():
 
     rows = [{"id": "a", "answers": ["Paris"]}, {"id": "a", "answers": ["Shakespeare"]}, {"id": "b", "answers": []}]
     assert by_first_id(rows)["a"]["answers"] == ["Paris"] and list(by_first_id(rows)) == ["a", "b"]
+
+
+def test_uris_rebuilt_from_paths_keep_their_credentials_host_and_query():
+    """Before, `_input/` files, answer parts found in a folder and files joined to an output were rebuilt
+    from the scheme alone: `key:secret@` and `?endpoint_override=` were dropped and the file read elsewhere."""
+    from jobs.storage import join, path_of, uri_of
+
+    q = "?endpoint_override=127.0.0.1:5055&scheme=http"
+    assert uri_of(f"s3://K:S@bkt/out{q}", "bkt/out/rag/part-00000.parquet") == f"s3://K:S@bkt/out/rag/part-00000.parquet{q}"
+    assert uri_of("s3://bkt/out/", "bkt/out/x") == "s3://bkt/out/x"
+    assert uri_of("hdfs://namenode:9000/data/out", "/data/out/x") == "hdfs://namenode:9000/data/out/x"
+    assert uri_of("file:///tmp/out", "/tmp/out/x") == "file:///tmp/out/x" and uri_of("runs/out", "runs/out/x") == "runs/out/x"
+    assert join(f"s3://bkt/out{q}", "rag", "metrics.json") == f"s3://bkt/out/rag/metrics.json{q}"
+    assert join("runs/out/", "metrics.json") == "runs/out/metrics.json"
+    assert path_of(f"s3://bkt/q.jsonl{q}").endswith(".jsonl") and path_of("runs/a?b.csv") == "runs/a?b.csv"
+
+
+def test_a_uri_pyarrow_cannot_parse_is_one_line_that_keeps_its_secret():
+    """A secret with an unencoded '/' (AWS's own example key has two) was printed whole, and the URI taken
+    as a local path ended in a traceback."""
+    from jobs.formats import is_foreign
+    from jobs.storage import filesystem
+
+    secret = "s3://AKIAEXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bkt/q.parquet"
+    assert redact(secret) == "s3://***@bkt/q.parquet"
+    with pytest.raises(UserError, match=r"^s3://\*\*\*@bkt/q.parquet: not a URI pyarrow can open") as err:
+        filesystem(secret)
+    assert "wJalr" not in str(err.value)
+    with pytest.raises(UserError, match="not a URI pyarrow can open"):
+        filesystem("s3://bkt/my out")
+    assert is_foreign("s3://bkt/q.jsonl?endpoint_override=127.0.0.1:5055") and not is_foreign("s3://bkt/q.parquet?x=.csv")

@@ -112,3 +112,8 @@ def test_a_run_killed_after_its_last_commit_gets_its_record_from_the_rerun(tmp_p
     assert recorded["files"] == earlier["files"] and recorded["config_sha256"] == earlier["config_sha256"]
     assert "strategies:\n- direct\n- rag" in (out / "config.yaml").read_text()
     assert answer(config, log=lambda *_: None) == recorded  # and is kept from then on
+    before = (out / "metrics.json").read_bytes()
+    one = AnswerConfig(questions=str(questions), output=str(out), strategies=["rag"], commit={"shard_rows": 10},
+                       engine={"window": 8})
+    answer(one, log=lambda *_: None)  # a rerun of one of the strategies: the record already covers it
+    assert (out / "metrics.json").read_bytes() == before
