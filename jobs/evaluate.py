@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from jobs import metrics as M
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
-from jobs.storage import filesystem, open_parquet, read_table, redact, uri_of
+from jobs.storage import filesystem, join, open_parquet, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -53,7 +53,8 @@ def answer_files(output: str) -> list[str]:
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
     files = [uri for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(uri := uri_of(output, f)).schema_arrow.names)]
     if not files:
-        raise FileNotFoundError(f"no answer Parquet files in {output}")
+        raise FileNotFoundError(f"no answer Parquet files in {redact(output)} (a run's answers are <strategy>/"
+                                "part-NNNNN.parquet; give another file itself to evaluate it)")
     return files
 
 
@@ -331,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
     print(resolution_markdown(resolved))
     out = args.out or answers_folder(args.answers)
     write_reports(table, out, resolved)
-    print(f"wrote {out}/eval.json and eval.md", file=sys.stderr)
+    print(f"wrote {redact(join(out, 'eval.json'))} and eval.md", file=sys.stderr)
     return 0
 
 

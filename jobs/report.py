@@ -26,7 +26,7 @@ from jobs.evaluate import (
     resolution_cells,
     score,
 )
-from jobs.storage import filesystem, join, redact
+from jobs.storage import filesystem, join, path_of, redact
 from schemas.errors import UserError
 
 
@@ -42,7 +42,7 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
         "resolution": resolution(groups),
         "rows": {s: rows for (s, d), rows in groups if d == "ALL"},
         "metrics": read_metrics(metrics_path),
-        "label": label or Path(run).name,
+        "label": label or Path(path_of(run)).name,
     }
 
 
@@ -244,7 +244,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_labels(runs: list[str]) -> list[str]:
     """A name per run: its folder's, or where two are alike (runs/a/out, runs/b/out) its path below the
     runs' common folder (a label names a run's rows in every plot: two alike would overwrite each other)."""
-    names = [Path(r).name for r in runs]
+    names = [Path(path_of(r)).name for r in runs]
     if len(set(names)) == len(names):
         return names
     paths = [Path(r).resolve() for r in runs]
@@ -257,10 +257,13 @@ def run_labels(runs: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     labels = run_labels(args.runs) if len(args.runs) > 1 else [None]
     runs = [load_run(r, args.questions, label) for r, label in zip(args.runs, labels)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(runs))
-    print(f"wrote {out}", file=sys.stderr)
+    page = render(runs)
+    fs, where = filesystem(args.out)  # an s3:// --out made a local folder "s3:"
+    if "/" in where:
+        fs.create_dir(where.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(where) as f:
+        f.write(page.encode())
+    print(f"wrote {redact(args.out)}", file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import numpy as np
 import pandas as pd
@@ -43,7 +43,8 @@ def uri_of(base: str, path: str) -> str:
     userinfo, _, host = parts.netloc.rpartition("@")
     # a bucket store's paths begin with the bucket (s3://b/x -> b/x); a host's do not (hdfs://h:9/x -> /x)
     prefix = scheme_of(base) + (f"{userinfo}@" if userinfo else "") if path.startswith(host) else scheme_of(base) + parts.netloc
-    return prefix + path + (f"?{parts.query}" if parts.query else "")
+    # the path as pyarrow gave it, decoded: encoded again (a space, %, ?, # in a key), URI syntax kept
+    return prefix + quote(path, safe="/:@!$&'()*+,;=~") + (f"?{parts.query}" if parts.query else "")
 
 
 def join(uri: str, *names: str) -> str:
@@ -64,8 +65,11 @@ def redact(uri: str) -> str:
     parts = urlsplit(uri)
     if "@" in parts.netloc:
         return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
-    # a secret with an unencoded '/' ends urlsplit's netloc early: everything to the first '@' goes
-    return re.sub(r"^([A-Za-z][\w+.-]*://)[^?#@]*@", r"\1***@", uri) if "://" in uri else uri
+    # a secret with an unencoded '/' ends urlsplit's netloc early, at key:part-of-the-secret (a bucket
+    # has no ':'): everything to the first '@' goes
+    if ":" in parts.netloc and "@" in uri.split("?", 1)[0]:
+        return re.sub(r"^([A-Za-z][\w+.-]*://)[^?#@]*@", r"\1***@", uri)
+    return uri
 
 
 def open_parquet(uri: str) -> pq.ParquetFile:

@@ -147,6 +147,9 @@ def test_uris_rebuilt_from_paths_keep_their_credentials_host_and_query():
     assert join(f"s3://bkt/out{q}", "rag", "metrics.json") == f"s3://bkt/out/rag/metrics.json{q}"
     assert join("runs/out/", "metrics.json") == "runs/out/metrics.json"
     assert path_of(f"s3://bkt/q.jsonl{q}").endswith(".jsonl") and path_of("runs/a?b.csv") == "runs/a?b.csv"
+    # pyarrow's paths are decoded: encoded again, or `s3://bkt/my%20out`'s parts were refused as URIs
+    assert uri_of("s3://bkt/my%20out", "bkt/my out/rag/part-00000.parquet") == "s3://bkt/my%20out/rag/part-00000.parquet"
+    assert uri_of("s3://bkt/out", "bkt/out/think_act.beta_threshold=0.5") == "s3://bkt/out/think_act.beta_threshold=0.5"
 
 
 def test_a_uri_pyarrow_cannot_parse_is_one_line_that_keeps_its_secret():
@@ -157,6 +160,7 @@ def test_a_uri_pyarrow_cannot_parse_is_one_line_that_keeps_its_secret():
 
     secret = "s3://AKIAEXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bkt/q.parquet"
     assert redact(secret) == "s3://***@bkt/q.parquet"
+    assert redact("s3://bkt/path@v1/x.parquet") == "s3://bkt/path@v1/x.parquet"  # an '@' in a key is no credential
     with pytest.raises(UserError, match=r"^s3://\*\*\*@bkt/q.parquet: not a URI pyarrow can open") as err:
         filesystem(secret)
     assert "wJalr" not in str(err.value)

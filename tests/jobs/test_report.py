@@ -164,3 +164,12 @@ def test_a_strategy_of_no_tokens_stays_on_the_cost_quality_plane():
         shown = ax.transData.transform(points.get_offsets())
         assert len(shown) == 2 and all(math.isfinite(v) for xy in shown for v in xy)
     plt.close(fig)
+
+
+def test_the_page_goes_where_out_says_on_any_filesystem_not_into_a_local_folder_named_after_the_uri(run_dir, tmp_path,
+                                                                                                    monkeypatch):
+    """Before, `--out s3://bucket/r.html` wrote a local folder `s3:` (as `--out file:///...` wrote `file:`)."""
+    run, questions = run_dir
+    monkeypatch.chdir(tmp_path)
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", f"file://{tmp_path}/pages/r.html"]) == 0
+    assert (tmp_path / "pages" / "r.html").read_text().startswith("<!") and not (tmp_path / "file:").exists()
