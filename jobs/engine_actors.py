@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -227,21 +228,11 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
         if vllm is not None:
             stage["vllm"] = vllm
         stages[name] = stage
-    resolved: dict[str, dict[str, int]] = {}
-    for p in parts:
-        for strategy, counts in p["resolved_by"].items():
-            for how, count in counts.items():
-                resolved.setdefault(strategy, {}).setdefault(how, 0)
-                resolved[strategy][how] += count
+    resolved = summed([p["resolved_by"] for p in parts])
     caches = [p["request_cache"] for p in parts]
     lookups = sum(c["lookups"] for c in caches)
     hits = {w: sum(c["hits"][w] for c in caches) for w in ("memory", "disk")}
-    by_stage: dict[str, dict[str, int]] = {}
-    for c in caches:
-        for stage_name, counts in c["by_stage"].items():
-            for key, count in counts.items():
-                by_stage.setdefault(stage_name, {}).setdefault(key, 0)
-                by_stage[stage_name][key] += count
+    by_stage = summed([c["by_stage"] for c in caches])
     merged.update(stages=stages, resolved_by=resolved,
                   request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
@@ -252,3 +243,13 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
                                                  / max(1, merged["roots_done"]), 1),
                   engines=parts)
     return merged
+
+
+def summed(nested: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """``{outer: {inner: count}}`` added up over the engines (how each strategy's questions were resolved,
+    cache lookups and hits per stage)."""
+    total: dict[str, Counter] = {}
+    for each in nested:
+        for outer, counts in each.items():
+            total.setdefault(outer, Counter()).update(counts)
+    return {outer: dict(counts) for outer, counts in total.items()}
