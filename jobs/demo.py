@@ -40,8 +40,8 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
     corpus_sha = corpus_sha256()
     try:
         manifest = read_manifest(index_dir)
-        if (manifest.get("format") == FORMAT and manifest.get("corpus_sha256") == corpus_sha
-                and len(manifest["shards"]) == shards):
+        if (isinstance(manifest, dict) and manifest.get("format") == FORMAT
+                and manifest.get("corpus_sha256") == corpus_sha and len(manifest.get("shards") or ()) == shards):
             log(f"using the demo index at {index_dir}")
             return
     except FileNotFoundError:

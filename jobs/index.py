@@ -52,9 +52,12 @@ def read_manifest(index_dir: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"no index at {index_dir} ({MANIFEST} missing); run `ragsift index` first")
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         raise UserError(f"{path} is damaged ({err}); rebuild the index with `ragsift index`") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise UserError(f"{path} is damaged (not a manifest: no list of shards); rebuild the index with `ragsift index`")
+    return manifest
 
 
 # what a rebuild of the same passages with the same settings changes by itself: the build's time, the
