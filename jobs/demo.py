@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
     for item in args.set:
         key = item.split("=", 1)[0].strip()
-        if key in FLAGGED or key.split(".")[0] in FLAGGED:
-            raise UserError(f"demo --set {key}: set by the demo's flags ({FLAGGED.get(key) or FLAGGED[key.split('.')[0]]})")
+        flag = FLAGGED.get(key) or FLAGGED.get(key.split(".")[0])
+        if flag:
+            raise UserError(f"demo --set {key}: set by the demo's flags ({flag})")
         if key.startswith("index.") and key not in SEARCH_TIME:
             raise UserError(f"demo --set {key}: the demo builds its own index (--index-dir / --shards); "
                             "build one with `ragsift index` and use `ragsift answer` for other index settings")

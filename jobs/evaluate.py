@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import re
 import sys
 from collections import Counter, defaultdict
 
 from jobs import metrics as M
+from jobs.output import PART
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
 from jobs.storage import filesystem, join, open_parquet, read_table, redact, uri_of
@@ -49,7 +49,7 @@ def answer_files(output: str) -> list[str]:
     if info.type == FileType.NotFound:
         raise FileNotFoundError(f"{output} does not exist")
     files = sorted(i.path for i in fs.get_file_info(FileSelector(root, recursive=True))
-                   if i.type == FileType.File and re.fullmatch(r"part-\d{5,}\.parquet", i.path.rsplit("/", 1)[-1])
+                   if i.type == FileType.File and PART.fullmatch(i.path.rsplit("/", 1)[-1])
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
     files = [uri for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(uri := uri_of(output, f)).schema_arrow.names)]
     if not files:

@@ -125,20 +125,19 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
     actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
     """
-    if encoders is None:
-        loadable(config.embedder.model)  # a mistyped embedder: one line, before a folder is made
+    model = loadable(config.embedder.model) if encoders is None else None  # mistyped: one line, no folder made
     out = Path(config.index.path)
     fresh = not out.exists()
     try:
         with Lease(str(out), log=log, flag="--index-dir"):
-            return _build_index(config, log, extra, encoders)
+            return _build_index(config, log, extra, encoders, model)
     except BaseException:
         if fresh and out.is_dir() and not any(out.iterdir()):  # refused before anything was written
             out.rmdir()
         raise
 
 
-def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None) -> dict:
+def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None, model: str | None) -> dict:
     import ray
 
     from jobs.ray_session import init_ray
@@ -148,7 +147,6 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     total_rows = corpus.metadata.num_rows
     if total_rows == 0:
         raise UserError(f"{config.corpus}: the corpus has no rows")
-    model = loadable(config.embedder.model) if encoders is None else None  # before anything is written
     out = Path(config.index.path)
     out.mkdir(parents=True, exist_ok=True)
     n_shards = min(config.index.shards, total_rows)

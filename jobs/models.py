@@ -201,8 +201,9 @@ def _clear_dead_staging(models: Path) -> None:
     """Remove the working folders of this host's prepares that were killed (kill -9 skips their clean-up;
     each held up to ~1.7 GB); a live prepare's (its pid running), or another host's (a shared home), is
     left alone."""
-    for folder in models.glob(f"{STAGING}{_host()}-*"):
-        pid = folder.name.removeprefix(f"{STAGING}{_host()}-").split("-", 1)[0]
+    mine = f"{STAGING}{_host()}-"
+    for folder in models.glob(f"{mine}*"):
+        pid = folder.name.removeprefix(mine).split("-", 1)[0]
         try:
             os.kill(int(pid), 0)
             continue

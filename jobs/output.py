@@ -41,7 +41,7 @@ def checksum_path(part: str) -> str:
     Spark) from taking it for data."""
     folder, name = part.rsplit("/", 1)
     return f"{folder}/_{name}.sha256"
-_PART = re.compile(r"part-(\d{5,})\.parquet$")
+PART = re.compile(r"part-(\d{5,})\.parquet$")  # a committed part's name
 # every name a run writes in a strategy's folder: a part, its .tmp, its checksum
 _OURS = re.compile(r"_?part-\d{5,}\.parquet(\.tmp|\.sha256)?")
 
@@ -127,11 +127,11 @@ class ShardedOutput:
             self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
             entries = self._entries(strategy)
             finished = [self._finish_commit(path) for name, path in entries.items()
-                        if name.endswith(".tmp") and _PART.fullmatch(name.removesuffix(".tmp"))]
+                        if name.endswith(".tmp") and PART.fullmatch(name.removesuffix(".tmp"))]
             if any(finished):
                 entries = self._entries(strategy)
             for name, path in sorted(entries.items()):
-                match = _PART.fullmatch(name)
+                match = PART.fullmatch(name)
                 if not _OURS.fullmatch(name):  # a notebook's checkpoints, a snapshot folder, a note: not ours
                     self.log(f"leaving {redact(self.output)}/{strategy}/{name} in place: not a file ragsift writes")
                 elif match and self._valid(path):

@@ -42,7 +42,10 @@ def uri_of(base: str, path: str) -> str:
     parts = urlsplit(base)
     userinfo, _, host = parts.netloc.rpartition("@")
     # a bucket store's paths begin with the bucket (s3://b/x -> b/x); a host's do not (hdfs://h:9/x -> /x)
-    prefix = scheme_of(base) + (f"{userinfo}@" if userinfo else "") if path.startswith(host) else scheme_of(base) + parts.netloc
+    if path.startswith(host):
+        prefix = scheme_of(base) + (f"{userinfo}@" if userinfo else "")
+    else:
+        prefix = scheme_of(base) + parts.netloc
     # the path as pyarrow gave it, decoded: encoded again (a space, %, ?, # in a key), URI syntax kept
     return prefix + quote(path, safe="/:@!$&'()*+,;=~") + (f"?{parts.query}" if parts.query else "")
 
