@@ -16,7 +16,7 @@ import yaml
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.engine_actors import Todo, run_engines
-from jobs.identity import identity_defaults, run_identity, run_metadata
+from jobs.identity import identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
@@ -43,6 +43,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     if not config.questions or not config.output:
         raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
+    if config.calibration and plan.sha256 == config.calibration.questions_sha256:
+        log(f"warning: these questions are the slice this config's thresholds were calibrated on "
+            f"({config.calibration.questions}): its scores here are fitted, not measured")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
     # a fresh output is claimed only after the index and the models are checked (pool_plan reads the
@@ -58,7 +61,8 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
             retry_errors: bool, cache, guard=None) -> dict:
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
-                        config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults(), guard=guard)
+                        config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults(), guard=guard,
+                        speed=operational)
     try:
         return _answer_into(out, identity, config, plan, strategies, needs, pools, stages, log, retry_errors, cache)
     except BaseException:

@@ -58,6 +58,7 @@ from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, join, read_table, redact
+from schemas.config import speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
 from strategies.calibration_probe import reading_of
@@ -78,7 +79,7 @@ def candidates(scores: list[float]) -> list[float]:
     """0, the midpoints between neighbouring distinct scores, and 1: a cut between two observed
     scores, not on one, so ``>=`` and ``>`` agree on the slice; 0 passes every score and 1 none
     (``strategies.base.passes``), as the strategies read them."""
-    distinct = sorted(set(scores))
+    distinct = sorted({s for s in scores if math.isfinite(s)})  # a NaN score passes no cut: no cut beside it
     return [0.0, *(midpoint(a, b) for a, b in zip(distinct, distinct[1:])), 1.0]
 
 
@@ -121,9 +122,16 @@ def f1_threshold(scores: list[float], gold: list[bool]) -> tuple[float, list[dic
 
 
 def keep_threshold(best_scores: list[float], keep: float) -> float:
-    """The largest delta at which a share ``keep`` of the questions keeps their best-scoring passage."""
-    ranked = sorted(best_scores, reverse=True)
-    return ranked[max(0, math.ceil(keep * len(ranked) - 1e-9) - 1)]
+    """A delta at which a share ``keep`` of the questions keeps their best-scoring passage, as high as that
+    allows: midway between the last question it must keep and the next lower score, not on the first one's
+    score. The ranker scores a passage a little differently in another batch (~1e-7 for the bi-encoder),
+    so a delta on the boundary question's own score lost that question (and any tied with it) at random:
+    75% of a slice kept a passage where 80% were promised."""
+    ranked = sorted((s for s in best_scores if math.isfinite(s)), reverse=True)
+    boundary = ranked[max(0, math.ceil(keep * len(ranked) - 1e-9) - 1)]
+    # no question scores lower: any cut under the boundary keeps them all; a margin well past batch noise
+    lower = next((s for s in ranked if s < boundary), boundary - 0.01)
+    return midpoint(lower, boundary)
 
 
 def quality(prediction: str, golds: list[str]) -> float:
@@ -146,6 +154,10 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
             continue
         probes.append((p, g))
     if not probes:
+        errors = [row["error"] for row in rows if row["error"]]
+        if errors:  # the gold is not what is missing: say what failed, as the rows do
+            raise UserError(f"no probe row could be scored: {len(errors)} of {len(rows)} probe rows are errors, "
+                            f"e.g. {errors[0]}")
         raise UserError("no probe row could be scored: the calibration questions need gold `answers`")
     if any(not isinstance(p["ta_retrieval"], dict) or "ta_p_ambiguous" not in p for p, _ in probes):
         raise UserError(f"these probe rows were written by an older ragsift (no Think-then-Act split branch): {STALE}")
@@ -189,9 +201,8 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
         share = sum(any(passes(s, rel) for s in p["relevance_p_yes"]) for p in asked) / len(asked)
         out["raisf.relevance_threshold"] = {"value": rel, "n": len(pairs), "questions_with_a_relevant_passage": share,
                                             "curve": curve}
-    best = [p["migres_scores"][0] for p, _ in probes if p["migres_scores"]]
+    best = [p["migres_scores"][0] for p, _ in probes if p["migres_scores"] and math.isfinite(p["migres_scores"][0])]
     if best:
-        # unrounded: rounded up, the question at the boundary (and any tied with it) lost its passage
         out["migres.relevance_threshold"] = {"value": keep_threshold(best, keep), "n": len(best), "keep": keep}
     return out
 
@@ -268,13 +279,24 @@ def shared_stages(config) -> dict:
     return {"stages": build_stages(config, needs, pools), "cache": open_cache(config) if config.cache.enabled else None}
 
 
-def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
+def model_settings(llm) -> dict:
+    """A generator's or judge's settings that decide its answers, where they are not the defaults, and
+    its model always: what a file passed alone with --config must carry to judge as calibrated (with only
+    the model's name, an endpoint's pool became a local vLLM of that name at another context length).
+    Speed and placement settings (replicas, GPUs) stay the user's."""
+    defaults = type(llm)().model_dump()
+    return {key: value for key, value in llm.model_dump().items()
+            if key == "model" or (value != defaults[key] and not speed_setting(type(llm), key))}
+
+
+def config_values(config, chosen: dict, fingerprint: str, n: int, questions: str | None = None) -> dict:
     """The calibrated config file's content: the chosen values, the models they were measured with (a
     threshold on P('yes') belongs to the model that judged: flags such as --generator still override),
-    and a ``calibration`` section that run metadata carries."""
-    values: dict = {"generator": {"model": config.generator.model}}
+    and a ``calibration`` section that run metadata carries. ``questions``: the slice as the user named it
+    (``config.questions`` is ragsift's Parquet copy of a JSON Lines or ``datasets`` slice)."""
+    values: dict = {"generator": model_settings(config.generator)}
     if config.judge is not None:
-        values["judge"] = {"model": config.judge.model}
+        values["judge"] = model_settings(config.judge)
     # so do the trained judges and the ranker: RA-ISF's thresholds are on their scores when they judge, and
     # MIGRES's delta is on the ranker's (without them in the file, a trained M_know's 0.76 would be applied
     # to the generator's P('yes'))
@@ -299,7 +321,7 @@ def config_values(config, chosen: dict, fingerprint: str, n: int) -> dict:
         section, key = field.split(".")
         values.setdefault(section, {})[key] = result["value"]
     values["calibration"] = {
-        "questions": redact(config.questions), "questions_sha256": fingerprint, "n": n,
+        "questions": redact(questions or config.questions), "questions_sha256": fingerprint, "n": n,
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
         "ranker": ranker_name(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}
@@ -316,7 +338,11 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     if not 0 < args.keep <= 1:
         raise UserError(f"--keep {args.keep}: a share of the questions, in (0, 1] (its paper: 0.8)")
-    config = answer_job.config_from_args(args, strategies=[PROBE])
+    if args.strategy:
+        raise UserError(f"--strategy {args.strategy}: calibrate runs its own probe of every strategy's thresholds "
+                        "(no --strategy)")
+    # a calibration record in a --config (calibrating again over an earlier file) is the earlier slice's, not this one's
+    config = answer_job.config_from_args(args, strategies=[PROBE]).model_copy(update={"calibration": None})
     cols = question_columns(config.questions)
     if "answers" not in cols:
         raise UserError(f"{config.questions}: calibration needs gold `answers`")
@@ -335,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     qfs, qpath = filesystem(config.questions)
     fingerprint = file_sha256(qfs, qpath)
     fs, root = filesystem(config.output)
-    values = config_values(config, chosen, fingerprint, len(rows))
+    values = config_values(config, chosen, fingerprint, len(rows), questions=args.questions)
     with fs.open_output_stream(f"{root}/calibration.json") as f:
         f.write(json.dumps(chosen, indent=2).encode())
     text = ("# ragsift calibrate: thresholds chosen on the calibration slice named below; pass with --config\n"
@@ -343,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
     with fs.open_output_stream(f"{root}/calibrated.yaml") as f:
         f.write(text.encode())
     for field, result in chosen.items():
-        extra = {k: v for k, v in result.items() if k not in ("value", "curve")}
+        extra = {k: {kk: vv for kk, vv in v.items() if kk != "curve"} if isinstance(v, dict) else v
+                 for k, v in result.items() if k not in ("value", "curve")}
         log(f"{field} = {result['value']}  {extra}")
     if "raisf.relevance_threshold" not in chosen:  # not written: a run with this file keeps the config's own cut
         log("raisf.relevance_threshold not calibrated: no calibration question has a gold passage among its "

@@ -24,7 +24,7 @@ from strategies.registry import AnswerConfig
 def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
-    identity = {k: v for k, v in flat.items() if not _operational(k)}
+    identity = {k: v for k, v in flat.items() if not operational(k)}
     # the input by its content, not its path: the same questions moved elsewhere resume, an edited file does not
     identity.update({"input.sha256": plan.sha256, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})
@@ -40,7 +40,7 @@ def identity_defaults() -> dict:
     return _flatten(AnswerConfig().model_dump(mode="json"))
 
 
-def _operational(key: str) -> bool:
+def operational(key: str) -> bool:
     """A speed or resource setting (schemas/config.py ``SPEED``), which a resumed run may change."""
     return speed_setting(AnswerConfig, key)
 
@@ -68,9 +68,21 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
         "ranker": ranker_name(config),
         "entailment": entailment_name(config),
         "judges": judges_name(config),
-        "calibration": config.calibration.model_dump() if config.calibration else None,
+        "calibration": calibration_record(config),
         "packages": packages,
     }
+
+
+def calibration_record(config: AnswerConfig) -> dict | None:
+    """The config's calibration record, with ``overridden``: each chosen field whose value in this run is
+    another (a --set, a sweep's value), so metadata never shows a calibrated value the run did not use."""
+    if config.calibration is None:
+        return None
+    record = config.calibration.model_dump()
+    now = {field: getattr(getattr(config, field.split(".")[0], None), field.split(".")[1], None)
+           for field in record["chosen"] if field.count(".") == 1}
+    overridden = {field: value for field, value in now.items() if value != record["chosen"][field]}
+    return {**record, "overridden": overridden} if overridden else record
 
 
 def entailment_name(config: AnswerConfig) -> str | None:

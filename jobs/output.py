@@ -67,21 +67,22 @@ def claimed(output: str) -> bool:
 RECORDED_BY_SOME = frozenset({"input.uri", "index.path", "input.sha256"})
 
 
-def changed_fields(previous: dict, current: dict, defaults: dict) -> list[str]:
+def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda key: False) -> list[str]:
     """Fields that differ between two run identities. A field the previous run did not record (a
     setting added by a later ragsift) counts only when the current value is not its default; a config
-    field it recorded that the current identity leaves out has become a speed setting since."""
+    field it recorded that the current identity leaves out has become a speed setting since (``speed``
+    says so of a key inside a section, such as ``calibration.chosen.*``, which ``defaults`` cannot list)."""
     return sorted(k for k in set(previous) | set(current)
                   if previous.get(k) != current.get(k)
                   and not (k in RECORDED_BY_SOME and (k not in previous or k not in current))
                   and not (k not in previous and current.get(k) == defaults.get(k, []))
-                  and not (k not in current and k in defaults))
+                  and not (k not in current and (k in defaults or speed(k))))
 
 
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
-                 guard=None):
+                 guard=None, speed=lambda key: False):
         self.fs, self.root = filesystem(output)
         self.output = output
         self.strategies = strategies
@@ -89,6 +90,7 @@ class ShardedOutput:
         self.row_group_rows = row_group_rows
         self.identity = identity
         self.defaults = defaults or {}
+        self.speed = speed  # whether an identity key is a speed setting (jobs/identity.py)
         self.log = log
         self.guard = guard  # called before each commit: raises when this driver lost the output (jobs/lease.py)
         self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True)})
@@ -108,7 +110,7 @@ class ShardedOutput:
         if info.type == pafs.FileType.File:
             with self.fs.open_input_stream(manifest) as f:
                 previous = json.loads(f.read())
-            changed = changed_fields(previous, self.identity, self.defaults)
+            changed = changed_fields(previous, self.identity, self.defaults, self.speed)
             if changed and not force:
                 raise ConfigError(
                     f"{redact(self.output)} holds output of a different run (differs in: {', '.join(changed)}); "
@@ -191,7 +193,7 @@ class ShardedOutput:
         if previous is None:
             self.log(f"damaged part {name} (its footer does not read): answering its shard again")
             return False
-        return not changed_fields(previous, self.identity, self.defaults)
+        return not changed_fields(previous, self.identity, self.defaults, self.speed)
 
     def skip_shards(self) -> frozenset[int]:
         """Input shards that every strategy has committed already."""

@@ -391,7 +391,11 @@ class LabelConfig(Section):
 
 class CalibrationRecord(Section):
     """Where a config's thresholds came from: written by ``ragsift calibrate``, carried into every run's
-    metadata. Informational; None when nothing was calibrated."""
+    metadata. Informational; None when nothing was calibrated. The thresholds themselves are in their
+    sections: a run resumed with the same values under another record (the slice moved, calibrated again
+    into another folder) answers alike, so the record is no part of a run's identity."""
+
+    changes_answers = False
 
     questions: str = Field(description="the calibration slice (never the questions a table reports on)")
     questions_sha256: str
@@ -399,7 +403,7 @@ class CalibrationRecord(Section):
     generator: str
     judge: str | None = None
     ranker: str
-    chosen: dict[str, float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
+    chosen: dict[str, int | float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
 
 
 class CacheConfig(Section):

@@ -57,7 +57,18 @@ def test_relevance_threshold_maximises_f1_against_gold_passages():
 
 def test_migres_delta_keeps_a_passage_for_the_required_share_of_questions():
     best = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
-    assert keep_threshold(best, 0.8) == 0.2 and sum(b >= 0.2 for b in best) == 8
+    assert keep_threshold(best, 0.8) == 0.15 and sum(b >= 0.15 for b in best) == 8
+    assert keep_threshold([0.3, 0.3, 0.3], 1.0) < 0.3  # nothing scores lower: a margin under the boundary
+
+
+def test_migres_delta_is_not_on_a_questions_own_score_which_the_ranker_moves_between_batches():
+    """The bi-encoder scored the boundary question 0.5716311931610107 in the probe's batch and
+    0.5716310739517212 alone: a delta on its own score dropped it, and 9 of 12 kept a passage at --keep 0.8."""
+    probe = [0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.59, 0.58, 0.5716311931610107, 0.4, 0.3]
+    delta = keep_threshold(probe, 0.8)  # 10 of 12 must keep a passage
+    alone = [s - 1.2e-7 for s in probe]  # every score a hair lower in another batch
+    assert sum(s >= delta for s in alone) == 10 and sum(s >= delta for s in probe) == 10
+    assert keep_threshold([*probe, float("nan")], 0.8) == delta  # a NaN score is no question's best
 
 
 P = [Passage(f"p{i}", f"T{i}", f"Sentence {i} one. Sentence {i} two.", 1.0) for i in range(3)]
@@ -198,7 +209,7 @@ def test_choose_reads_probe_rows_against_gold():
     # splitting helps only question 3 (0.6); 2 has no split (it reads), so its 0.7 must not pull the cut up
     assert chosen["think_act.ambiguity_threshold"]["value"] == 0.55
     assert chosen["raisf.relevance_threshold"]["value"] == 0.45  # a, b, b relevant; nothing else
-    assert chosen["migres.relevance_threshold"]["value"] == 0.6
+    assert chosen["migres.relevance_threshold"]["value"] == 0.5  # between 0.6 (kept) and 0.4
     # reading all k passages with rag's instruction answers question 1 too: it wins, and beta' is then
     # chosen against it
     rows[0] = row("1", 0.95, 0.95, "Paris", "Lyon", [0.9, 0.1], [0.8], 0.5, "Lyon", all_k="Paris")
@@ -288,8 +299,78 @@ def test_cuts_tell_apart_scores_closer_than_six_decimals_and_delta_is_written_as
     assert "raisf.relevance_threshold" not in chosen  # every cut scored F1 0: 1.0 (never relevant) was written
 
 
+def test_when_every_probe_row_is_an_error_the_error_says_so_not_that_gold_is_missing():
+    rows = [{"id": str(i), "error": "prompt of 595 tokens leaves 0 of max_model_len 256 to generate, needs 1",
+             "trace": "[]"} for i in range(2)]
+    with pytest.raises(UserError, match="2 of 2 probe rows are errors, e.g. prompt of 595 tokens"):
+        choose(rows, {"0": {"answers": ["a"]}, "1": {"answers": ["b"]}}, keep=0.8)
+    with pytest.raises(UserError, match="need gold `answers`"):
+        choose([{**rows[0], "error": None}], {}, keep=0.8)
+
+
+def test_the_calibrated_config_carries_the_generators_settings_that_decide_its_answers(tmp_path):
+    """Only the model's name was written: a config calibrated on an endpoint at a 4,096-token context, passed
+    alone, ran a local vLLM of the served model's name at 2,048."""
+    import yaml
+
+    from schemas.config import load_config
+
+    base = AnswerConfig.model_validate({
+        "questions": "_input/questions-1.parquet",
+        "generator": {"model": "served", "max_model_len": 4096, "replicas": 3,
+                      "endpoint": {"base_url": "http://h:8000/v1", "headers": {"X-Team": "$TEAM"}}},
+        "judge": {"model": "big", "dtype": "float32"}})
+    values = config_values(base, {"think_act.top_sentences": {"value": 5}}, "f" * 64, 12, questions="calib.jsonl")
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    loaded = load_config(AnswerConfig, str(tmp_path / "calibrated.yaml"), [], questions="q", output="o")
+    assert loaded.generator.endpoint.base_url == "http://h:8000/v1" and loaded.generator.max_model_len == 4096
+    assert loaded.generator.endpoint.headers == {"X-Team": "$TEAM"} and loaded.judge.dtype == "float32"
+    assert loaded.generator.replicas == 1  # where it runs is the user's, not the calibration's
+    # the slice as the user named it, not ragsift's Parquet copy; a count stays a count
+    assert loaded.calibration.questions == "calib.jsonl"
+    assert loaded.calibration.chosen["think_act.top_sentences"] == 5
+    assert isinstance(loaded.calibration.chosen["think_act.top_sentences"], int)
+
+
+def test_run_metadata_says_which_calibrated_values_the_run_overrode():
+    from jobs.identity import calibration_record
+
+    record = {"questions": "calib.parquet", "questions_sha256": "x", "n": 3, "generator": "g", "ranker": "r",
+              "chosen": {"think_act.beta_threshold": 1.0, "think_act.top_sentences": 5}}
+    same = AnswerConfig(think_act={"beta_threshold": 1.0, "top_sentences": 5}, calibration=record)
+    assert "overridden" not in calibration_record(same)
+    swept = AnswerConfig(think_act={"beta_threshold": 0.2, "top_sentences": 5}, calibration=record)
+    assert calibration_record(swept)["overridden"] == {"think_act.beta_threshold": 0.2}
+    assert calibration_record(AnswerConfig()) is None
+
+
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
     trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
               "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
     with pytest.raises(UserError, match="older ragsift.*new --output"):
         choose([{"id": "1", "error": None, "trace": json.dumps(trace)}], {"1": {"answers": ["Paris"]}}, keep=0.8)
+
+
+@pytest.mark.ray
+def test_answering_the_slice_a_config_was_calibrated_on_is_said_to_be_fitted_not_measured(ray_session, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.stages import GeneratorStage
+    from jobs.answer import answer
+    from jobs.storage import file_sha256, filesystem
+    from schemas.config import StageBatching
+    from tests.engine.fakes import FakeGenerator
+
+    questions = tmp_path / "calib.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+    fs, path = filesystem(str(questions))
+    record = {"questions": "calib.parquet", "questions_sha256": file_sha256(fs, path), "n": 1, "generator": "g",
+              "ranker": "r"}
+    said = []
+    for output, sha in (("fitted", record["questions_sha256"]), ("other", "0" * 64)):
+        config = AnswerConfig(questions=str(questions), output=str(tmp_path / output), strategies=["direct"],
+                              calibration={**record, "questions_sha256": sha})
+        actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+        answer(config, log=said.append, stages={"generator": GeneratorStage([actor], StageBatching())})
+        assert sum("calibrated on (calib.parquet)" in line for line in said) == 1  # the first run only

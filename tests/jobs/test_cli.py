@@ -166,6 +166,8 @@ def test_jobs_that_pick_their_own_strategies_run_the_strategies_checks_and_need_
     assert "needs questions and an output" in capsys.readouterr().err
     assert main(["calibrate", *output, "--keep", "80"]) == 2  # an IndexError after the whole probe pass
     assert "--keep 80.0: a share of the questions, in (0, 1]" in capsys.readouterr().err
+    assert main(["calibrate", *output, "--strategy", "rag"]) == 2  # ignored without a word before
+    assert "calibrate runs its own probe" in capsys.readouterr().err
 
 
 def test_two_config_files_on_the_command_line_layer_rather_than_the_second_replacing_the_first(question_file,

@@ -200,12 +200,12 @@ def test_an_output_recorded_with_the_input_path_before_digests_existed_still_res
 
 
 def test_how_the_engine_rides_out_failures_may_change_on_resume():
-    from jobs.identity import _operational
+    from jobs.identity import operational
 
     for key in ("engine.fail_fast_after", "engine.failure_cooldown_s", "engine.replica_max_restarts",
                 "engine.max_attempts", "index.path"):
-        assert _operational(key), key
-    assert not _operational("engine.max_nodes_per_root")
+        assert operational(key), key
+    assert not operational("engine.max_nodes_per_root")
 
 
 def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
@@ -248,6 +248,38 @@ def test_an_output_recorded_when_the_failure_settings_were_part_of_the_identity_
     out.close()
     again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, defaults=identity_defaults())
     assert again.committed == {("rag", 0)}
+
+
+def test_a_run_resumed_under_another_calibration_record_with_the_same_thresholds_resumes(tmp_path):
+    """The record names where the thresholds came from; the thresholds are their sections' fields. A
+    resume with the same values, calibrated again from a moved copy of the slice, was refused ("differs in:
+    calibration.questions"), and --force threw the answers away; so was an output whose identity recorded
+    the record (before it was known to decide nothing)."""
+    from jobs.identity import identity_defaults, operational, run_identity
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+
+    def config(slice_path, threshold=0.5):
+        record = {"questions": slice_path, "questions_sha256": "ab" * 32, "n": 12, "generator": "g", "ranker": "r",
+                  "chosen": {"raisf.know_threshold": threshold}}
+        return AnswerConfig(questions=str(questions), strategies=["direct"], raisf={"know_threshold": threshold},
+                            calibration=record)
+
+    def output(cfg, identity=None):
+        return ShardedOutput(str(tmp_path / "out"), identity or run_identity(cfg, plan_input(str(questions))),
+                             ["direct"], 10, defaults=identity_defaults(), speed=operational)
+
+    first = run_identity(config("/a/calib.parquet"), plan_input(str(questions)))
+    old = {**first, "calibration.questions": "/a/calib.parquet", "calibration.chosen.raisf.know_threshold": 0.5}
+    out = output(None, old)  # as an earlier ragsift recorded it
+    out.sealed(0, 1)
+    out.write(row("q0", "direct", 0))
+    out.close()
+    assert output(config("/b/calib.parquet")).committed == {("direct", 0)}
+    with pytest.raises(ConfigError, match="differs in: raisf.know_threshold"):
+        output(config("/b/calib.parquet", threshold=0.6))
 
 
 def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_not_stop_a_resume(tmp_path):

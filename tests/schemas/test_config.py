@@ -107,6 +107,8 @@ def test_a_config_file_or_override_that_is_not_yaml_is_a_config_error_naming_it(
     ("engine.max_attempts", True), ("engine.fail_fast_after", True), ("engine.replica_max_restarts", True),
     ("raisf.know_threshold", False), ("answer_form.by_kind.yes-no", False), ("commit.shard_rows", False),
     ("reranker.model", False), ("reranker.max_length", False),
+    # where the thresholds came from: the thresholds are their sections' fields
+    ("calibration.questions", True), ("calibration.n", True), ("calibration.chosen", True),
 ])
 def test_fields_say_whether_they_change_answers(key, speed):
     """The resume identity reads the schema: speed settings may change between runs, the rest may not."""
