@@ -133,8 +133,11 @@ class Session:
         missing = needs - covered
         if not missing:
             return
-        # a pool already running is not started twice (pool_plan plans the generator beside a judge)
-        plan = {name: pool for name, pool in pool_plan(config, missing).items() if name not in self.stages}
+        # a pool already running is not started twice (pool_plan plans the generator beside a judge, and
+        # the encoder for a ranker without a model of its own: the retriever's encoders are that pool)
+        running = {"encoder": self.stages["retriever"].replicas} if "retriever" in self.stages else {}
+        plan = {name: pool for name, pool in pool_plan(config, missing).items()
+                if name not in self.stages and name not in running}
         if not ray.is_initialized():
             init_ray(config.ray, *ray_request(config, plan))
             self.started_ray = True
@@ -150,7 +153,7 @@ class Session:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
-        self.stages.update(build_stages(config, missing, plan))
+        self.stages.update(build_stages(config, missing, plan, running))
 
     def actors(self) -> list:
         """Every actor this Session started (each stage's replicas, the shards of its retriever)."""

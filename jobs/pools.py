@@ -169,15 +169,18 @@ def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dic
     return cpus, resources
 
 
-def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None) -> dict:
-    """Start the actors of ``plan`` (default: ``pool_plan(config, needs)``) and wrap them in stages."""
+def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None,
+                 running: dict[str, list] | None = None) -> dict:
+    """Start the actors of ``plan`` (default: ``pool_plan(config, needs)``) and wrap them in stages;
+    ``running``: pools already started, by name (a Session's encoders), used instead of starting them."""
 
     plan = pool_plan(config, needs) if plan is None else plan
     # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
     restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
-    actors, groups = {}, {}
+    actors, groups = dict(running or {}), {}
     for name, pool in plan.items():
-        actors[name], groups[name] = start_replicas(pool, restarts)
+        if name not in actors:
+            actors[name], groups[name] = start_replicas(pool, restarts)
     stages = {}
     for name in ("generator", "judge"):
         if name in actors:

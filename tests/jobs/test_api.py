@@ -171,3 +171,22 @@ def test_a_later_call_whose_pools_a_sessions_own_ray_cannot_place_is_refused_not
     with pytest.raises(UserError, match="GPU 1, 0 free"):  # a GPU pool on a CPU-only local Ray
         unplaceable({"generator": None}, (1.0, {"GPU": 1.0}), {"CPU": 2.0})
     unplaceable({"encoder": None}, (0.5, {"GPU": 0.0}), {"CPU": 2.0})  # asks for no GPU: fits
+
+
+@pytest.mark.ray
+def test_a_later_call_that_needs_the_ranker_ranks_on_the_sessions_running_encoders(ray_session):
+    """rag, then think_act: the ranker's fallback is the encoder pool, which the retriever already runs.
+    A second encoder was started (13 s here), or the call refused on a small box ("CPU 0.5, 0 free")."""
+    from engine.stages import GeneratorStage, RetrieverStage
+    from jobs.api import Session
+    from schemas.config import StageBatching, validated
+    from tests.engine.fakes import FakeEncoder, FakeGenerator
+
+    session = Session()
+    generator = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    encoders = [ray_session.remote(FakeEncoder).options(num_cpus=0).remote()]
+    session.stages = {"generator": GeneratorStage([generator], StageBatching()),
+                      "retriever": RetrieverStage(encoders, [], StageBatching())}
+    config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["think_act"]})
+    session._start(config)
+    assert session.stages["ranker"].replicas == encoders and set(session.stages) == {"generator", "retriever", "ranker"}
