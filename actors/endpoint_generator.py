@@ -28,6 +28,23 @@ RETRIED = {408, 409, 429}
 SETTINGS = {401, 403, 404}
 
 
+class EndpointError(RuntimeError):
+    """A failed endpoint call, as text: the openai client's errors hold their httpx response and do not
+    pickle, so Ray handed the driver an UnserializableException in their place (a RayTaskError no more:
+    a wrong key never stopped the stage, and every row's error lost the "401" in a cut-off traceback)."""
+
+    def __init__(self, message: str, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+
+    def __reduce__(self):
+        return type(self), (str(self), self.status_code)
+
+    @classmethod
+    def of(cls, err: BaseException) -> EndpointError:
+        return cls(f"{type(err).__module__}.{type(err).__name__}: {err}"[:1000], getattr(err, "status_code", None))
+
+
 class EndpointGenerator(StreamingReplica):
     def __init__(self, llm: dict, sampling: dict, chunk_s: float = 0.01):
         import httpx
@@ -82,12 +99,12 @@ class EndpointGenerator(StreamingReplica):
             raise
         except openai.APIStatusError as err:
             if err.status_code >= 500 or err.status_code in RETRIED | SETTINGS:
-                await done.put((index, err))  # the server's trouble, not this request's: the call fails
+                await done.put((index, EndpointError.of(err)))  # the server's trouble, not this request's: the call fails
             else:
                 failure = f"endpoint refused the request ({err.status_code}): {err.message[:300]}"
                 await done.put((index, failed(req, failure)))
         except Exception as err:  # noqa: BLE001 - lost connection, timeout: the call fails and the engine retries
-            await done.put((index, err))
+            await done.put((index, EndpointError.of(err)))
 
     def body(self, req: Generate | Judge) -> dict:
         """The chat completion request: the batch kind's sampling, in the OpenAI API's words."""
@@ -109,7 +126,8 @@ class EndpointGenerator(StreamingReplica):
     def result(cls, req: Generate | Judge, response) -> Generation | Judgment:
         try:
             return cls._result(req, response)
-        except (IndexError, AttributeError, TypeError) as err:  # a 200 of another shape: this request's error
+        # a 200 of another shape (or a log-prob no model gives, > 0: exp() overflows): this request's error
+        except (IndexError, AttributeError, TypeError, ValueError, OverflowError) as err:
             return failed(req, f"the endpoint's response has another shape ({type(err).__name__}: {err})")
 
     @staticmethod

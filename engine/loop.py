@@ -317,7 +317,10 @@ class Engine:
         # answered in this run only requests retried alone count: with a third of the requests bad most
         # halves hold one. Before, every retry counts: an error every request hits stops in ~1 min, not
         # after each of a window of batches was split down to single requests (~10 min at 2 s cooldowns)
-        if attempts and (len(batch) == 1 or stage.known_good is None) and isinstance(err, RayTaskError):
+        # a call that got no result within the stage's timeout counts as one that raised: restarting never
+        # mends a hung server (an endpoint's), and with only raised calls counted it was killed, restarted
+        # and retried for as long as the input lasted
+        if attempts and (len(batch) == 1 or stage.known_good is None) and isinstance(err, (RayTaskError, TimeoutError)):
             stage.retries_failed_in_a_row += 1
             if self.config.fail_fast_after and stage.retries_failed_in_a_row >= self.config.fail_fast_after:
                 self._test_stage(stage, err)

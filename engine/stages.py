@@ -348,8 +348,12 @@ class StreamingGeneratorStage(GeneratorStage):
         if self.retry:
             return self.retry.popleft()
         room = (self.budget[replica] or 0) - self.tokens_in_flight[replica]
+        # a burst is shared with the other idle replicas: a replica's room is twice its KV cache, so one
+        # took a small run's 20 requests (and each burst's first max_batch) while three others sat idle
+        idle = sum(self.tokens_in_flight[r] == 0 for r in self.healthy())
+        most = min(self.batching.max_batch, -(-len(self.queue) // idle) if idle else self.batching.max_batch)
         batch: list[Request] = []
-        while self.queue and len(batch) < self.batching.max_batch:
+        while self.queue and len(batch) < most:
             cost = self.cost(self.queue[0][0])
             if batch and cost > room:
                 break

@@ -47,6 +47,9 @@ def test_a_200_of_another_shape_is_that_requests_error_and_missing_token_counts_
     counted = EndpointGenerator.result(Generate(chat("Q")), response("Paris", usage=SimpleNamespace(
         prompt_tokens=None, completion_tokens=None)))
     assert (counted.text, counted.prompt_tokens, counted.completion_tokens) == ("Paris", 0, 0)
+    # a log-prob of 1000 (no model gives one > 0) overflowed exp() and failed the call, its neighbours too
+    wild = EndpointGenerator.result(Judge(chat("Q")), response("maybe", top=[("yes", 1000.0)]))
+    assert wild.error and "another shape" in wild.error
 
 
 class Refusing(BaseHTTPRequestHandler):
@@ -65,18 +68,60 @@ class Refusing(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("status", [401, 403, 404])
-def test_a_refused_key_or_model_name_fails_the_call_instead_of_making_every_row_an_error(status):
-    import openai
-
-    Refusing.status = status
+@pytest.fixture
+def refusing():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        llm = LLMConfig(model="served", endpoint=EndpointConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                                                               max_retries=0))
-        replica = EndpointGenerator(llm.model_dump(), SamplingConfig().model_dump())
-        with pytest.raises(openai.APIStatusError):  # the engine then stops the stage, naming the cause
-            asyncio.run(replica.generate([Generate(chat("Q")), Judge(chat("Q"))]))
-    finally:
-        server.shutdown()
+    llm = LLMConfig(model="served", endpoint=EndpointConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                                           max_retries=0))
+    yield llm.model_dump(), SamplingConfig().model_dump()
+    server.shutdown()
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 503])
+def test_a_refused_key_or_model_name_fails_the_call_instead_of_making_every_row_an_error(status, refusing):
+    import pickle
+
+    from actors.endpoint_generator import EndpointError
+
+    Refusing.status = status
+    replica = EndpointGenerator(*refusing)
+    with pytest.raises(EndpointError, match=f"openai.*Error code: {status}") as raised:
+        asyncio.run(replica.generate([Generate(chat("Q")), Judge(chat("Q"))]))  # the engine then stops the stage
+    again = pickle.loads(pickle.dumps(raised.value))  # as Ray carries it to the driver
+    assert str(again) == str(raised.value) and again.status_code == status
+
+
+@pytest.mark.ray
+def test_a_refusal_reaches_the_driver_through_ray_naming_its_status(refusing, ray_session):
+    """The openai client's errors do not pickle: the driver got an UnserializableException, which the
+    engine did not count as a call that raised (a wrong key made every row an error, its message a
+    cut-off traceback without the 401)."""
+    Refusing.status = 401
+    replica = ray_session.remote(EndpointGenerator).options(num_cpus=0).remote(*refusing)
+    with pytest.raises(ray_session.exceptions.RayTaskError, match="Error code: 401") as raised:
+        ray_session.get(replica.generate.remote([Generate(chat("Q"))]), timeout=60)
+    assert "Unserializable" not in str(raised.value)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_run_on_an_endpoint_that_refuses_its_key_stops_naming_the_refusal(refusing, ray_session, tmp_path):
+    """README's promise: a 401 / 403 / 404 stops the stage. Before, 20 questions became 20 error rows
+    ("UnserializableException: Failed to deserialize exception"), after 150 requests."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.answer import answer
+    from schemas.errors import StageDown
+    from strategies.registry import AnswerConfig
+
+    Refusing.status = 401
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(6)], "question": [f"Who is {i}?" for i in range(6)]}),
+                   tmp_path / "q.parquet")
+    llm, _ = refusing
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"],
+                          generator={"model": "served", "endpoint": llm["endpoint"], "num_cpus": 0},
+                          engine={"fail_fast_after": 2, "failure_cooldown_s": 0.1}, cache={"enabled": False})
+    with pytest.raises(StageDown, match="401"):
+        answer(config, log=lambda *_: None)

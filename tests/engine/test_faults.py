@@ -252,6 +252,16 @@ def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(
     assert {i: r["error"] for i, r in by_id.items() if r["error"]}.keys() == {"hang"}
 
 
+def test_a_stage_whose_every_call_hangs_stops_the_run_instead_of_restarting_its_replicas_for_ever(ray_session, kind):
+    """A hung server behind an endpoint pool: the watchdog killed and restarted the replica (48 times for
+    12 questions), and the run never stopped by itself; only calls that raised counted towards it."""
+    hanging = [Question(f"h{i}", f"HANG {i}") for i in range(8)]
+    with pytest.raises(StageDown, match=r"stage generator: 2 retried calls raised in a row and none of its calls "
+                                        r"answered in this run \(batch of \d+ (ran|waited for a result) over 1.0 s\)"):
+        run(ray_session, hanging, strategy="direct", generator=FakeGenerator, kind=kind, replica_args=((),),
+            batching=StageBatching(max_batch=4, timeout_s=1.0), fail_fast_after=2, failure_cooldown_s=0.5)
+
+
 def test_a_call_waiting_behind_another_on_a_replica_that_streams_results_is_not_timed_out(ray_session):
     # each replica gets two calls of 4 (2.4 s each, a result every 0.6 s): the second waits 2.4 s for
     # its first result, past the 1.5 s timeout, while its replica streams the first call's. Timed alone,

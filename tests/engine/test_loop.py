@@ -315,6 +315,29 @@ def test_equally_loaded_async_replicas_take_turns_so_work_spreads_over_all_of_th
     assert chosen == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
+def test_a_burst_of_requests_is_shared_among_the_idle_async_replicas():
+    """20 requests, 4 endpoint replicas: one call of 20 went to the first (its room is twice its KV
+    cache), the server saw 2 in flight instead of 8, and the run took longer than on one replica."""
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+
+    stage = StreamingGeneratorStage([object()] * 4, LLMBatching(), "generator")
+    for replica in range(4):
+        stage.restarting.discard(replica)
+        stage.ready(replica, 100_000)
+    request = Generate((("user", "x" * 40),), max_tokens=4)
+    stage.queue.extend((request, 0.0) for _ in range(20))
+    sizes = []
+    while stage.queue and (replica := stage.free_replica()) is not None:
+        batch, _ = stage.take_for(replica)
+        stage.sent(replica, batch)
+        sizes.append((replica, len(batch)))
+    assert sizes == [(0, 5), (1, 5), (2, 5), (3, 5)]
+    stage.queue.extend((request, 0.0) for _ in range(3))  # every replica busy: the least loaded takes them all
+    replica = stage.free_replica()
+    assert len(stage.take_for(replica)[0]) == 3
+
+
 def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
     """A call's time is its texts: 128 MIGRES ranks of 50 passages ran past the ranker's 600 s timeout
     on a shared CPU core, so the replica was killed and the same batch retried."""
