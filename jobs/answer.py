@@ -118,6 +118,10 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
         pools = pools or pool_plan(config, needs)
         init_ray(config.ray, *ray_request(config, pools))
         stages = build_stages(config, needs, pools)
+    # stages may come from an earlier run (a Session's last call, a sweep's last value, calibrate's probe):
+    # each run's metrics.json and Ray counters count its own work
+    for stage in stages.values():
+        stage.stats = type(stage.stats)()
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)
     progress = Progress(log, total)

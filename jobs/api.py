@@ -76,6 +76,7 @@ class Session:
         from schemas.config import as_override, load_config
         from strategies.registry import AnswerConfig
 
+        overrides = [overrides] if isinstance(overrides, str) else list(overrides)  # one "a.b=1", not its letters
         extra = [as_override("index.path", str(Path(index_dir).expanduser()))] if index_dir else []
         extra += [as_override("generator.model", generator)] if generator else []
         self.config = load_config(AnswerConfig, config, [*overrides, *extra])
@@ -109,13 +110,12 @@ class Session:
                                                    "questions": write_questions(table, output or tmp),
                                                    "output": output or str(Path(tmp) / "answers")})
             self._start(config)
-            for stage in self.stages.values():  # each call's metrics.json counts its own work
-                stage.stats = type(stage.stats)()
             answer(config, log=self.log, stages=self.stages, cache=self.cache)
             answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
         self.calls += 1
         answers = in_input_order(answers, table, strategies)
-        return answers.to_pandas() if type(questions).__module__.startswith("pandas") else answers
+        # step_tokens (a map) as dicts: as pairs, the DataFrame could not be written back to Parquet
+        return answers.to_pandas(maps_as_pydicts="strict") if type(questions).__module__.startswith("pandas") else answers
 
     def _start(self, config) -> None:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
@@ -126,6 +126,8 @@ class Session:
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
 
+        if self.stages and not ray.is_initialized():  # its Ray was shut down under it (another Session's close)
+            self.stages, self.started_ray = {}, False  # pools of a Ray that is gone: started again, on a Ray of ours
         if self.cache is None:
             self.cache = open_cache(self.config)
         needs = set().union(*(make_strategy(n, config).stages for n in config.strategies))

@@ -38,9 +38,18 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = 
     elif type(questions).__module__.startswith("pandas"):
         table = pa.Table.from_pandas(questions, preserve_index=False)
     elif type(questions).__module__.startswith("datasets"):
+        import datasets
+
+        if not isinstance(questions, datasets.Dataset):  # a DatasetDict of splits, an IterableDataset
+            raise UserError(f"questions: a datasets.{type(questions).__name__} is not one table of questions: pass "
+                            "one split (ds['validation']), or an IterableDataset's rows as a Dataset")
         table = questions.flatten_indices().data.table  # the rows the Dataset shows, without a copy to Python
     elif isinstance(questions, list):
-        table = pa.Table.from_pylist(questions)
+        try:
+            table = pa.Table.from_pylist(questions)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # one key holding text in one row, a number in another
+            raise UserError(f"questions: the list's dicts do not make one table, a key's values of one type each "
+                            f"({err})") from None
     else:
         raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
                         f"not {type(questions).__name__}")
@@ -62,10 +71,22 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = 
     if twice:
         raise UserError(f"renaming gives two columns named {twice} (the questions have {table.column_names}; "
                         "rename or drop the one input.columns does not name)")
-    table = ours(table.rename_columns(names), csv, uri)  # ids as text (a DataFrame's 3, 1, 2), answers as lists
+    # text however it is held: a pandas Categorical (dictionary-encoded), a string_view; its values as they are
+    table = pa.table({name: decoded(column) for name, column in zip(names, table.columns)})
+    table = ours(table, csv, uri)  # ids as text (a DataFrame's 3, 1, 2), answers as lists
     if "id" not in table.column_names:
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
     return table
+
+
+def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A dictionary-encoded column as its values, a string_view as a string: the types a question's
+    columns are checked against."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if getattr(pa.types, "is_string_view", lambda _: False)(column.type):
+        column = column.cast(pa.string())
+    return column
 
 
 def is_datasets_dir(uri: str) -> bool:

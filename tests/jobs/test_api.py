@@ -22,6 +22,34 @@ def test_inputs_of_every_kind_become_one_arrow_table_with_our_names():
     assert to_arrow(filtered, {"question": "query"}).select(["question", "id"]).to_pylist() == [{"question": "What?", "id": "0"}]
 
 
+def test_text_held_as_a_categorical_or_dictionary_is_read_as_its_values_and_list_type_clashes_are_clear():
+    df = pd.DataFrame({"id": ["a", "b"], "question": ["Who?", "Where?"], "dataset": pd.Categorical(["nq", "nq"])})
+    from jobs.api import check_questions
+
+    table = to_arrow(df)
+    check_questions(table)  # a SchemaError "expected string/binary" before
+    assert table["dataset"].to_pylist() == ["nq", "nq"]
+    encoded = to_arrow(pa.table({"question": pa.array(["Who?", "Who?"]).dictionary_encode()}))
+    check_questions(encoded)
+    assert encoded["question"].to_pylist() == ["Who?", "Who?"]
+    with pytest.raises(UserError, match="do not make one table"):  # a bare ArrowTypeError naming nothing
+        to_arrow([{"question": "Who?"}, {"question": 3}])
+
+
+def test_a_datasetdict_is_refused_naming_a_split():
+    import datasets
+
+    splits = datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"question": ["Who?"]})})
+    with pytest.raises(UserError, match=r"pass one split \(ds\['validation'\]\)"):  # an AttributeError before
+        to_arrow(splits)
+
+
+def test_a_sessions_overrides_may_be_one_string():
+    from jobs.api import Session
+
+    assert Session(overrides="retrieval.k=3").config.retrieval.k == 3  # read letter by letter before
+
+
 def test_bad_inputs_are_clear_errors():
     with pytest.raises(UserError, match=r"\['query'\] are not in the questions"):
         to_arrow(pa.table({"question": ["q"]}), {"question": "query"})
@@ -117,6 +145,7 @@ def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed
     out = str(tmp_path / "kept")
     first = session.answer(questions, "direct", output=out)
     assert first["id"].tolist() == ["q3", "q1", "q10", "q2", "q0"]  # before: in the order they finished
+    first.to_parquet(tmp_path / "saved.parquet")  # step_tokens as pairs: an ArrowTypeError before
     both = session.answer(questions, ["least_to_most", "direct"], output=out)  # before: force discarded direct's
     assert both["strategy"].tolist() == ["least_to_most"] * 5 + ["direct"] * 5
     assert both[both["strategy"] == "direct"]["answer"].tolist() == first["answer"].tolist()
@@ -190,3 +219,23 @@ def test_a_later_call_that_needs_the_ranker_ranks_on_the_sessions_running_encode
     config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["think_act"]})
     session._start(config)
     assert session.stages["ranker"].replicas == encoders and set(session.stages) == {"generator", "retriever", "ranker"}
+
+
+def test_a_session_whose_ray_was_shut_down_under_it_starts_its_pools_again(monkeypatch):
+    """Another Session's close() shut down the Ray both used: every later row was an error ("Can't find
+    actor"), and Ray's auto-init started a bare local Ray with none of ragsift's settings."""
+    import ray
+
+    import jobs.pools
+    import jobs.ray_session
+    from jobs.api import Session
+    from schemas.config import validated
+
+    session = Session(generator="smollm2-135m-instruct")
+    session.stages, session.cache = {"generator": "a pool of the Ray that is gone"}, object()
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args: started.append("ray"))
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": "a new pool"})
+    session._start(validated(type(session.config), {**session.config.model_dump(), "strategies": ["direct"]}))
+    assert session.stages == {"generator": "a new pool"} and started == ["ray"] and session.started_ray

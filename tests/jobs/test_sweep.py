@@ -75,6 +75,8 @@ def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
         runs.append(answer(config, log=lambda *_: None, stages=stages, cache=cache))
     assert ray.get(actor.count.remote()) == 6  # the second value computed nothing again
     assert runs[1]["requests_deduped"] == 6 and all(c["ok"] for c in runs[1]["exactly_once"].values())
+    # each value's metrics count its own work (the second value's counted the first's 6 requests too)
+    assert [run["stages"]["generator"].get("requests", 0) for run in runs] == [6, 0]
 
 
 def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path):
