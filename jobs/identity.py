@@ -94,9 +94,12 @@ def entailment_name(config: AnswerConfig) -> str | None:
 
 def judges_name(config: AnswerConfig) -> dict | None:
     """Which models judged RA-ISF's self-knowledge and passage relevance, for the run metadata."""
+    judge = f"P('yes') of {(config.judge or config.generator).model}"
+    if "raisf_labels" in config.strategies:  # ragsift label: its relevance labels are the judge's judgments
+        return {"self_knowledge": f"closed-book answer of {config.generator.model} against gold",
+                **({"relevance": judge} if "relevance" in config.label.collect else {})}
     if not {"raisf", "calibration_probe"} & set(config.strategies):
         return None
-    judge = f"P('yes') of {(config.judge or config.generator).model}"
     return {"self_knowledge": f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge,
             "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
                           if config.raisf.relevance_by == "trained" else judge)}

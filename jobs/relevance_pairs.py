@@ -76,7 +76,12 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
         pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist()
                  if str(p["id"]) not in skip]
         if settings.exclude:
-            source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
+            # the card's counts are of what is trained on: the mining's, less the questions excluded now
+            kept = {str(p["id"]) for p in pairs}
+            datasets = dict(collections.Counter(dataset for qid, dataset in source.get("dataset_of", {}).items()
+                                                if qid in kept)) if "dataset_of" in source else None
+            source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs),
+                      "questions_used": len(kept), **({"datasets": datasets} if datasets is not None else {})}
         bad = next((p["label"] for p in pairs if p["label"] not in (0, 1)), "none")
         if bad != "none":  # NaN and None passed `if label` as relevant, and the card crashed after the weights
             raise UserError(f"{settings.pairs}: a pair's label is {bad!r}; labels are 0 (irrelevant) or 1 (relevant)")
@@ -84,10 +89,16 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
         return pairs, source
     questions = as_parquet(settings.questions)
     optional = [c for c in ["dataset"] if c in question_columns(questions)]
-    rows = [{"dataset": None, **r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
-            for r in read_table(questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()
-            if str(r["id"]) not in skip]
-    rows = [r for r in rows if r["gold_passage_ids"]]
+    read = [{"dataset": None, **r, "gold_passage_ids": gold_ids(r["gold_passage_ids"])}
+            for r in read_table(questions, ["id", "question", "gold_passage_ids", *optional]).to_pylist()]
+    rows = [r for r in read if str(r["id"]) not in skip]
+    excluded = len(read) - len(rows)  # of these questions: an id list that matches none of them says 0
+    # each id once (answer keeps a repeated id's first row) and a question to ask (an empty one was mined)
+    firsts: dict[str, dict] = {}
+    for r in rows:
+        if r["gold_passage_ids"] and (r["question"] or "").strip():
+            firsts.setdefault(str(r["id"]), r)
+    rows = list(firsts.values())
     if settings.per_dataset:
         seen, kept = collections.Counter(), []
         for r in rows:
@@ -102,8 +113,9 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
     started = time.perf_counter()
     pairs = mine_pairs(rows, settings.index_dir, settings.negatives, settings.random_negatives, seed=settings.seed)
     source = {"questions": settings.questions, "index": settings.index_dir, "excluded": settings.exclude,
-              "excluded_questions": len(skip), "questions_used": len(rows),
+              "excluded_questions": excluded, "questions_used": len(rows),
               "datasets": dict(collections.Counter(r["dataset"] for r in rows)),
+              "dataset_of": {str(r["id"]): r["dataset"] for r in rows},
               "mining": {"negatives": settings.negatives, "random_negatives": settings.random_negatives, "seed": settings.seed},
               "mine_s": round(time.perf_counter() - started, 1)}
     log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jobs import formats
 from jobs.formats import is_foreign
-from jobs.storage import read_table
+from jobs.storage import filesystem, read_table
 from schemas.errors import UserError
 
 
@@ -27,9 +27,52 @@ def excluded_ids(sources: list[str]) -> set[str]:
                 raise UserError(f"--exclude {source}: no `id` column")
             column = table["id"].to_pylist()
         else:  # utf-8-sig: a byte-order mark would stick to the first id, which then matches nothing
-            column = [line.strip() for line in Path(source).read_text(encoding="utf-8-sig").splitlines()]
+            column = [line.strip() for line in id_list(source).splitlines()]
         ids |= {str(i) for i in column if i is not None and str(i)}
     return ids
+
+
+def id_list(source: str) -> str:
+    """A file of ids, one a line, as text (local or any URI pyarrow reads)."""
+    try:
+        fs, path = filesystem(source)
+        with fs.open_input_stream(path) as f:
+            return f.read().decode("utf-8-sig")
+    except (FileNotFoundError, IsADirectoryError, OSError) as err:
+        raise UserError(f"--exclude {source}: cannot be read ({type(err).__name__}: {err})") from None
+    except UnicodeDecodeError:  # a Parquet file named otherwise: a traceback before
+        raise UserError(f"--exclude {source}: not a list of ids (text, one a line) nor a question file named "
+                        ".parquet / .jsonl / .json / .csv") from None
+
+
+# what ``ragsift train`` writes in its --output: a folder holding one of them was written by it
+OURS = ("card.json", "pairs.parquet")
+
+
+def check_output(output: str) -> None:
+    """Before any work: ``train`` writes a local model directory, which the pools load by path, and
+    writes it only where it may replace what is there."""
+    if "://" in output:  # a local folder named "s3:" was written, and "wrote s3://..." reported
+        raise UserError(f"--output {output}: train writes a local model directory; copy it to the object store "
+                        "after (the pools load a model by its local path)")
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {output} is a file, not a folder")
+    held = [p.name for p in out.iterdir()] if out.is_dir() else []
+    if held and not any(name in held for name in OURS):
+        raise UserError(f"--output {output} holds files that no `ragsift train` wrote ({', '.join(sorted(held)[:5])}): "
+                        "give a new or empty folder")
+
+
+def clear_output(output: str, keep: tuple[str, ...] = ()) -> None:
+    """Empty a model directory an earlier training wrote before writing the new model: a cross-encoder
+    saved over a bi-encoder left its relevance_logit.json, and was served as a bi-encoder nobody trained."""
+    import shutil
+
+    out = Path(output)
+    for path in out.iterdir() if out.is_dir() else ():
+        if path.name not in keep:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def held_out(qid: str, share: float) -> bool:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from jobs.storage import read_table
-from jobs.train_data import auc, excluded_ids, held_out, write_card
+from jobs.train_data import auc, check_output, clear_output, excluded_ids, held_out, write_card
 from schemas.errors import UserError
 from schemas.training import KnowTraining
 
@@ -21,6 +21,9 @@ def train_know(settings: KnowTraining, log) -> dict:
     from actors.know import WEIGHTS
     from jobs.models import resolve
 
+    check_output(settings.output)
+    if "://" in settings.labels:  # Path() made s3://b/x s3:/b/x, which nothing reads
+        raise UserError(f"--labels {settings.labels}: train reads a label run from a local folder; copy it here first")
     skip = excluded_ids(settings.exclude)
     source = str(Path(settings.labels) / "labels" / "self_knowledge.parquet")
     labelled = read_table(source, ["id", "question", "label"]).to_pylist()
@@ -56,6 +59,7 @@ def train_know(settings: KnowTraining, log) -> dict:
                                            "unknown examples")
     metrics.update(encode_questions_per_s=round(len(rows) / encode_s, 1), fit_s=round(fit_s, 2))
     out = Path(settings.output)
+    clear_output(settings.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
                                            "intercept": float(classifier.intercept_[0])}))

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from actors.reranker import LOGIT
-from jobs.relevance_pairs import collect_pairs, write_pairs
-from jobs.train_data import auc, held_out, write_card
+from jobs.relevance_pairs import PAIRS, collect_pairs, write_pairs
+from jobs.train_data import auc, check_output, clear_output, held_out, write_card
 from schemas.errors import UserError
 from schemas.training import RelevanceTraining
 
@@ -20,6 +20,7 @@ PROBE_EXAMPLES = 512  # training examples whose loss is measured before and afte
 def train_relevance(settings: RelevanceTraining, log) -> dict:
     import torch
 
+    check_output(settings.output)
     pairs, source = collect_pairs(settings, log)
     if settings.mine_only:
         log(f"wrote {write_pairs(pairs, source, settings.output)}: train from it with --pairs (on a GPU, say)")
@@ -69,6 +70,7 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
             raise UserError(f"the trained bi-encoder's cosine falls as relevance rises (fitted scale {fit['scale']:.3g}): "
                             "it did not learn relevance; nothing was written")
     # written only once it is whole: a directory without its logit would be served as a cross-encoder
+    clear_output(settings.output, keep=(work.name, PAIRS))  # the pairs it may have been mined into and read from
     model.save_pretrained(settings.output)
     if fit:
         (Path(settings.output) / LOGIT).write_text(json.dumps(fit))

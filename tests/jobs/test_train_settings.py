@@ -153,3 +153,87 @@ def test_a_question_whose_gold_passage_ids_are_null_or_empty_has_no_gold_to_mine
     with pytest.raises(UserError, match="no question with gold passages left to train on"):
         collect_pairs(settings, log=lambda *a: None)
     assert by_first_id([{"id": "a", "gold_passage_ids": ["p1", None, ""]}])["a"]["gold_passage_ids"] == ["p1"]
+
+
+def test_a_model_folder_is_written_only_where_train_may_replace_what_is_there_and_is_emptied_first(tmp_path, capsys):
+    """A cross-encoder trained into a bi-encoder's folder kept its relevance_logit.json and pooling
+    modules, and was served as a bi-encoder nobody trained (held-out AUC 0.84 served, 0.64 on its card)."""
+    from jobs.train_data import check_output, clear_output
+    from schemas.errors import UserError
+
+    old = tmp_path / "m_rel"
+    (old / "1_Pooling").mkdir(parents=True)
+    for name in ("card.json", "relevance_logit.json", "modules.json"):
+        (old / name).write_text("{}")
+    (old / "_checkpoints").mkdir()
+    check_output(str(old))  # an earlier training's folder: replaced
+    clear_output(str(old), keep=("_checkpoints",))
+    assert [p.name for p in old.iterdir()] == ["_checkpoints"]
+    theirs = tmp_path / "notes"
+    theirs.mkdir()
+    (theirs / "thesis.tex").write_text("mine")
+    with pytest.raises(UserError, match="holds files that no `ragsift train` wrote"):
+        check_output(str(theirs))
+    # an object store: a local folder named "s3:" was written and "wrote s3://..." said
+    for argv in (["know", "--labels", str(tmp_path), "--output", "s3://bucket/m_know"],
+                 ["know", "--labels", "s3://bucket/labels", "--output", str(tmp_path / "k")],
+                 ["relevance", "--pairs", "p.parquet", "--output", "s3://bucket/m_rel"]):
+        assert main(["train", *argv]) == 2
+        assert "copy it" in capsys.readouterr().err
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_an_exclude_file_that_is_neither_text_nor_a_named_question_file_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.train_data import excluded_ids
+    from schemas.errors import UserError
+
+    pq.write_table(pa.table({"id": ["a"]}), tmp_path / "sample.pq")
+    with pytest.raises(UserError, match="not a list of ids"):  # a UnicodeDecodeError traceback before
+        excluded_ids([str(tmp_path / "sample.pq")])
+    (tmp_path / "ids.txt").write_text("a\nb\n")
+    assert excluded_ids([f"file://{tmp_path / 'ids.txt'}"]) == {"a", "b"}  # "No such file: 'file:/...'" before
+
+
+def test_the_relevance_cards_counts_are_of_the_questions_really_mined_and_trained_on(tmp_path, monkeypatch):
+    """--exclude of ids matching none of the questions said 300 excluded; a repeated id was mined twice;
+    an empty question mined; and pairs excluded when training kept the mining's question counts."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.relevance_pairs as mining
+    from schemas.training import RelevanceTraining
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "b", "c", "d"], "question": ["Who?", "What?", "What?", " ", "When?"],
+                             "dataset": ["nq", "squad", "squad", "nq", "nq"],
+                             "gold_passage_ids": [["p1"], ["p2"], ["p2"], ["p3"], ["p4"]]}), questions)
+    (tmp_path / "ids.txt").write_text("d\nnot-here\n")
+    mined = []
+    monkeypatch.setattr(mining, "mine_pairs", lambda rows, *a, **k: mined.extend(rows) or [
+        {"id": r["id"], "question": r["question"], "passage": "p", "label": float(i % 2)} for i, r in enumerate(rows)])
+    settings = RelevanceTraining(questions=str(questions), index_dir=str(tmp_path), output=str(tmp_path / "m"),
+                                 exclude=[str(tmp_path / "ids.txt")])
+    pairs, source = mining.collect_pairs(settings, log=lambda *a: None)
+    assert [r["id"] for r in mined] == ["a", "b"] and source["excluded_questions"] == 1
+    assert (source["questions_used"], source["datasets"]) == (2, {"nq": 1, "squad": 1})
+    # trained from the mined file, excluding "a" now: the card counts what is trained on
+    mining.write_pairs(pairs, source, str(tmp_path / "mined"))
+    (tmp_path / "a.txt").write_text("a\n")
+    again = RelevanceTraining(pairs=str(tmp_path / "mined" / "pairs.parquet"), output=str(tmp_path / "m"),
+                              exclude=[str(tmp_path / "a.txt")])
+    kept, source = mining.collect_pairs(again, log=lambda *a: None)
+    assert {p["id"] for p in kept} == {"b"} and (source["questions_used"], source["datasets"]) == (1, {"squad": 1})
+    assert json.dumps(source)  # the provenance still travels as JSON
+
+
+def test_a_label_runs_metadata_names_the_judge_of_its_relevance_labels():
+    from jobs.identity import judges_name
+    from strategies.registry import AnswerConfig
+
+    config = AnswerConfig(strategies=["raisf_labels"], generator={"model": "g"}, judge={"model": "j"})
+    assert judges_name(config) == {"self_knowledge": "closed-book answer of g against gold", "relevance": "P('yes') of j"}
