@@ -35,6 +35,7 @@ class Progress:
             self.display = Live(console=console, auto_refresh=False, transient=False)
             self.display.start()
         self.last_line = float("-inf")  # the first report is printed
+        self.last_done = -1  # pairs done at the last line printed: the run's end is printed once
 
     def __call__(self, engine: Engine) -> None:
         now = time.perf_counter()
@@ -44,8 +45,8 @@ class Progress:
         line = self.line(engine, now)
         if self.display is not None:
             self.display.update(line, refresh=True)
-        elif now - self.last_line >= self.every_s or engine.roots_in_flight == 0:
-            self.last_line = now
+        elif now - self.last_line >= self.every_s or (engine.roots_in_flight == 0 and engine.roots_done != self.last_done):
+            self.last_line, self.last_done = now, engine.roots_done
             self.log(line)
 
     def line(self, engine: Engine, now: float) -> str:

@@ -59,6 +59,18 @@ def test_without_a_terminal_progress_is_one_plain_line_per_interval(monkeypatch)
     assert [line.split()[0] for line in lines] == ["1/10", "4/10"]
 
 
+def test_the_runs_end_is_printed_once(monkeypatch):
+    """The engine reports in its loop and once more at the end: the last line was printed twice."""
+    clock = iter([0.0, 1.0, 2.0])
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: next(clock))
+    lines = []
+    progress = Progress(lines.append, total=10, live=False, every_s=10.0)
+    progress(engine(3, 0))
+    for _ in range(2):
+        progress(engine(10, 0, in_flight=0))
+    assert [line.split()[0] for line in lines] == ["3/10", "10/10"]
+
+
 def test_replicas_that_take_no_work_yet_are_shown_as_starting_or_restarting(monkeypatch):
     """A replica that Ray keeps restarting (killed for memory at every start) must be visible at a glance."""
     monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: 0.0)
