@@ -40,6 +40,11 @@ class EndpointError(RuntimeError):
     def __reduce__(self):
         return type(self), (str(self), self.status_code)
 
+    @property
+    def stops_the_stage(self) -> bool:
+        """A refused key, model name or URL: every request would fail alike, however often retried."""
+        return self.status_code in SETTINGS
+
     @classmethod
     def of(cls, err: BaseException) -> EndpointError:
         return cls(f"{type(err).__module__}.{type(err).__name__}: {err}"[:1000], getattr(err, "status_code", None))

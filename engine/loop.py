@@ -9,6 +9,7 @@ whichever batch finishes first and resumes the items waiting on it. It never wai
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -295,6 +296,10 @@ class Engine:
         ``max_attempts`` times on its own becomes an error response."""
         stage.stats.errors += 1
         self.batch_failures += 1
+        cause = err.cause if isinstance(err, RayTaskError) else err
+        if getattr(cause, "stops_the_stage", False):  # an endpoint's 401 / 403 / 404: a setting, not a request
+            raise StageDown(f"stage {stage.name}: {cause_of(cause)}; fix the setting and rerun the same command "
+                            "to resume")
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
         elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
@@ -536,7 +541,7 @@ class Engine:
             "id": root.question.id,
             "question": root.question.question,
             "strategy": root.strategy.name,
-            "answer": done.answer,
+            "answer": _utf8(done.answer),
             "resolved_by": done.resolved_by,
             "retrieved_ids": [p.id for p in passages],
             "retrieved_scores": [p.score for p in passages],
@@ -544,8 +549,8 @@ class Engine:
             **root.counters,
             "step_tokens": root.step_tokens,
             "latency_s": time.perf_counter() - root.started,
-            "trace": json.dumps(node.item.trace, ensure_ascii=False),
-            "error": done.error,
+            "trace": _utf8(json.dumps(node.item.trace, ensure_ascii=False)),
+            "error": _utf8(done.error),
             "_shard": root.question.shard,  # for the writer, not a column
         })
 
@@ -605,5 +610,15 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
     return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
 
 
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _describe(err: BaseException) -> str:
-    return f"{type(err).__name__}: {str(err)[:500]}"
+    # without the terminal colours Ray puts in a remote error's text (escape codes in every row's error)
+    return f"{type(err).__name__}: {_COLOURS.sub('', str(err))[:500]}"
+
+
+def _utf8(text: str | None) -> str | None:
+    """A row's text without lone surrogates (a strategy's answer or trace holding one could not be written:
+    the run died, and again on every resume)."""
+    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text

@@ -428,7 +428,7 @@ class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = Field(None, description="CPUs of a local Ray (None = os.cpu_count()), raised to what "
                                                  "the actor pools request")
-    object_store_mb: int = Field(512, ge=64)
+    object_store_mb: int = Field(512, ge=75)  # Ray refuses less than 75 MiB, with a traceback after the output was claimed
     include_dashboard: bool = False
     dashboard_host: str = "127.0.0.1"
     log_to_driver: bool = False

@@ -25,10 +25,26 @@ def _json_candidates(text: str):
         yield text[start:end + 1]
 
 
+def utf8(text: str) -> str:
+    """``text`` with any lone surrogate replaced: a model that copies "\\ud800" into JSON gives one after
+    json.loads, which no prompt tokenizes and no Parquet row holds (the run died writing it, and again on resume)."""
+    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text
+
+
+def _surrogate_free(value):
+    if isinstance(value, str):
+        return utf8(value)
+    if isinstance(value, list):
+        return [_surrogate_free(v) for v in value]
+    if isinstance(value, dict):
+        return {utf8(k): _surrogate_free(v) for k, v in value.items()}
+    return value
+
+
 def parse_json_object(text: str) -> dict | None:
     for candidate in _json_candidates(text):
         try:
-            value = json.loads(candidate)
+            value = _surrogate_free(json.loads(candidate))
         except (json.JSONDecodeError, TypeError):
             continue
         if isinstance(value, dict):

@@ -169,6 +169,9 @@ def test_a_model_folder_is_written_only_where_train_may_replace_what_is_there_an
     check_output(str(old))  # an earlier training's folder: replaced
     clear_output(str(old), keep=("_checkpoints",))
     assert [p.name for p in old.iterdir()] == ["_checkpoints"]
+    killed = tmp_path / "killed"  # a training killed before it wrote: its rerun was refused
+    (killed / "_checkpoints").mkdir(parents=True)
+    check_output(str(killed))
     theirs = tmp_path / "notes"
     theirs.mkdir()
     (theirs / "thesis.tex").write_text("mine")

@@ -116,6 +116,11 @@ def test_fields_say_whether_they_change_answers(key, speed):
     assert speed_setting(AnswerConfig, key) is speed
 
 
+def test_an_object_store_ray_refuses_is_refused_at_load():
+    with pytest.raises(ConfigError, match="ray.object_store_mb"):  # Ray's traceback, after the output was claimed
+        load_config(AnswerConfig, None, ["ray.object_store_mb=64"])
+
+
 def test_values_are_read_as_yaml_1_2_where_no_is_a_word_and_010_is_ten(tmp_path):
     """YAML 1.1 (PyYAML's default) made `no` / `off` booleans, refused as a split's name, and `010` octal 8."""
     c = load_config(AnswerConfig, None, ["retrieval.k=010", "input.split=no", "cache.enabled=false"])

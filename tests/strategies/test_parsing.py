@@ -47,3 +47,13 @@ def test_list_markers_inside_json_items_are_dropped_and_repeats_recognised():
     items, ok = parse_string_list('{"q": ["1. Who is X?", "- Where is Y?"]}', "q", 4)
     assert (items, ok) == (["Who is X?", "Where is Y?"], True)
     assert same_question("Who directed Levity?", "who directed  levity") and not same_question("Who?", "Where?")
+
+
+def test_a_lone_surrogate_a_model_wrote_as_an_escape_is_replaced_not_carried_into_rows_and_prompts():
+    """SmolLM2 copied a question's "\\ud800" into its JSON: json.loads made it a lone surrogate, which
+    no Parquet row holds (the run died writing it, and again on every resume) and no tokenizer takes."""
+    from strategies.parsing import parse_json_object
+
+    parsed = parse_json_object('{"sub_questions": ["Who owns \\\\u0041 and \\ud800?"], "k\\udfff": 1}')
+    assert parsed == {"sub_questions": ["Who owns \\u0041 and ??"], "k?": 1}
+    "".join(parsed["sub_questions"]).encode("utf-8")  # raised UnicodeEncodeError before
