@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     for item in args.set:
         key = item.split("=", 1)[0].strip()
         flag = FLAGGED.get(key) or FLAGGED.get(key.split(".")[0])
+        if key in ("generator", "index"):  # a whole section replaces the flags' fields inside it (path, model)
+            raise UserError(f"demo --set {key}=...: set its fields one by one ({key}.<field>=...)")
         if flag:
             raise UserError(f"demo --set {key}: set by the demo's flags ({flag})")
         if key.startswith("index.") and key not in SEARCH_TIME:

@@ -72,6 +72,17 @@ def test_a_set_of_what_the_demos_flags_decide_is_refused(tmp_path, builds, setti
     assert builds == []
 
 
+@pytest.mark.parametrize("setting", ["index={path: /elsewhere}", "index={nprobe: 4}", "generator={model: other}"])
+def test_a_whole_section_set_past_the_demos_flags_is_refused(tmp_path, builds, setting):
+    """`--set 'index={path: ...}'` answered from another index than the one the demo said it used, and
+    `index={nprobe: 4}` reset its path; `generator={model: ...}` outranked --generator."""
+    from schemas.errors import UserError
+
+    with pytest.raises(UserError, match=r"set its fields one by one"):
+        demo.run(demo_args(tmp_path, "--set", setting))
+    assert builds == []
+
+
 def test_a_search_time_index_setting_is_the_demos_to_take(tmp_path, builds, monkeypatch):
     answered = []
     monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(config.index.nprobe))
