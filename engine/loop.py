@@ -25,7 +25,7 @@ from engine.steps import Ask, Done, Item, Spawn, Strategy
 from engine.supervision import Supervisor, death_cause
 from schemas.config import EngineConfig
 from schemas.errors import StageDown
-from schemas.records import Generation, Judgment, Question, Request, Response
+from schemas.records import Generation, Judgment, Question, Request, Response, utf8
 
 REQUEST_TYPES = get_args(Request)
 
@@ -541,7 +541,7 @@ class Engine:
             "id": root.question.id,
             "question": root.question.question,
             "strategy": root.strategy.name,
-            "answer": _utf8(done.answer),
+            "answer": utf8(done.answer),
             "resolved_by": done.resolved_by,
             "retrieved_ids": [p.id for p in passages],
             "retrieved_scores": [p.score for p in passages],
@@ -549,8 +549,8 @@ class Engine:
             **root.counters,
             "step_tokens": root.step_tokens,
             "latency_s": time.perf_counter() - root.started,
-            "trace": _utf8(json.dumps(node.item.trace, ensure_ascii=False)),
-            "error": _utf8(done.error),
+            "trace": utf8(json.dumps(node.item.trace, ensure_ascii=False)),
+            "error": utf8(done.error),
             "_shard": root.question.shard,  # for the writer, not a column
         })
 
@@ -616,9 +616,3 @@ _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 def _describe(err: BaseException) -> str:
     # without the terminal colours Ray puts in a remote error's text (escape codes in every row's error)
     return f"{type(err).__name__}: {_COLOURS.sub('', str(err))[:500]}"
-
-
-def _utf8(text: str | None) -> str | None:
-    """A row's text without lone surrogates (a strategy's answer or trace holding one could not be written:
-    the run died, and again on every resume)."""
-    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text

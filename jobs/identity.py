@@ -79,9 +79,12 @@ def calibration_record(config: AnswerConfig) -> dict | None:
     if config.calibration is None:
         return None
     record = config.calibration.model_dump()
-    now = {field: getattr(getattr(config, field.split(".")[0], None), field.split(".")[1], None)
-           for field in record["chosen"] if field.count(".") == 1}
-    overridden = {field: value for field, value in now.items() if value != record["chosen"][field]}
+    overridden = {}
+    for field, chosen in record["chosen"].items():
+        section, _, key = field.partition(".")
+        now = getattr(getattr(config, section, None), key, None)
+        if now != chosen:
+            overridden[field] = now
     return {**record, "overridden": overridden} if overridden else record
 
 

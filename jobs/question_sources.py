@@ -84,7 +84,7 @@ def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
     columns are checked against."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    if getattr(pa.types, "is_string_view", lambda _: False)(column.type):
+    if pa.types.is_string_view(column.type):
         column = column.cast(pa.string())
     return column
 

@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 Messages = tuple[tuple[str, str], ...]  # ((role, content), ...)
 
 
+def utf8(text):
+    """``text`` with any lone surrogate replaced (anything else as it is): a model that copies "\\ud800"
+    into its JSON gives one after json.loads, which no tokenizer takes and no Parquet row holds (the run
+    died writing it, and again on every resume)."""
+    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text
+
+
 @dataclass(frozen=True)
 class Generate:
     """A chat completion; with ``json_schema`` (a JSON string) decoding is constrained to it."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+from schemas.records import utf8
+
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
 _MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
@@ -23,12 +25,6 @@ def _json_candidates(text: str):
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:
         yield text[start:end + 1]
-
-
-def utf8(text: str) -> str:
-    """``text`` with any lone surrogate replaced: a model that copies "\\ud800" into JSON gives one after
-    json.loads, which no prompt tokenizes and no Parquet row holds (the run died writing it, and again on resume)."""
-    return text.encode("utf-8", "replace").decode("utf-8") if isinstance(text, str) else text
 
 
 def _surrogate_free(value):

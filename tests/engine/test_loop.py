@@ -385,8 +385,9 @@ def test_the_driver_counts_the_bytes_it_receives_per_stage_and_what_came_by_refe
 
 
 def test_a_rows_text_holds_no_lone_surrogate_and_an_errors_text_no_terminal_colours():
-    from engine.loop import _describe, _utf8
+    from engine.loop import _describe
+    from schemas.records import utf8
 
-    assert _utf8("mentions \ud800") == "mentions ?" and _utf8(None) is None  # pyarrow refused the row, the run died
+    assert utf8("mentions \ud800") == "mentions ?" and utf8(None) is None  # pyarrow refused the row, the run died
     coloured = RuntimeError("\x1b[36mray::EndpointGenerator.stream()\x1b[39m\nEndpointError: Error code: 401")
     assert _describe(coloured) == "RuntimeError: ray::EndpointGenerator.stream()\nEndpointError: Error code: 401"
