@@ -104,6 +104,11 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
+# a whole line now and then, not a carriage-return counter: a Ray job's log or a file got one line of
+# thousands of "\r"-joined counts, and the shard lines were glued to it
+PROGRESS_EVERY_S = 10.0
+
+
 def corpus_parquet(uri: str, index_dir: Path, log) -> str:
     """``uri`` itself for Parquet; a JSON Lines / CSV corpus (FlashRAG's ``contents`` too) is first
     streamed into ``<index>/_corpus.parquet``, which the build then reads like any corpus."""
@@ -194,6 +199,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
 
     columns = ["id", "text"] + (["title"] if "title" in has else [])
     row, shard = 0, 0
+    last_line = started
     turn = itertools.count()  # encoders take batches in turn (the queue's length is 2 x replicas once full)
     for batch in corpus.iter_batches(batch_size=config.index.encode_batch_rows, columns=columns):
         data = {name: text_values(batch.column(name)) for name in batch.schema.names}
@@ -216,7 +222,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         ref = encoders[next(turn) % len(encoders)].encode.remote(texts) if texts else None
         in_flight.append((row, rows, ref))
         drain(2 * len(encoders))
-        log(f"indexed {row:,}/{total_rows:,} rows", end="\r")
+        if time.perf_counter() - last_line >= PROGRESS_EVERY_S:
+            last_line = time.perf_counter()
+            log(f"read {row:,}/{total_rows:,} rows ({100 * row / total_rows:.0f}%), "
+                f"{row / (last_line - started):,.0f} rows/s")
     drain(0)
 
     shards = [done[s] for s in range(n_shards)]

@@ -460,3 +460,20 @@ def test_a_second_build_of_an_index_folder_being_built_is_refused_and_the_first_
         with pytest.raises(OutputInUse, match="use another --index-dir"):
             build_index(load_config(IndexJobConfig, corpus=str(corpus), overrides=[f"index.path={tmp_path / 'idx'}"]))
         assert (tmp_path / "idx" / "shard-000" / "vectors.npy").read_bytes() == b"being written"
+
+
+def test_the_build_logs_whole_lines_of_progress_that_a_job_log_can_read(ray_session, squad_slice, tmp_path, monkeypatch):
+    import ray
+
+    import jobs.index
+
+    monkeypatch.setattr(jobs.index, "PROGRESS_EVERY_S", 0.0)
+    corpus, _ = squad_slice
+    calls = []
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(corpus, tmp_path / "idx", 2, "index.encode_batch_rows=100", encoders=encoders,
+           log=lambda *a, **k: calls.append((" ".join(map(str, a)), k)))
+    # before: every batch's count ended in "\r", so a Ray job's log held one line of glued counts and shard lines
+    assert all(k.get("end", "\n") == "\n" for _, k in calls)
+    progress = [line for line, _ in calls if line.startswith("read ")]
+    assert progress[-1].startswith("read 300/300 rows (100%)") and len(progress) == 3
