@@ -6,6 +6,11 @@ so the engine feeds it as it feeds an AsyncLLM: requests go out as strategies as
 ``max_concurrency`` at once, and each result comes back when its own response does. Retries with
 backoff on 429 / 5xx are the openai client's; a request the server refuses (400: too long, a bad
 schema) is that request's error result, never a failed call that would take its neighbours along.
+
+The server applies the chat template and tokenizes the prompt, not ragsift: a special token's string in a
+question or passage (``<|im_end|>``) is sent as it is, and a server that reads such strings as control
+tokens (a ``vllm serve`` does) lets that text end its turn. Local replicas tokenize it as text
+(actors/chat_tokens.py); the chat completions API has no way to ask for that.
 """
 
 from __future__ import annotations

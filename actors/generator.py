@@ -4,10 +4,12 @@ results out. The streaming kind (actors/streaming_generator.py) shares ``Prompts
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
 
+from actors.chat_tokens import chat_token_ids, special_tokens
 from schemas.records import Generate, Generation, Judge, Judgment, failed
 
 JUDGE_LOGPROBS = 20  # top-k first-token log-probs from which P(choice) is estimated
@@ -77,6 +79,10 @@ class Prompts:
     def __init__(self, tokenizer, max_model_len: int, sampling: dict):
         self.tokenizer, self.max_model_len, self.sampling = tokenizer, max_model_len, sampling
 
+    @functools.cached_property
+    def specials(self):
+        return special_tokens(self.tokenizer)
+
     def prepare(self, req: Generate | Judge):
         """(prompt, sampling params), or an error result for a prompt that leaves no room to answer:
         templated and tokenized here so an overlong prompt is one error result, not a failed batch."""
@@ -85,14 +91,12 @@ class Prompts:
         if isinstance(req, Generate) and req.max_tokens is not None and req.max_tokens < 1:
             return failed(req, f"max_tokens {req.max_tokens}: at least 1 (None: the run's default)")
         sp = self.params(req)
-        ids = self.tokenizer.apply_chat_template(req.as_chat(), tokenize=True, add_generation_prompt=True)
-        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
+        ids = chat_token_ids(self.tokenizer, req.as_chat(), self.specials)
         budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
         if isinstance(budget, str):
             return failed(req, budget, prompt_tokens=len(ids))
         sp.max_tokens = budget
-        return TokensPrompt(prompt_token_ids=list(ids)), sp
+        return TokensPrompt(prompt_token_ids=ids), sp
 
     def params(self, req: Generate | Judge):
         from vllm import SamplingParams
