@@ -84,8 +84,15 @@ class Prompts:
         return special_tokens(self.tokenizer)
 
     def prepare(self, req: Generate | Judge):
-        """(prompt, sampling params), or an error result for a prompt that leaves no room to answer:
-        templated and tokenized here so an overlong prompt is one error result, not a failed batch."""
+        """(prompt, sampling params), or an error result for a prompt that leaves no room to answer or
+        that cannot be templated or tokenized: prepared here, one request at a time, so that such a
+        request is its own error result, not a failed call that takes the others of its batch along."""
+        try:
+            return self._prepare(req)
+        except Exception as err:  # noqa: BLE001 - this request's error row; the others of the call are answered
+            return failed(req, f"prompt not prepared: {type(err).__name__}: {err}"[:1000])
+
+    def _prepare(self, req: Generate | Judge):
         from vllm.inputs import TokensPrompt
 
         if isinstance(req, Generate) and req.max_tokens is not None and req.max_tokens < 1:

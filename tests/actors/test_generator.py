@@ -124,3 +124,85 @@ def test_a_judgments_result_finds_a_choices_byte_fragment_first_token_by_its_id(
     out = NS(outputs=[NS(text="否", token_ids=[21, 22], logprobs=[first])], prompt_token_ids=[1, 2], num_cached_tokens=0)
     judgment = Prompts(Tokenizer(), 512, {}).result(Judge((("user", "q"),), ("是", "否")), out)
     assert judgment.label == "否" and judgment.probs == pytest.approx({"是": 0.25, "否": 0.75})
+
+
+class TokenizerFailingOn:
+    """Templates every chat but those holding ``word``, for which it raises as a template's raise_exception
+    or a tokenizer given a lone surrogate does."""
+
+    def __init__(self, word):
+        self.word = word
+
+    def apply_chat_template(self, chat, tokenize, add_generation_prompt):
+        if any(self.word in m["content"] for m in chat):
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+        return [1, 2, 3]
+
+
+def finished(prompt):
+    from types import SimpleNamespace as NS
+
+    return NS(outputs=[NS(text=f"answer to {len(prompt['prompt_token_ids'])} tokens", token_ids=[7, 8], logprobs=None)],
+              prompt_token_ids=prompt["prompt_token_ids"], num_cached_tokens=0)
+
+
+def requests_one_bad():
+    from schemas.records import Generate, Judge
+
+    return [Generate((("user", "first"),)), Generate((("user", "bad"),)), Judge((("user", "bad?"),)),
+            Generate((("user", "last"),))]
+
+
+def assert_only_the_bad_ones_failed(results):
+    from schemas.records import Generation, Judgment
+
+    assert [r.error is None for r in results] == [True, False, False, True]
+    assert results[0].text == results[3].text == "answer to 3 tokens"
+    assert type(results[1]) is Generation and type(results[2]) is Judgment  # each of its request's kind
+    assert "prompt not prepared: TypeError: TextEncodeInput" in results[1].error
+
+
+def test_a_request_whose_prompt_cannot_be_tokenized_is_its_own_error_and_the_rest_of_a_batch_is_answered():
+    """The exception ended the replica's whole call: every request of the batch failed with it."""
+    from actors.generator import Generator, Prompts
+    from schemas.config import SamplingConfig
+
+    class LLM:
+        def generate(self, prompts, params, use_tqdm):
+            return [finished(p) for p in prompts]
+
+    replica = object.__new__(Generator)  # its engine a stand-in: the control flow around it is tested
+    replica.llm, replica.prompts = LLM(), Prompts(TokenizerFailingOn("bad"), 512, SamplingConfig().model_dump())
+    assert_only_the_bad_ones_failed(replica.generate(requests_one_bad()))
+
+
+def test_an_async_replicas_request_whose_prompt_cannot_be_tokenized_is_its_own_error_and_the_call_goes_on():
+    """The exception went on the queue as the request's result and ``stream`` raised it: the call failed."""
+    import asyncio
+    import itertools
+
+    from actors.generator import Prompts
+    from actors.streaming_generator import StreamingGenerator
+    from schemas.config import SamplingConfig
+
+    class Engine:
+        async def generate(self, prompt, params, request_id):
+            yield finished(prompt)
+
+    replica = object.__new__(StreamingGenerator)
+    replica.engine, replica.ids, replica.chunk_s = Engine(), itertools.count(), 0.0
+    replica.prompts = Prompts(TokenizerFailingOn("bad"), 512, SamplingConfig().model_dump())
+    assert_only_the_bad_ones_failed(asyncio.run(replica.generate(requests_one_bad())))
+
+
+def test_a_lone_surrogate_in_a_message_is_its_requests_error_on_the_real_tokenizer():
+    from transformers import AutoTokenizer
+
+    from actors.generator import Prompts
+    from jobs.models import resolve
+    from schemas.config import SamplingConfig
+    from schemas.records import Generate
+
+    prompts = Prompts(AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct")), 2048, SamplingConfig().model_dump())
+    assert "TypeError" in prompts.prepare(Generate((("user", "What is \ud800?"),))).error
+    assert len(prompts.prepare(Generate((("user", "What is 1 + 1?"),)))[0]["prompt_token_ids"]) > 10
