@@ -79,6 +79,17 @@ class Prompts:
     def __init__(self, tokenizer, max_model_len: int, sampling: dict):
         self.tokenizer, self.max_model_len, self.sampling = tokenizer, max_model_len, sampling
 
+    def check_template(self) -> None:
+        """Raise, at the replica's start, for a tokenizer that cannot template a chat at all (a base model
+        with no chat template): every request would be its own error row (``prepare``) and the run would
+        end "done" with none answered, where a replica that cannot start stops its stage, saying why."""
+        try:
+            self.tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                               tokenize=True, add_generation_prompt=True)
+        except Exception as err:
+            raise ValueError(f"the model's tokenizer cannot template a chat ({type(err).__name__}: {err}); "
+                             "ragsift sends chat messages, so give an instruct / chat model") from err
+
     @functools.cached_property
     def specials(self):
         return special_tokens(self.tokenizer)
@@ -147,6 +158,7 @@ class Generator:
 
         self.llm = LLM(**engine_arguments(llm))
         self.prompts = Prompts(self.llm.get_tokenizer(), llm["max_model_len"], sampling)
+        self.prompts.check_template()
 
     def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
         results: list = [None] * len(requests)

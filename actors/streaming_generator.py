@@ -63,6 +63,7 @@ class StreamingGenerator(StreamingReplica):
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_arguments(llm), disable_log_stats=True),
                                                 stat_loggers=[lambda config, index: self.stats])
         self.prompts = Prompts(self.engine.get_tokenizer(), llm["max_model_len"], sampling)
+        self.prompts.check_template()
         self.chunk_s = chunk_s
         self.ids = itertools.count()
 

@@ -206,3 +206,18 @@ def test_a_lone_surrogate_in_a_message_is_its_requests_error_on_the_real_tokeniz
     prompts = Prompts(AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct")), 2048, SamplingConfig().model_dump())
     assert "TypeError" in prompts.prepare(Generate((("user", "What is \ud800?"),))).error
     assert len(prompts.prepare(Generate((("user", "What is 1 + 1?"),)))[0]["prompt_token_ids"]) > 10
+
+
+def test_a_tokenizer_that_cannot_template_a_chat_is_refused_when_the_replica_starts_not_row_by_row():
+    """Since a prompt that fails to template is its own error row, a model with no chat template would
+    have ended a run "done" with every row an error; the replicas check the template when they start."""
+    from transformers import AutoTokenizer
+
+    from actors.generator import Prompts
+    from jobs.models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
+    Prompts(tokenizer, 512, {}).check_template()  # a chat model's passes
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="cannot template a chat .*give an instruct / chat model"):
+        Prompts(tokenizer, 512, {}).check_template()
