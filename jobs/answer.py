@@ -43,7 +43,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     if not config.questions or not config.output:
         raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
-    if config.calibration and plan.sha256 == config.calibration.questions_sha256:
+    if calibrated_on(config, plan.sha256):
         log(f"warning: these questions are the slice this config's thresholds were calibrated on "
             f"({config.calibration.questions}): its scores here are fitted, not measured")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
@@ -55,6 +55,13 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
+
+
+def calibrated_on(config: AnswerConfig, sha256: str | None) -> bool:
+    """Whether the questions of ``sha256`` are the slice ``config`` was calibrated on: its file as the user gave
+    it, or the copy ragsift converted it into (a JSON Lines slice given again converts to that copy)."""
+    record = config.calibration
+    return bool(record and sha256 and sha256 in (record.questions_sha256, record.converted_sha256))
 
 
 def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools, stages, log, force: bool,
@@ -210,7 +217,15 @@ def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ..
                      strategies: list[str] | None = None) -> AnswerConfig:
     """The config from defaults, --config, --set and flags; ``default_strategies`` (a job's own default)
     applies only when neither --strategy nor the config file names strategies; ``strategies`` (a job
-    that runs its own, e.g. calibrate's probe) replaces them. Either way the strategies' own checks run."""
+    that runs its own, e.g. calibrate's probe) replaces them. Either way the strategies' own checks run.
+    Its ``questions`` are the file the run reads: the user's, or its converted copy (``with_questions_read``)."""
+    return with_questions_read(given_config(args, default_strategies, strategies))
+
+
+def given_config(args: argparse.Namespace, default_strategies: tuple[str, ...] = (),
+                 strategies: list[str] | None = None) -> AnswerConfig:
+    """``config_from_args`` with the questions as the user named them (a JSON Lines file, a ``datasets``
+    folder, ``hf:NAME``), not yet converted."""
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     overrides += ["cache.enabled=false"] if getattr(args, "no_cache", False) else []
     chosen = args.strategy.split(",") if args.strategy else None
@@ -222,6 +237,12 @@ def config_from_args(args: argparse.Namespace, default_strategies: tuple[str, ..
     if not (config.questions and config.output):
         raise UserError("needs questions and an output: pass --questions and --output (or set `questions` and "
                         "`output` in the config)")
+    return config
+
+
+def with_questions_read(config: AnswerConfig) -> AnswerConfig:
+    """``config`` with ``questions`` the Parquet file a run reads: the user's own, or the copy of theirs
+    converted into ``<output>/_input/`` (jobs/question_sources.py)."""
     questions = materialize_questions(config.questions, config.output, config.input.columns, config.input.split)
     return config.model_copy(update={"questions": questions})
 

@@ -35,10 +35,10 @@ between; every candidate value is then scored offline against the gold answers (
     migres.relevance_threshold  the largest delta at which ``--keep`` (0.8) of the questions keep a
                                 passage of their top N (MIGRES Section 4 / Table 11)
 
-Writes ``<output>/calibrated.yaml`` (a config file for ``--config``: the values and a
-``calibration`` section naming the slice, its fingerprint and the models, which run metadata then
-carries) and ``<output>/calibration.json`` (every candidate's score). Use a slice that you do not
-report on: the thresholds are fitted to it.
+Writes ``<output>/calibrated.yaml`` (a config file for ``--config``: the values, every setting that
+decides answers they were measured under, and a ``calibration`` section naming the slice, the sha256
+of its file as given and the models, which run metadata then carries) and ``<output>/calibration.json``
+(every candidate's score). Use a slice that you do not report on: the thresholds are fitted to it.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.identity import ranker_name
 from jobs.pools import build_stages, pool_plan, ray_request
+from jobs.question_sources import is_datasets_dir
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import file_sha256, filesystem, join, read_table, redact
-from schemas.config import speed_setting
+from schemas.config import IndexConfig, speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
 from strategies.calibration_probe import reading_of
@@ -71,6 +72,9 @@ DECOMPOSITION_PASS = "decomposition_pass"
 CHOSEN = {"raisf.know_threshold", "raisf.relevance_threshold", "think_act.context", "think_act.top_sentences",
           "think_act.answer_prompt", "think_act.beta_threshold", "think_act.ambiguity_threshold",
           "migres.relevance_threshold"}
+# the run's own, not what its answers were measured under: which questions (and how their file is read),
+# where it writes, and the calibration record, which the file writes anew
+RUN_OWN = {"questions", "output", "strategies", "limit", "input.columns", "input.split", "commit", "calibration"}
 # --force discards an output only when its config changed, and the code's version is not part of that
 STALE = f"rerun calibrate into a new --output, or delete its {PROBE}/ folder first"
 
@@ -289,43 +293,66 @@ def model_settings(llm) -> dict:
             if key == "model" or (value != defaults[key] and not speed_setting(type(llm), key))}
 
 
-def config_values(config, chosen: dict, fingerprint: str, n: int, questions: str | None = None) -> dict:
-    """The calibrated config file's content: the chosen values, the models they were measured with (a
-    threshold on P('yes') belongs to the model that judged: flags such as --generator still override),
-    and a ``calibration`` section that run metadata carries. ``questions``: the slice as the user named it
-    (``config.questions`` is ragsift's Parquet copy of a JSON Lines or ``datasets`` slice)."""
-    values: dict = {"generator": model_settings(config.generator)}
-    if config.judge is not None:
-        values["judge"] = model_settings(config.judge)
-    # so do the trained judges and the ranker: RA-ISF's thresholds are on their scores when they judge, and
-    # MIGRES's delta is on the ranker's (without them in the file, a trained M_know's 0.76 would be applied
-    # to the generator's P('yes'))
-    # and every other RA-ISF setting its thresholds were measured under (a cut chosen for reading all k
-    # must not be applied to reading P_rel), and the answer forms every answer was scored in
-    # (MIGRES's delta and Think-then-Act's reads were measured under their sections' other settings too:
-    # N and the retriever, Think-then-Act's k)
-    for name in ("raisf", "think_act", "migres"):
-        section = getattr(config, name)
-        defaults = type(section)()
-        changed = {key: value for key, value in section.model_dump().items()
-                   if f"{name}.{key}" not in CHOSEN and value != getattr(defaults, key)}
-        if changed:
-            values[name] = changed
-    if config.answer_form != type(config.answer_form)():
-        values["answer_form"] = config.answer_form.model_dump()
-    if config.raisf.know_by == "trained":
-        values["know"] = {"model": config.know.model}
-    if config.reranker.model:
-        values["reranker"] = {"model": config.reranker.model}
+def config_values(config, chosen: dict, fingerprint: str | None, n: int, questions: str | None = None,
+                  converted: str | None = None) -> dict:
+    """The calibrated config file's content: the chosen values, every setting they were measured under
+    (``answer_settings``: a file passed alone with --config answers as the probe did; flags such as
+    --generator still override), and a ``calibration`` section that run metadata carries. ``questions``:
+    the slice as the user named it, ``fingerprint`` its file's sha256 (None for a ``datasets`` folder or
+    ``hf:`` name, not one file); ``converted``: the sha256 of the Parquet copy ragsift answered
+    (``config.questions``), where it converted the slice."""
+    values = answer_settings(config)
     for field, result in chosen.items():
         section, key = field.split(".")
         values.setdefault(section, {})[key] = result["value"]
     values["calibration"] = {
-        "questions": redact(questions or config.questions), "questions_sha256": fingerprint, "n": n,
+        "questions": redact(questions or config.questions), "questions_sha256": fingerprint,
+        **({"converted_sha256": converted} if converted else {}), "n": n,
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
         "ranker": ranker_name(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}
     return values
+
+
+def answer_settings(config) -> dict:
+    """Every setting of ``config`` that decides answers and is not its default, as a config file holds it:
+    the models (a threshold on P('yes') belongs to the model that judged; RA-ISF's are on the trained
+    judges' scores when they judge, MIGRES's delta on the ranker's), sampling and retrieval (the answers
+    every cut was scored by), the strategies' other settings (a cut chosen for reading all k must not be
+    applied to reading P_rel) and the answer forms. Not the slice's own (``RUN_OWN``), nor how the index
+    was built (its manifest says), nor the base config's value of a field calibrate chooses: the file
+    holds its choice, or nothing where it chose none."""
+    defaults = type(config)()
+    values: dict = {}
+    for name in type(config).model_fields:
+        value, default = getattr(config, name), getattr(defaults, name)
+        if name in RUN_OWN or value is None:
+            continue
+        if name in ("generator", "judge"):
+            values[name] = model_settings(value)
+            continue
+        base = (default or type(value)()).model_dump()
+        changed = {key: v for key, v in value.model_dump().items()
+                   if v != base[key] and not speed_setting(type(value), key)
+                   and f"{name}.{key}" not in RUN_OWN | CHOSEN and (name != "index" or key in IndexConfig.search_time)}
+        if changed:
+            values[name] = changed
+    return values
+
+
+def calibrated_yaml(values: dict) -> str:
+    return ("# ragsift calibrate: thresholds chosen on the calibration slice named below; pass with --config\n"
+            + yaml.safe_dump(values, sort_keys=False))
+
+
+def slice_sha256(questions: str) -> str | None:
+    """The sha256 of the slice's file as the user gave it (a JSON Lines file's, not of ragsift's Parquet
+    copy, so that it can be checked against theirs); None for a ``datasets`` folder or ``hf:`` name."""
+    return None if questions.startswith("hf:") or is_datasets_dir(questions) else sha256_of(questions)
+
+
+def sha256_of(uri: str) -> str:
+    return file_sha256(*filesystem(uri))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -342,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--strategy {args.strategy}: calibrate runs its own probe of every strategy's thresholds "
                         "(no --strategy)")
     # a calibration record in a --config (calibrating again over an earlier file) is the earlier slice's, not this one's
-    config = answer_job.config_from_args(args, strategies=[PROBE]).model_copy(update={"calibration": None})
+    given = answer_job.given_config(args, strategies=[PROBE]).model_copy(update={"calibration": None})
+    config = answer_job.with_questions_read(given)
     cols = question_columns(config.questions)
     if "answers" not in cols:
         raise UserError(f"{config.questions}: calibration needs gold `answers`")
@@ -358,16 +386,13 @@ def run(args: argparse.Namespace) -> int:
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                  **shared)
-    qfs, qpath = filesystem(config.questions)
-    fingerprint = file_sha256(qfs, qpath)
+    values = config_values(config, chosen, slice_sha256(given.questions), len(rows), questions=given.questions,
+                           converted=sha256_of(config.questions) if config.questions != given.questions else None)
     fs, root = filesystem(config.output)
-    values = config_values(config, chosen, fingerprint, len(rows), questions=args.questions)
     with fs.open_output_stream(f"{root}/calibration.json") as f:
         f.write(json.dumps(chosen, indent=2).encode())
-    text = ("# ragsift calibrate: thresholds chosen on the calibration slice named below; pass with --config\n"
-            + yaml.safe_dump(values, sort_keys=False))
     with fs.open_output_stream(f"{root}/calibrated.yaml") as f:
-        f.write(text.encode())
+        f.write(calibrated_yaml(values).encode())
     for field, result in chosen.items():
         extra = {k: {kk: vv for kk, vv in v.items() if kk != "curve"} if isinstance(v, dict) else v
                  for k, v in result.items() if k not in ("value", "curve")}

@@ -18,7 +18,7 @@ from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.pools import llm_settings
 from jobs.storage import file_sha256, filesystem
-from schemas.config import as_override, load_config
+from schemas.config import IndexConfig, as_override, load_config
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 
@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # set by the demo's own flags; a --set of them was silently outranked or disagreed with the index it built
 FLAGGED = {"output": "--output", "questions": "none: the demo's questions are fixed", "strategies": "--strategy",
            "limit": "--limit", "generator.model": "--generator"}
-SEARCH_TIME = ("index.nprobe", "index.hnsw_ef_search")  # the rest of index.* is how the demo builds its index
+SEARCH_TIME = tuple(f"index.{key}" for key in IndexConfig.search_time)  # the rest of index.* is how the demo builds it
 
 
 def run(args: argparse.Namespace) -> int:

@@ -167,6 +167,7 @@ class EmbedderConfig(Section):
 class IndexConfig(Section):
     """How ``ragsift index`` builds shards (FAISS ``index_factory`` types) and how searches probe them."""
 
+    search_time: ClassVar[tuple[str, ...]] = ("nprobe", "hnsw_ef_search")  # the rest is how the index is built
     path: str = Field(".ragsift/index", json_schema_extra=SPEED,  # a location: a run's identity holds its manifest's digest
                       description="directory holding manifest.json and shard-*/")
     shards: int = Field(2, json_schema_extra=SPEED, ge=1)
@@ -398,7 +399,10 @@ class CalibrationRecord(Section):
     changes_answers = False
 
     questions: str = Field(description="the calibration slice (never the questions a table reports on)")
-    questions_sha256: str
+    questions_sha256: str | None = Field(description="of the slice's file as given (None: a `datasets` folder or "
+                                               "hf: name, not one file)")
+    converted_sha256: str | None = Field(None, description="of the Parquet copy the probe answered, where ragsift "
+                                                           "converted the slice (JSON Lines, CSV, a renamed column)")
     n: int = Field(ge=0, description="probe rows")
     generator: str
     judge: str | None = None

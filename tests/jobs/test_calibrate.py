@@ -374,3 +374,59 @@ def test_answering_the_slice_a_config_was_calibrated_on_is_said_to_be_fitted_not
         actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
         answer(config, log=said.append, stages={"generator": GeneratorStage([actor], StageBatching())})
         assert sum("calibrated on (calib.parquet)" in line for line in said) == 1  # the first run only
+
+
+def test_a_run_from_the_calibrated_file_alone_resolves_every_setting_the_calibration_answered_under(tmp_path):
+    """Sampling and retrieval.method were left out: a slice calibrated at temperature 0.7 over hybrid
+    retrieval ran from the file at 0.0 over dense, answers the thresholds were never chosen for."""
+    from jobs.calibrate import calibrated_yaml
+    from jobs.identity import _flatten, operational
+    from schemas.config import load_config
+
+    measured = load_config(AnswerConfig, None, [
+        "sampling.temperature=0.7", "sampling.max_tokens=64", "retrieval.method=hybrid", "retrieval.k=8",
+        "retrieval.dense_weight=0.5", "index.nprobe=32", "embedder.model=my-embedder", "nli.model=my-nli",
+        "engine.max_depth=6", "input.max_question_chars=100", "generator.max_model_len=4096", "judge.model=big",
+        "self_reasoning.k=3", "raisf.read=retrieved", "answer_form.by_dataset={strategyqa: yes_no_reasoned}",
+        "raisf.know_threshold=0.2",  # calibrate's to choose: the file holds its choice, not this
+        "generator.replicas=3", "input.columns={question: query}", "index.index_type=ivf_flat"],  # not the file's
+        questions="calib.jsonl", output="cal")
+    chosen = {"raisf.know_threshold": {"value": 0.73}, "think_act.top_sentences": {"value": 5}}
+    (tmp_path / "calibrated.yaml").write_text(calibrated_yaml(config_values(measured, chosen, "f" * 64, 12)))
+    loaded = load_config(AnswerConfig, str(tmp_path / "calibrated.yaml"), [], questions="q.parquet", output="o")
+
+    def answering(config):
+        run_own = ("questions", "output", "strategies", "limit", "input.columns", "input.split", "commit.",
+                   "calibration", "index.index_type")
+        return {k: v for k, v in _flatten(config.model_dump(mode="json")).items()
+                if not operational(k) and not k.startswith(run_own)}
+
+    calibrated = measured.model_copy(update={"raisf": measured.raisf.model_copy(update={"know_threshold": 0.73}),
+                                             "think_act": measured.think_act.model_copy(update={"top_sentences": 5})})
+    assert answering(loaded) == answering(calibrated)
+    assert (loaded.sampling.temperature, loaded.retrieval.method) == (0.7, "hybrid")
+    # the slice's own reading, where it runs, and how its index was built stay the run's
+    assert (loaded.input.columns, loaded.generator.replicas, loaded.index.index_type) == ({}, 1, "flat")
+
+
+def test_the_slices_sha256_is_of_the_file_the_user_gave_and_a_run_over_either_form_is_said_fitted(tmp_path):
+    """It was the sha256 of ragsift's Parquet copy of a JSON Lines slice, which no one can check against their file."""
+    import hashlib
+
+    from jobs.answer import calibrated_on, with_questions_read
+    from jobs.calibrate import sha256_of, slice_sha256
+    from jobs.question_sources import is_datasets_dir
+
+    jsonl = tmp_path / "calib.jsonl"
+    jsonl.write_text('{"id": "q0", "question": "Who?", "answers": ["x"]}\n')
+    given = AnswerConfig(questions=str(jsonl), output=str(tmp_path / "cal"))
+    read = with_questions_read(given).questions
+    assert read != str(jsonl) and not is_datasets_dir(read)
+    assert slice_sha256(str(jsonl)) == hashlib.sha256(jsonl.read_bytes()).hexdigest() != sha256_of(read)
+    assert slice_sha256(f"hf:{tmp_path}") is None  # not one file
+    values = config_values(given, {}, slice_sha256(str(jsonl)), 1, questions=str(jsonl), converted=sha256_of(read))
+    calibrated = AnswerConfig(calibration=values["calibration"])
+    assert calibrated.calibration.questions_sha256 == hashlib.sha256(jsonl.read_bytes()).hexdigest()
+    # a run over the JSON Lines slice again reads its copy; over the slice's own Parquet, that file
+    assert calibrated_on(calibrated, sha256_of(read)) and calibrated_on(calibrated, slice_sha256(str(jsonl)))
+    assert not calibrated_on(calibrated, "0" * 64) and not calibrated_on(AnswerConfig(), sha256_of(read))
