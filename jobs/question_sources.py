@@ -96,6 +96,8 @@ def is_datasets_dir(uri: str) -> bool:
 
 def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
+    if split is not None and not uri.startswith("hf:") and not is_datasets_dir(uri):
+        raise no_splits(uri, split)
     if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:") and not is_foreign(uri):
         return uri
     if uri.startswith("hf:"):
@@ -121,6 +123,8 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
             if split not in loaded:
                 raise UserError(f"{uri} holds splits {sorted(loaded)}: choose one with --set input.split=NAME")
             loaded = loaded[split]
+        elif split is not None:
+            raise no_splits(uri, split)
         table = to_arrow(loaded, columns, uri=uri)
     elif is_foreign(uri):
         table = to_arrow(read_foreign(uri, mapped=False), columns, csv=uri.lower().endswith(".csv"), uri=uri)
@@ -130,6 +134,13 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
     target = write_input(table, output)
     print(f"questions from {redact(uri)} ({table.num_rows} rows) converted to {redact(target)}", file=sys.stderr)
     return target
+
+
+def no_splits(uri: str, split: str) -> UserError:
+    """``input.split`` names a split of a ``datasets`` folder or ``hf:`` dataset: a file read whole was answered
+    whatever the split said."""
+    return UserError(f"input.split {split!r}: {redact(uri)} is one table, with no splits (a split is one of a "
+                     "`datasets` DatasetDict folder's or of hf:NAME's): drop input.split")
 
 
 def as_parquet(uri: str) -> str:

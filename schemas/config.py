@@ -317,7 +317,8 @@ class InputConfig(Section):
     max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")
     columns: dict[str, str] = Field(default_factory=dict, description="rename the input's columns, ours -> yours, "
                                     "e.g. {question: query, answers: golds}; ids are row numbers without an id column")
-    split: str | None = Field(None, description="the split of a saved datasets.DatasetDict to answer")
+    split: str | None = Field(None, description="the split of a saved datasets.DatasetDict or of hf:NAME to answer "
+                                                "(a file, which has none, refuses it)")
 
 
 class OutputConfig(Section):

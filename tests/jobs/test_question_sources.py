@@ -117,3 +117,18 @@ def test_a_local_hf_folder_of_csv_files_splits_answers_and_maps_flashrag_names(t
     (tmp_path / "hf" / "train.csv").write_text("id,question,golden_answers\nq1,Who?,a|b\n")
     config = config_for(f"hf:{tmp_path / 'hf'}", tmp_path / "out")
     assert pq.read_table(config.questions).select(["id", "answers"]).to_pylist() == [{"id": "q1", "answers": ["a", "b"]}]
+
+
+def test_a_split_is_refused_for_questions_that_have_none(tmp_path, capsys):
+    """``input.split`` of a Parquet or JSON Lines file, or of a saved Dataset of one table, was ignored: the
+    whole file was answered whatever split was asked for."""
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "q.parquet")
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?"}\n')
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+    for questions in ("q.parquet", "q.jsonl", "ds"):
+        with pytest.raises(UserError, match=r"input.split 'train': .* is one table, with no splits"):
+            config_for(tmp_path / questions, tmp_path / "out", "input.split=train")
+    capsys.readouterr()
+    assert main(["answer", "--questions", str(tmp_path / "q.parquet"), "--output", str(tmp_path / "o"),
+                 "--set", "input.split=train"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
