@@ -14,7 +14,7 @@ from contextlib import suppress
 import yaml
 
 from engine.loop import Engine
-from jobs.cli import add_config_arguments, config_overrides, run_job
+from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_names
 from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
@@ -228,7 +228,7 @@ def given_config(args: argparse.Namespace, default_strategies: tuple[str, ...] =
     folder, ``hf:NAME``), not yet converted."""
     overrides = config_overrides(args, {"index_dir": "index.path", "generator": "generator.model"})
     overrides += ["cache.enabled=false"] if getattr(args, "no_cache", False) else []
-    chosen = args.strategy.split(",") if args.strategy else None
+    chosen = strategy_names(args.strategy)
     config = load_config(AnswerConfig, args.config, overrides, questions=args.questions,
                          output=args.output, strategies=chosen, limit=args.limit)
     if strategies or (default_strategies and "strategies" not in config.model_fields_set):

@@ -365,8 +365,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     if not 0 < args.keep <= 1:
         raise UserError(f"--keep {args.keep}: a share of the questions, in (0, 1] (its paper: 0.8)")
-    if args.strategy:
-        raise UserError(f"--strategy {args.strategy}: calibrate runs its own probe of every strategy's thresholds "
+    if args.strategy is not None:
+        raise UserError(f"--strategy {args.strategy!r}: calibrate runs its own probe of every strategy's thresholds "
                         "(no --strategy)")
     # a calibration record in a --config (calibrating again over an earlier file) is the earlier slice's, not this one's
     given = answer_job.given_config(args, strategies=[PROBE]).model_copy(update={"calibration": None})

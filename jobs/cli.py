@@ -49,6 +49,17 @@ def config_overrides(args: argparse.Namespace, shortcuts: dict[str, str]) -> lis
                          if getattr(args, flag) is not None)]
 
 
+def strategy_names(text: str | None) -> list[str] | None:
+    """``--strategy``'s comma-separated names, None when it is not given. An empty name is refused:
+    ``--strategy ''`` (an unset shell variable) ran the default strategies."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise UserError(f"--strategy {text!r}: an empty strategy name (comma-separated names, e.g. direct,rag)")
+    return names
+
+
 def _parser(name: str, module, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog=f"ragsift {name}", description=JOBS[name][1])
     module.add_arguments(parser)

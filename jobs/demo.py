@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from jobs.answer import answer
+from jobs.cli import strategy_names
 from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(  # checked before the index is built
         AnswerConfig, None, [as_override("index.path", str(index_dir)), as_override("generator.model", args.generator),
                              *args.set],
-        questions=str(QUESTIONS), output=args.output, strategies=args.strategy.split(","), limit=args.limit,
+        questions=str(QUESTIONS), output=args.output, strategies=strategy_names(args.strategy), limit=args.limit,
     )
     for llm in (config.generator, config.judge):  # the models too, not after minutes of indexing
         if llm is not None:

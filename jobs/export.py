@@ -133,6 +133,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.strategy is not None and not args.strategy.strip():
+        raise UserError(f"--strategy {args.strategy!r}: names no strategy (leave it out for every strategy's answers)")
     lines = export(args.answers, args.to, args.format, args.strategy)
     print(f"wrote {lines} lines ({args.format}) to {redact(args.to)}", file=sys.stderr)
     return 0

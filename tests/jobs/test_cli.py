@@ -180,3 +180,15 @@ def test_two_config_files_on_the_command_line_layer_rather_than_the_second_repla
     config = config_from_args(_args("answer", ["--questions", question_file, "--output", str(tmp_path / "o"),
                                                "--config", str(mine), "--config", str(calibrated)]))
     assert (config.retrieval.k, config.raisf.know_threshold) == (3, 0.9)
+
+
+@pytest.mark.parametrize("job", ["answer", "compare", "calibrate", "export"])
+def test_an_empty_strategy_name_is_refused_not_read_as_the_default_strategies(job, question_file, tmp_path, capsys):
+    """``--strategy ''`` (an unset shell variable) answered with rag, the default."""
+    from jobs.cli import main
+
+    where = (["--answers", str(tmp_path), "--to", str(tmp_path / "x.jsonl")] if job == "export"
+             else ["--questions", question_file, "--output", str(tmp_path / "o")])
+    assert main([job, *where, "--strategy", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--strategy ''" in err, err
