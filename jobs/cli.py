@@ -11,6 +11,10 @@ import sys
 from schemas.config import as_override
 from schemas.errors import StageDown, UserError
 
+# the module's docstring is for its readers: its first line, cut mid-sentence, was --help's description
+DESCRIPTION = ("Adaptive retrieval-augmented question answering as a distributed batch job on Ray, vLLM and FAISS; "
+               "`ragsift JOB --help` for a job's flags")
+
 JOBS = {
     "demo": ("jobs.demo", "index the embedded sample, answer it with direct and rag, evaluate"),
     "index": ("jobs.index", "build sharded FAISS indexes from a corpus"),
@@ -92,7 +96,7 @@ def run_job(name: str, argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ragsift", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="ragsift", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="job", required=True)
     modules = {}
     for name, (module_name, help_text) in JOBS.items():

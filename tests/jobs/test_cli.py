@@ -192,3 +192,14 @@ def test_an_empty_strategy_name_is_refused_not_read_as_the_default_strategies(jo
     assert main([job, *where, "--strategy", ""]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--strategy ''" in err, err
+
+
+def test_ragsifts_help_says_what_it_is_in_a_whole_sentence(capsys):
+    """Its description was the module docstring's first line, cut mid-sentence: "The ``ragsift`` command.
+    Each subcommand is one module under ``jobs`` with"."""
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "question answering as a distributed batch job on Ray, vLLM and FAISS" in out and " with positional" not in out
