@@ -9,7 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -551,14 +551,41 @@ def as_override(field: str, value: Any) -> str:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers/bools/lists work)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like dotted.key=value")
-    key, raw = text.split("=", 1)
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML so numbers/bools/lists work). A key holding a dot
+    or ``=`` (a dataset named ``my.qa`` in ``answer_form.by_dataset``) is double-quoted:
+    ``answer_form.by_dataset."my.qa"=yes_no``."""
+    keys, raw = _override_keys(text)
     try:
-        return key.strip().split("."), load_yaml(raw) if raw.strip() else None
+        return keys, load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {text!r}: its value is not valid YAML ({_one_line(err)})") from None
+
+
+def _override_keys(text: str) -> tuple[list[str], str]:
+    """The dotted key of ``key=value`` as its parts (a quoted part as it stands), and the value's text."""
+    keys, i = [], 0
+    while True:
+        while text[i:i + 1].isspace():
+            i += 1
+        if text.startswith('"', i):
+            end = text.find('"', i + 1)
+            if end < 0:
+                raise ConfigError(f"override {text!r}: a quoted key has no closing \"")
+            keys.append(text[i + 1:end])
+            i = end + 1
+            while text[i:i + 1].isspace():
+                i += 1
+        else:
+            end = min((j for j in (text.find(".", i), text.find("=", i)) if j >= 0), default=len(text))
+            keys.append(text[i:end].strip())
+            i = end
+        if i >= len(text):
+            raise ConfigError(f"override {text!r} must look like dotted.key=value")
+        if text[i] == "=":
+            return keys, text[i + 1:]
+        if text[i] != ".":
+            raise ConfigError(f"override {text!r}: a quoted key is followed by . or =")
+        i += 1
 
 
 def load_config(cls: type[BaseModel], file: str | Path | list | None = None, overrides: list[str] = (),
@@ -578,6 +605,7 @@ def load_config(cls: type[BaseModel], file: str | Path | list | None = None, ove
         _layer(data, loaded, cls)
     for text in overrides:
         keys, value = parse_override(text)
+        _check_mapping_key(cls, keys, text)
         node = data
         for k in keys[:-1]:
             if node.get(k) is None:  # absent, or null as a run's own config.yaml writes an unset section
@@ -590,6 +618,32 @@ def load_config(cls: type[BaseModel], file: str | Path | list | None = None, ove
         if value is not None:
             data[key] = value
     return validated(cls, data)
+
+
+def _check_mapping_key(cls: type[BaseModel], keys: list[str], text: str) -> None:
+    """A key walks sections, then one name into a mapping of plain values (``generator.resources``,
+    ``answer_form.by_dataset``): the rest of ``answer_form.by_dataset.my.qa`` is the name ``my.qa``, not
+    the name ``my`` holding ``qa``, which the mapping cannot hold."""
+    model = cls
+    for i, key in enumerate(keys[:-1]):
+        field = model.model_fields.get(key)
+        if field is None:  # not a field: validation names it
+            return
+        model = section_of(field.annotation)
+        if model is None:
+            if len(keys) - i > 2 and _maps_to_plain_values(field.annotation):
+                dotted, name = ".".join(keys[:i + 1]), ".".join(keys[i + 1:])
+                raise ConfigError(f"override {text!r}: {dotted} maps names to values, and its names are not split at "
+                                  f"dots: quote the name, --set '{dotted}.\"{name}\"=VALUE'")
+            return
+
+
+def _maps_to_plain_values(annotation) -> bool:
+    """``dict[str, float]``, ``dict[str, AnswerForm]``, not ``dict[str, Any]`` (vLLM's engine_kwargs nest)."""
+    if get_origin(annotation) is not dict:
+        return False
+    value = get_args(annotation)[1]
+    return value is not Any and get_origin(value) is not dict
 
 
 def _layer(data: dict, over: dict, cls: type[BaseModel]) -> None:

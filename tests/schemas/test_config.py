@@ -128,3 +128,18 @@ def test_values_are_read_as_yaml_1_2_where_no_is_a_word_and_010_is_ten(tmp_path)
     f = tmp_path / "c.yaml"
     f.write_text("input: {split: off}\nretrieval: {k: 0x8}\n")
     assert (load_config(AnswerConfig, f).input.split, load_config(AnswerConfig, f).retrieval.k) == ("off", 8)
+
+
+def test_a_mapping_key_holding_a_dot_is_quoted_and_unquoted_it_is_refused_naming_the_quoted_form():
+    """``answer_form.by_dataset.my.qa=yes_no`` was split at every dot: a dataset ``my`` holding ``qa``, refused as
+    "by_dataset.my: Input should be 'short', ...", which named no way to set a dataset named ``my.qa``."""
+    config = load_config(AnswerConfig, None, ['answer_form.by_dataset."my.qa"=yes_no', 'generator.resources."a=b"=2'])
+    assert config.answer_form.by_dataset == {"my.qa": "yes_no"} and config.generator.resources == {"a=b": 2}
+    with pytest.raises(ConfigError, match=r"answer_form\.by_dataset maps names to values.*"
+                                          r"--set 'answer_form\.by_dataset\.\"my\.qa\"=VALUE'"):
+        load_config(AnswerConfig, None, ["answer_form.by_dataset.my.qa=yes_no"])
+    # a mapping whose values nest (vLLM's engine_kwargs) still takes a dotted path into them
+    nested = load_config(AnswerConfig, None, ["generator.engine_kwargs.compilation_config.level=3"])
+    assert nested.generator.engine_kwargs == {"compilation_config": {"level": 3}}
+    with pytest.raises(ConfigError, match="no closing"):
+        load_config(AnswerConfig, None, ['answer_form.by_dataset."my.qa=yes_no'])
