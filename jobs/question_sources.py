@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
-from jobs.storage import file_sha256, filesystem, read_table, redact, uri_of
+from jobs.storage import file_sha256, filesystem, join, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
@@ -163,6 +163,11 @@ def as_parquet(uri: str) -> str:
 
 
 _SCRATCH: str | None = None
+
+
+def is_converted_copy(questions: str, output: str) -> bool:
+    """Whether ``questions`` is the copy ragsift converted a run's questions into (``write_input``)."""
+    return questions.startswith(join(output, "_input") + "/")
 
 
 def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:
