@@ -19,7 +19,7 @@ from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.pools import llm_settings
 from jobs.storage import file_sha256, filesystem
-from schemas.config import IndexConfig, as_override, load_config
+from schemas.config import IndexConfig, as_override, load_config, parse_override
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 
@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
     for item in args.set:
-        key = item.split("=", 1)[0].strip()
-        flag = FLAGGED.get(key) or FLAGGED.get(key.split(".")[0])
+        keys = parse_override(item)[0]  # read as load_config reads it: a quoted key may hold "." or "="
+        key = ".".join(keys)
+        flag = FLAGGED.get(key) or FLAGGED.get(keys[0])
         if key in ("generator", "index"):  # a whole section replaces the flags' fields inside it (path, model)
             raise UserError(f"demo --set {key}=...: set its fields one by one ({key}.<field>=...)")
         if flag:

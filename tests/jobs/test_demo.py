@@ -94,6 +94,20 @@ def test_a_search_time_index_setting_is_the_demos_to_take(tmp_path, builds, monk
     assert answered == [4]
 
 
+def test_a_quoted_set_key_is_read_as_the_config_reads_it(tmp_path, builds, monkeypatch):
+    """The demo's own check took each --set's text before its first "=" as the key: a quoted `index."nprobe"`
+    was refused as an index build setting, and a quoted key holding "=" was cut inside its quotes."""
+    answered = []
+    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(
+        (config.index.nprobe, config.answer_form.by_dataset)))
+    monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
+    monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
+    write_manifest(tmp_path / "idx")
+    demo.run(demo_args(tmp_path, "--set", 'index."nprobe"=4', "--set", 'answer_form.by_dataset."index=x"=yes_no'))
+    assert answered == [(4, {"index=x": "yes_no"})]
+
+
 def test_a_model_that_is_not_there_is_refused_before_the_index_is_built(tmp_path, builds):
     """Before, a missing generator was found after the index build (2.5 minutes on a fresh box)."""
     with pytest.raises(FileNotFoundError, match="not-a-model"):
