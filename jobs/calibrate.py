@@ -333,7 +333,7 @@ def answer_settings(config) -> dict:
             continue
         base = (default or type(value)()).model_dump()
         changed = {key: v for key, v in value.model_dump().items()
-                   if v != base[key] and not speed_setting(type(value), key)
+                   if v != base[key] and not speed_setting(type(config), f"{name}.{key}")
                    and f"{name}.{key}" not in RUN_OWN | CHOSEN and (name != "index" or key in IndexConfig.search_time)}
         if changed:
             values[name] = changed

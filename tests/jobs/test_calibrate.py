@@ -389,7 +389,8 @@ def test_a_run_from_the_calibrated_file_alone_resolves_every_setting_the_calibra
         "engine.max_depth=6", "input.max_question_chars=100", "generator.max_model_len=4096", "judge.model=big",
         "self_reasoning.k=3", "raisf.read=retrieved", "answer_form.by_dataset={strategyqa: yes_no_reasoned}",
         "raisf.know_threshold=0.2",  # calibrate's to choose: the file holds its choice, not this
-        "generator.replicas=3", "input.columns={question: query}", "index.index_type=ivf_flat"],  # not the file's
+        "generator.replicas=3", "input.columns={question: query}", "index.index_type=ivf_flat",  # not the file's
+        "ray.object_store_mb=500", "cache.enabled=false"],
         questions="calib.jsonl", output="cal")
     chosen = {"raisf.know_threshold": {"value": 0.73}, "think_act.top_sentences": {"value": 5}}
     (tmp_path / "calibrated.yaml").write_text(calibrated_yaml(config_values(measured, chosen, "f" * 64, 12)))
@@ -407,6 +408,7 @@ def test_a_run_from_the_calibrated_file_alone_resolves_every_setting_the_calibra
     assert (loaded.sampling.temperature, loaded.retrieval.method) == (0.7, "hybrid")
     # the slice's own reading, where it runs, and how its index was built stay the run's
     assert (loaded.input.columns, loaded.generator.replicas, loaded.index.index_type) == ({}, 1, "flat")
+    assert (loaded.ray.object_store_mb, loaded.cache.enabled) == (512, True)  # sections that decide no answer
 
 
 def test_the_slices_sha256_is_of_the_file_the_user_gave_and_a_run_over_either_form_is_said_fitted(tmp_path):
