@@ -78,7 +78,8 @@ def main() -> None:
     corpus = pq.read_table(args.corpus).to_pylist()[: args.limit]
     questions = [q["question"] for q in pq.read_table(args.questions).to_pylist()][: args.limit]
     passages = [f"{r['title']}: {r['text']}" for r in corpus]
-    report: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
+    report: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                    "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
                     "passages": len(passages), "questions": len(questions)}
 
     # the encoder: every passage, as the index job encodes them; the same model picked by device=None and "cpu"
