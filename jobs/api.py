@@ -84,6 +84,7 @@ class Session:
         self.stages: dict = {}
         self.cache = None  # the request cache of this Session's pools, opened with them
         self.started_ray = False
+        self.ray = None  # the Ray connection its pools run on (ray_connection); they die with it
         self.calls = 0
 
     def __enter__(self) -> Session:
@@ -126,8 +127,10 @@ class Session:
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
 
-        if self.stages and not ray.is_initialized():  # its Ray was shut down under it (another Session's close)
-            self.stages, self.started_ray = {}, False  # pools of a Ray that is gone: started again, on a Ray of ours
+        if self.stages and not self._on_its_ray():
+            # its Ray was shut down under it (another Session's close) or replaced (ray.shutdown, then ray.init):
+            # pools of a Ray that is gone are started again, on the Ray there is now or on one of ours
+            self.stages, self.started_ray = {}, False
         if self.cache is None:
             self.cache = open_cache(self.config)
         needs = set().union(*(make_strategy(n, config).stages for n in config.strategies))
@@ -142,7 +145,7 @@ class Session:
                 if name not in self.stages and name not in running}
         if not ray.is_initialized():
             init_ray(config.ray, *ray_request(config, plan))
-            self.started_ray = True
+            self.started_ray, self.ray = True, ray_connection()  # closed by close(), even if no pool starts
         elif self.started_ray:
             cpus, resources = ray_request(config, plan)
             gpus = gpus_requested(plan)
@@ -156,6 +159,12 @@ class Session:
                         raise
                     time.sleep(0.5)
         self.stages.update(build_stages(config, missing, plan, running))
+        self.ray = ray_connection()  # the Ray of these pools: the user's, when this Session did not start one
+
+    def _on_its_ray(self) -> bool:
+        """Whether this process is still connected to the Ray this Session's pools were started on."""
+        connection = ray_connection()
+        return connection is not None and connection == self.ray
 
     def actors(self) -> list:
         """Every actor this Session started (each stage's replicas, the shards of its retriever)."""
@@ -169,7 +178,7 @@ class Session:
         what they held (GPUs, memory) is free for the next Session or job on this Ray."""
         import ray
 
-        if ray.is_initialized():
+        if self._on_its_ray():  # on another Ray, or none, its pools are gone with theirs: nothing to stop
             actors = self.actors()
             for actor in actors:
                 ray.kill(actor)
@@ -181,6 +190,18 @@ class Session:
             else:
                 ray.shutdown()
         self.stages.clear()
+        self.started_ray, self.ray = False, None
+
+
+def ray_connection() -> tuple[str, str] | None:
+    """This process's Ray connection now, or None: the driver's node and job. A new local Ray has another
+    node (its job ids start again at 01000000); joining the same cluster again is another job."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_job_id()
 
 
 FREED_WITHIN_S = 15.0

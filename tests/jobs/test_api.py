@@ -106,7 +106,7 @@ def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
 def test_closing_a_session_on_a_ray_it_did_not_start_returns_once_its_pools_are_gone(ray_session):
     from types import SimpleNamespace
 
-    from jobs.api import Session
+    from jobs.api import Session, ray_connection
 
     ray = ray_session
 
@@ -119,7 +119,7 @@ def test_closing_a_session_on_a_ray_it_did_not_start_returns_once_its_pools_are_
         session = Session(generator="smollm2-135m-instruct")
         replicas = [Replica.remote() for _ in range(8)]
         ray.get([r.__ray_ready__.remote() for r in replicas])
-        session.stages = {"generator": SimpleNamespace(replicas=replicas)}
+        session.stages, session.ray = {"generator": SimpleNamespace(replicas=replicas)}, ray_connection()
         session.close()
         calls = [r.__ray_ready__.remote() for r in replicas]
         for call in calls:
@@ -133,13 +133,13 @@ def test_closing_a_session_on_a_ray_it_did_not_start_returns_once_its_pools_are_
 def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed_never_discarded(ray_session, tmp_path):
     from engine.cache import RequestCache
     from engine.stages import GeneratorStage
-    from jobs.api import Session
+    from jobs.api import Session, ray_connection
     from schemas.config import ConfigError, StageBatching
     from tests.engine.fakes import FakeGenerator
 
     session = Session(generator="smollm2-135m-instruct")
     actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
-    session.stages = {"generator": GeneratorStage([actor], StageBatching(max_batch=2))}
+    session.stages, session.ray = {"generator": GeneratorStage([actor], StageBatching(max_batch=2))}, ray_connection()
     session.cache = RequestCache(100)
     questions = pd.DataFrame({"id": ["q3", "q1", "q10", "q2", "q0"], "question": [f"question {i}" for i in range(5)]})
     out = str(tmp_path / "kept")
@@ -207,7 +207,7 @@ def test_a_later_call_that_needs_the_ranker_ranks_on_the_sessions_running_encode
     """rag, then think_act: the ranker's fallback is the encoder pool, which the retriever already runs.
     A second encoder was started (13 s here), or the call refused on a small box ("CPU 0.5, 0 free")."""
     from engine.stages import GeneratorStage, RetrieverStage
-    from jobs.api import Session
+    from jobs.api import Session, ray_connection
     from schemas.config import StageBatching, validated
     from tests.engine.fakes import FakeEncoder, FakeGenerator
 
@@ -216,6 +216,7 @@ def test_a_later_call_that_needs_the_ranker_ranks_on_the_sessions_running_encode
     encoders = [ray_session.remote(FakeEncoder).options(num_cpus=0).remote()]
     session.stages = {"generator": GeneratorStage([generator], StageBatching()),
                       "retriever": RetrieverStage(encoders, [], StageBatching())}
+    session.ray = ray_connection()
     config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["think_act"]})
     session._start(config)
     assert session.stages["ranker"].replicas == encoders and set(session.stages) == {"generator", "retriever", "ranker"}
@@ -239,3 +240,37 @@ def test_a_session_whose_ray_was_shut_down_under_it_starts_its_pools_again(monke
     monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": "a new pool"})
     session._start(validated(type(session.config), {**session.config.model_dump(), "strategies": ["direct"]}))
     assert session.stages == {"generator": "a new pool"} and started == ["ray"] and session.started_ray
+
+
+def test_a_session_whose_ray_was_replaced_under_it_starts_its_pools_on_the_new_one_and_leaves_that_ray_at_close(
+        monkeypatch):
+    """ray.shutdown() then ray.init() by the user: the Session kept the gone Ray's pools, every later row was an
+    error ("Can't find actor"), and close() raised ActorHandleNotFoundError on their handles."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.pools
+    import jobs.ray_session
+    from jobs.api import Session
+    from schemas.config import validated
+
+    now = {"node": "the first Ray"}  # a new local Ray is another node; its job ids start again at 01000000
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: now["node"],
+                                                                           get_job_id=lambda: "01000000"))
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": f"on {now['node']}"})
+    started, stopped = [], []
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args: started.append("ray"))
+    monkeypatch.setattr(ray, "kill", stopped.append)
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append("ray"))
+    session = Session(generator="smollm2-135m-instruct")
+    config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["direct"]})
+    session._start(config)
+    assert session.stages == {"generator": "on the first Ray"}
+    now["node"] = "the user's new Ray"
+    session._start(config)
+    assert session.stages == {"generator": "on the user's new Ray"} and started == [] and not session.started_ray
+    now["node"] = "another Ray again"
+    session.close()  # its pools went with their Ray; the Ray there is now is not this Session's to stop
+    assert stopped == [] and session.stages == {}

@@ -122,7 +122,7 @@ class _Probe:
 def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placement_group_also_after_a_restart(ray_session):
     from types import SimpleNamespace
 
-    from jobs.api import Session
+    from jobs.api import Session, ray_connection
     from jobs.pools import Pool, start_replicas
 
     ray = ray_session
@@ -149,7 +149,7 @@ def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placeme
     assert len(made) == 2
     # closing a Session on a Ray it did not start gives back what the groups reserve (they were left holding it)
     session = Session()
-    session.stages = {"generator": SimpleNamespace(replicas=replicas, placement_groups=made)}
+    session.stages, session.ray = {"generator": SimpleNamespace(replicas=replicas, placement_groups=made)}, ray_connection()
     session.close()
     deadline = time.monotonic() + 60  # Ray frees a removed group's bundles in the background
     while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
