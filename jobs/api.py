@@ -62,6 +62,15 @@ def in_input_order(answers: pa.Table, questions: pa.Table, strategies: list[str]
     return answers.take(pa.array(keep, pa.int64()))
 
 
+def as_dataframe(answers: pa.Table):
+    """The answers as a DataFrame that ``to_parquet`` writes back: step_tokens (a map) as a dict a row, None
+    for a row without steps (an error row). As (key, value) pairs it could not be written; pandas stores the
+    dicts as a struct, and one of only empty dicts (every row an error) is a struct without fields."""
+    frame = answers.to_pandas(maps_as_pydicts="strict")
+    frame["step_tokens"] = [tokens or None for tokens in frame["step_tokens"]]
+    return frame
+
+
 def check_questions(table: pa.Table) -> None:
     """The questions' required columns and their types, or a clear error naming ``columns=``."""
     if table.num_rows == 0:
@@ -115,8 +124,7 @@ class Session:
             answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
         self.calls += 1
         answers = in_input_order(answers, table, strategies)
-        # step_tokens (a map) as dicts: as pairs, the DataFrame could not be written back to Parquet
-        return answers.to_pandas(maps_as_pydicts="strict") if type(questions).__module__.startswith("pandas") else answers
+        return as_dataframe(answers) if type(questions).__module__.startswith("pandas") else answers
 
     def _start(self, config) -> None:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""

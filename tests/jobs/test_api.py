@@ -154,6 +154,41 @@ def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed
     assert len(session.answer(questions, "direct", output=out)) == 5  # the earlier answers are still there
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_dataframe_whose_rows_all_errored_is_written_back_to_parquet(ray_session, tmp_path):
+    """Every row an error: step_tokens was {} in each, which pandas stores as a struct without fields, and
+    to_parquet raised ArrowNotImplementedError."""
+    from engine.cache import RequestCache
+    from engine.stages import GeneratorStage
+    from jobs.api import Session, ray_connection
+    from schemas.config import StageBatching
+    from tests.engine.fakes import BadReplicaGenerator
+
+    session = Session(generator="smollm2-135m-instruct")
+    broken = ray_session.remote(BadReplicaGenerator).options(num_cpus=0).remote(True)
+    session.stages, session.ray = {"generator": GeneratorStage([broken], StageBatching())}, ray_connection()
+    session.cache = RequestCache(100)
+    answers = session.answer(pd.DataFrame({"id": ["a", "b"], "question": ["Who?", "What?"]}), "direct")
+    assert answers["error"].str.contains("device lost").all()
+    answers.to_parquet(tmp_path / "errors.parquet")
+    assert pd.read_parquet(tmp_path / "errors.parquet")["step_tokens"].isna().all()
+
+
+def test_a_dataframes_step_tokens_are_a_dict_a_row_and_none_for_a_row_without_steps(tmp_path):
+    import pyarrow.parquet as pq
+
+    from jobs.api import as_dataframe
+    from schemas.tables import ANSWERS
+
+    steps = pa.array([[("answer", 7)], [], [("plan", 3), ("answer", 5)]], ANSWERS.field("step_tokens").type)
+    frame = as_dataframe(pa.table({"id": ["a", "b", "c"], "step_tokens": steps}))
+    assert frame["step_tokens"].tolist() == [{"answer": 7}, None, {"plan": 3, "answer": 5}]
+    frame.to_parquet(tmp_path / "answers.parquet")
+    assert pq.read_table(tmp_path / "answers.parquet")["step_tokens"].to_pylist() == [
+        {"answer": 7, "plan": None}, None, {"answer": 5, "plan": 3}]
+
+
 def test_answers_come_back_in_the_input_order_with_a_null_id_at_its_row_and_only_the_strategies_asked():
     from jobs.api import in_input_order
 
