@@ -149,6 +149,24 @@ def loadable(name_or_path: str) -> str:
                             "or in the Hugging Face cache, and HF_HUB_OFFLINE is set")
 
 
+LLM_CONFIGS = ("config.json", "params.json")  # Hugging Face's, Mistral's
+LLM_WEIGHTS = (".safetensors", ".bin", ".pt")  # what vLLM's default loader reads from a folder
+
+
+def llm_folder(path: str, load_format: str = "auto") -> str:
+    """``path``, refused in one line when it is a folder that holds no model vLLM can load: an empty or
+    wrong folder otherwise failed inside the replica, after Ray and the actors started, its cause a
+    pydantic help link."""
+    if not os.path.isdir(path):
+        return path
+    files = model_files(path)
+    if not any(name in files for name in LLM_CONFIGS):
+        raise UserError(f"the model folder {path} holds no config.json: not a Hugging Face model folder")
+    if load_format == "auto" and not any(name.endswith(LLM_WEIGHTS) for name in files):
+        raise UserError(f"the model folder {path} holds no weights ({', '.join('*' + w for w in LLM_WEIGHTS)})")
+    return path
+
+
 def embedding_dims(path: str) -> int | None:
     """The vector size a local sentence-transformers model directory makes (None when unknown, e.g. a
     hub name), read from its files without loading it."""

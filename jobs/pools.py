@@ -29,7 +29,7 @@ from engine.stages import (
     StreamingGeneratorStage,
 )
 from jobs.index import read_manifest
-from jobs.models import embedding_dims, loadable
+from jobs.models import embedding_dims, llm_folder, loadable
 from schemas.config import device_of
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig, retrieval_methods
@@ -118,7 +118,9 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
 def llm_settings(c) -> dict:
     """A generator replica's settings (``actors.generator.Generator``'s first argument) from an LLM config;
     an endpoint's model is the name its server knows, not a path here."""
-    return {**c.model_dump(), "model": c.model if c.endpoint else loadable(c.model)}
+    if c.endpoint:
+        return {**c.model_dump(), "model": c.model}
+    return {**c.model_dump(), "model": llm_folder(loadable(c.model), c.engine_kwargs.get("load_format", "auto"))}
 
 
 def _bm25(config: AnswerConfig) -> bool:

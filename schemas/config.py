@@ -85,9 +85,11 @@ class LLMConfig(Section):
     endpoint: EndpointConfig | None = Field(None, description="send this pool's requests to an OpenAI-compatible "
                                             "server; the vLLM engine fields below then do not apply (the server's own "
                                             "settings do), except max_model_len, seed and the pool's size")
-    dtype: str = Field("auto", description="weights and activations: 'auto' = bfloat16 where the hardware computes it "
-                       "natively (a GPU, or a CPU with AVX512-BF16 / AMX), else float32 (vLLM's CPU kernels emulate "
-                       "bf16 on AVX2-only CPUs: 4-6x slower); or any vLLM dtype. Changes answers in the last digits")
+    # vLLM's own choices (its ModelDType): another value failed inside the replica, after Ray and the actors started
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="weights and activations: 'auto' = bfloat16 where the hardware computes it "
+        "natively (a GPU, or a CPU with AVX512-BF16 / AMX), else float32 (vLLM's CPU kernels emulate "
+        "bf16 on AVX2-only CPUs: 4-6x slower); or another vLLM dtype. Changes answers in the last digits")
     max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
                                "its prompt leaves, and a prompt that leaves nothing is an error row")
     enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")

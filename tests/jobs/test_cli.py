@@ -203,3 +203,26 @@ def test_ragsifts_help_says_what_it_is_in_a_whole_sentence(capsys):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "question answering as a distributed batch job on Ray, vLLM and FAISS" in out and " with positional" not in out
+
+
+def test_a_bad_dtype_or_a_model_folder_without_a_model_is_one_line_naming_it_before_ray_starts(question_file, tmp_path,
+                                                                                               capsys, monkeypatch):
+    """Both failed inside the vLLM replica, after Ray and the actors started, the cause shown being pydantic's
+    help link ("For further information visit https://errors.pydantic.dev/...")."""
+    import jobs.ray_session
+    from jobs.cli import main
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args: pytest.fail("Ray started"))
+    answer = ["answer", "--questions", question_file, "--strategy", "direct"]
+    assert main([*answer, "--output", str(tmp_path / "o1"), "--set", "generator.dtype=float63"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "generator.dtype: Input should be 'auto', 'half'" in err, err
+    empty = tmp_path / "empty model"
+    empty.mkdir()
+    assert main([*answer, "--output", str(tmp_path / "o2"), "--generator", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the model folder {empty} holds no config.json" in err, err
+    (empty / "config.json").write_text("{}")
+    assert main([*answer, "--output", str(tmp_path / "o3"), "--generator", str(empty)]) == 2
+    assert "holds no weights (*.safetensors, *.bin, *.pt)" in capsys.readouterr().err
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))

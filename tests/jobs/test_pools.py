@@ -78,6 +78,9 @@ def test_a_replica_over_several_devices_gets_a_placement_group_with_a_bundle_per
     from actors.generator import engine_arguments
     from jobs.pools import llm_settings, resources_requested
 
+    for name in ("config.json", "model.safetensors"):  # a model folder as vLLM reads one (jobs/models.py)
+        (tmp_path / name).write_text("{}")
+
     def config(**generator):
         return AnswerConfig.model_validate({"generator": {"model": str(tmp_path), **generator}})
 
