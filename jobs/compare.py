@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from jobs import answer as answer_job
-from jobs.evaluate import evaluate, gold_columns, print_table, resolution_markdown, write_reports
+from jobs.evaluate import evaluate, gold_columns, print_tables, write_reports
 from strategies.registry import ANSWERING
 
 
@@ -28,10 +28,9 @@ def run(args: argparse.Namespace) -> int:
     # only what this run answered, every question of it: another strategy left in the folder by an
     # earlier, interrupted run would sit in the same table scored on other questions
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k, strategies=config.strategies)
-    print_table(table)
-    print(resolution_markdown(resolved))
     write_reports(table, config.output, resolved)
     print(f"wrote {config.output}/eval.md, eval.json and eval.png", file=sys.stderr)
+    print_tables(table, resolved)
     return 0
 
 

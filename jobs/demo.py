@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jobs.answer import answer
 from jobs.cli import strategy_names
-from jobs.evaluate import evaluate, print_table, resolution_markdown, write_reports
+from jobs.evaluate import evaluate, print_tables, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.pools import llm_settings
@@ -100,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
     ensure_index(index_dir, args.shards, log)
     answer(config, log=log, force=args.force)
     table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k, strategies=config.strategies)
-    print_table(table)
-    print(resolution_markdown(resolved))
     write_reports(table, args.output, resolved)
     log(f"demo finished in {time.perf_counter() - started:.0f} s; tables in {args.output}/eval.md")
+    print_tables(table, resolved)
     return 0
 
 

@@ -250,6 +250,13 @@ def print_table(table: list[dict]) -> None:
     Console(width=200).print(t)
 
 
+def print_tables(table: list[dict], resolved: list[dict]) -> None:
+    """The evaluation and how questions were resolved, on stdout; print them after writing the files: rich
+    exits the process when stdout is a pipe its reader closed."""
+    print_table(table)
+    print(resolution_markdown(resolved))
+
+
 def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None) -> None:
     """eval.json / eval.md / eval.png (and resolution.json) in ``out_dir``: a local folder or an
     object store's, like the answers beside them."""
@@ -328,11 +335,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     table, resolved = evaluate(args.answers, args.questions, args.k)
-    print_table(table)
-    print(resolution_markdown(resolved))
     out = args.out or answers_folder(args.answers)
-    write_reports(table, out, resolved)
+    write_reports(table, out, resolved)  # before the table is printed: a closed stdout (`| head`) ends the process
     print(f"wrote {redact(join(out, 'eval.json'))} and eval.md", file=sys.stderr)
+    print_tables(table, resolved)
     return 0
 
 

@@ -137,7 +137,6 @@ def write(rows: list[dict], param: str, output: str) -> None:
         f.write(text.encode())
     with fs.open_output_stream(f"{root}/sweep.json") as f:
         f.write(json.dumps(rows, indent=2).encode())
-    print(text)
     fig, ax = plt.subplots(figsize=(6, 4))
     values = list(dict.fromkeys(r["value"] for r in rows))
     numeric = all(_is_number(v) for v in values)
@@ -155,6 +154,7 @@ def write(rows: list[dict], param: str, output: str) -> None:
     if "://" not in output:
         fig.savefig(Path(output) / "sweep.png", dpi=110)
     plt.close(fig)
+    print(text)  # after every file: a stdout its reader closed ends the process
 
 
 def main(argv: list[str] | None = None) -> int:

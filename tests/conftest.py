@@ -35,3 +35,23 @@ def ray_session():
     init_ray(RayConfig(num_cpus=4))
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def closed_stdout():
+    """A stand-in for stdout, a pipe whose reader has gone (`ragsift evaluate | head -1`): a write raises
+    BrokenPipeError, on which rich points stdout's descriptor at /dev/null and exits; this one's is /dev/null
+    already. Set it as sys.stdout in the test's body: pytest sets its own capture there after the fixtures."""
+    import io
+
+    descriptor = os.open(os.devnull, os.O_WRONLY)
+
+    class ClosedPipe(io.TextIOBase):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            return descriptor
+
+    yield ClosedPipe()
+    os.close(descriptor)

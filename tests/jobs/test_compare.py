@@ -172,3 +172,35 @@ def test_compare_scores_the_strategies_it_ran_not_another_left_incomplete_in_the
     compare.run(args_for(compare, "--questions", str(questions), "--output", str(out), "--strategy", "direct"))
     table = json.loads((out / "eval.json").read_text())
     assert {r["strategy"] for r in table} == {"direct"}
+
+
+def test_compare_and_the_demo_write_their_files_before_printing_so_a_closed_stdout_keeps_them(tmp_path, monkeypatch,
+                                                                                              closed_stdout):
+    """`ragsift compare ... | head -1`: the table was printed first, rich exited on the broken pipe, and
+    eval.json was never written (after the whole run)."""
+    import sys
+
+    from jobs import demo
+    from jobs.evaluate import evaluate
+    from tests.jobs.test_demo import demo_args, write_manifest
+    from tests.jobs.test_report import answer_row
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["A?"], "answers": [["x"]]}), questions)
+    out = tmp_path / "out"
+    (out / "direct").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([answer_row("a", "direct", "x", "closed_book")], schema=ANSWERS),
+                   out / "direct" / "part-00000.parquet")
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)  # the answers above stand for the run's
+    monkeypatch.setattr(sys, "stdout", closed_stdout)
+    with pytest.raises(SystemExit):
+        compare.run(args_for(compare, "--questions", str(questions), "--output", str(out), "--strategy", "direct"))
+    assert json.loads((out / "eval.json").read_text())[0]["strategy"] == "direct"
+    (out / "eval.json").unlink()
+    for name, stand_in in [("answer", lambda *a, **k: None), ("llm_settings", lambda llm: None),
+                           ("evaluate", lambda *a, **k: evaluate(str(out), str(questions)))]:
+        monkeypatch.setattr(demo, name, stand_in)
+    write_manifest(tmp_path / "idx")
+    with pytest.raises(SystemExit):
+        demo.run(demo_args(tmp_path, "--strategy", "direct"))
+    assert json.loads((out / "eval.json").read_text())[0]["strategy"] == "direct"

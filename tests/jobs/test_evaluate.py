@@ -191,3 +191,24 @@ def test_questions_in_json_lines_or_csv_are_read_as_answer_reads_them(tmp_path):
         assert (overall(table)["n"], overall(table)["EM"]) == (2, 50.0)
     with pytest.raises(UserError, match="which split was answered is the answer run's choice"):
         evaluate(answers, "hf:some/dataset")  # its default split, train, may not be the one answered
+
+
+def test_evaluate_writes_its_files_before_printing_so_a_closed_stdout_keeps_them(tmp_path):
+    """`ragsift evaluate ... | head -1`: the table was printed first, rich exited on the broken pipe, and
+    eval.json was never written."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    answers, questions = write(tmp_path, [answer_row("a", "Paris")], [{"id": "a", "question": "q", "answers": ["Paris"]}])
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the first write
+    try:
+        subprocess.run([sys.executable, "-m", "jobs.cli", "evaluate", "--answers", answers, "--questions", questions],
+                       cwd=REPO, stdout=writer, stderr=subprocess.DEVNULL, timeout=300)
+    finally:
+        os.close(writer)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("eval", "resolution"))) == [
+        "eval.json", "eval.md", "eval.png", "resolution.json"]

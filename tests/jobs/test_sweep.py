@@ -27,6 +27,20 @@ def test_sweep_table_and_chart(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 5_000
 
 
+def test_the_sweep_table_is_printed_after_every_file_so_a_closed_stdout_keeps_them(tmp_path, monkeypatch,
+                                                                                   closed_stdout):
+    """`ragsift sweep ... | head -1`: the table was printed before sweep.png was drawn, and the broken pipe
+    ended the job without it."""
+    import sys
+
+    rows = [{"value": v, "strategy": "think_act", "acc": 50.0, "F1": 40.0, "retrieval ratio": 30.0, "LLM calls/q": 2.0}
+            for v in (0.1, 0.5)]
+    monkeypatch.setattr(sys, "stdout", closed_stdout)
+    with pytest.raises(BrokenPipeError):
+        write(rows, "think_act.beta_threshold", str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json", "sweep.md", "sweep.png"]
+
+
 def test_a_value_that_would_change_the_shared_pools_is_refused():
     """The values share pools started once from the base config: before, a sweep over a sampling or
     model setting ran every value with the base's and said nothing."""
