@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from jobs.storage import file_sha256, filesystem, redact
+from schemas.errors import UserError
 
 KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
 PROMPTS = {"self_knowledge": ["raisf/know.txt", "raisf/answer.txt"], "relevance": ["raisf/relevance.txt"],
@@ -84,6 +85,20 @@ def card_text(configs: list[dict], summary: dict, config) -> str:
                 lines += [f"`{f.relative_to(prompts)}` (for `{c['config_name']}`):", "", "```", f.read_text().strip(),
                           "```", ""]
     return "\n".join(lines) + "\n"
+
+
+def check_hub_repo(repo: str) -> None:
+    """Refuse, in one line, a push the hub would refuse: the upload is the last step of a labelling run,
+    and an invalid repository id ended it there with a traceback."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise UserError(f"--push-to-hub {repo!r} is not a Hugging Face repository id (namespace/name): {err}") from None
+    if constants.HF_HUB_OFFLINE:
+        raise UserError("--push-to-hub needs the Hugging Face hub, and HF_HUB_OFFLINE is set")
 
 
 def push_to_hub(folder: str, repo: str) -> None:

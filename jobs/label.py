@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from jobs import answer as answer_job
 from jobs import metrics as M
-from jobs.dataset_card import push_to_hub, write_dataset
+from jobs.dataset_card import check_hub_repo, push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
@@ -239,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
     if other:
         raise UserError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
+    if args.push_to_hub:
+        check_hub_repo(args.push_to_hub)
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     print(json.dumps(summary, indent=2))
     print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl, and labels/dataset/", file=sys.stderr)

@@ -204,3 +204,22 @@ def test_compare_and_the_demo_write_their_files_before_printing_so_a_closed_stdo
     with pytest.raises(SystemExit):
         demo.run(demo_args(tmp_path, "--strategy", "direct"))
     assert json.loads((out / "eval.json").read_text())[0]["strategy"] == "direct"
+
+
+def test_a_push_to_hub_the_hub_would_refuse_is_one_line_before_any_labelling(tmp_path, one_question_and_no_ray,
+                                                                             monkeypatch, capsys):
+    """An invalid repository id ended a whole labelling run with HFValidationError's traceback at the upload,
+    its last step; with HF_HUB_OFFLINE set (as the tests run) the upload could not reach the hub either."""
+    from huggingface_hub import constants
+
+    from jobs.cli import run_job
+
+    monkeypatch.setattr(label, "label", lambda *a, **k: pytest.fail("labelled before the push was checked"))
+    argv = ["--questions", str(one_question_and_no_ray), "--output", str(tmp_path / "out"), "--push-to-hub"]
+    for repo in ("my labels", "me/my/labels", "../labels"):
+        assert run_job("label", [*argv, repo]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--push-to-hub {repo!r} is not a Hugging Face repository id" in err, err
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert run_job("label", [*argv, "me/labels"]) == 2
+    assert "--push-to-hub needs the Hugging Face hub, and HF_HUB_OFFLINE is set" in capsys.readouterr().err
