@@ -300,6 +300,9 @@ class StreamingGeneratorStage(GeneratorStage):
     """
 
     streaming = True
+    # a replica ready before the others takes only its share of a burst while they start, for up to this
+    # long after the first was ready (endpoint replicas start within seconds; a vLLM one may take minutes)
+    startup_hold_s = 10.0
 
     def __init__(self, replicas: list, batching, name: str | None = None, default_max_tokens: int = 48):
         super().__init__(replicas, batching, name)
@@ -308,6 +311,8 @@ class StreamingGeneratorStage(GeneratorStage):
         self.tokens_in_flight = [0] * len(replicas)
         self.last_sent = [0.0] * len(replicas)  # when each replica got its latest batch
         self.restarting.update(range(len(replicas)))  # nothing goes to a replica before it says its capacity
+        self.never_ready = set(range(len(replicas)))
+        self.first_ready_at: float | None = None
 
     def cost(self, request: Generate | Judge) -> int:
         """Tokens a request may hold in the KV cache: its prompt (about 4 characters a token) and completion."""
@@ -320,6 +325,23 @@ class StreamingGeneratorStage(GeneratorStage):
     def ready(self, replica, answer):
         limit = self.batching.max_tokens_in_flight or 2 * int(answer)
         self.budget[replica] = max(1, int(limit * self.share))
+        self.never_ready.discard(replica)
+        if self.first_ready_at is None:
+            self.first_ready_at = time.perf_counter()
+
+    def starting(self, now: float | None = None) -> int:
+        """Replicas not ready yet since the run's first one was, within ``startup_hold_s`` of it."""
+        now = time.perf_counter() if now is None else now
+        if self.first_ready_at is None or now >= self.first_ready_at + self.startup_hold_s:
+            return 0
+        return len((self.never_ready & self.restarting) - self.retired)
+
+    def next_deadline(self):
+        deadline = super().next_deadline()
+        if self.pending() and self.starting():  # the held back part of a burst goes when the hold ends
+            end = self.first_ready_at + self.startup_hold_s
+            deadline = end if deadline is None else min(deadline, end)
+        return deadline
 
     def sent(self, replica, batch):
         self.last_sent[replica] = time.perf_counter()
@@ -341,6 +363,8 @@ class StreamingGeneratorStage(GeneratorStage):
             best = min(healthy, key=self.tokens_in_flight.__getitem__)
             return best if self.inflight[best] == 0 else None
         best = min(healthy, key=lambda r: (self.tokens_in_flight[r], self.last_sent[r]))
+        if self.tokens_in_flight[best] and self.starting(now):
+            return None  # the rest of the burst is the starting replicas' share
         return best if self.tokens_in_flight[best] < (self.budget[best] or 0) else None
 
     def take_for(self, replica: int) -> tuple[list[Request], int]:
@@ -348,9 +372,10 @@ class StreamingGeneratorStage(GeneratorStage):
         if self.retry:
             return self.retry.popleft()
         room = (self.budget[replica] or 0) - self.tokens_in_flight[replica]
-        # a burst is shared with the other idle replicas: a replica's room is twice its KV cache, so one
-        # took a small run's 20 requests (and each burst's first max_batch) while three others sat idle
-        idle = sum(self.tokens_in_flight[r] == 0 for r in self.healthy())
+        # a burst is shared with the other idle replicas and those still starting: a replica's room is twice
+        # its KV cache, so one took a small run's 20 requests (and each burst's first max_batch) while three
+        # others sat idle, or had not answered their readiness call yet
+        idle = sum(self.tokens_in_flight[r] == 0 for r in self.healthy()) + self.starting()
         most = min(self.batching.max_batch, -(-len(self.queue) // idle) if idle else self.batching.max_batch)
         batch: list[Request] = []
         while self.queue and len(batch) < most:

@@ -338,6 +338,33 @@ def test_a_burst_of_requests_is_shared_among_the_idle_async_replicas():
     assert len(stage.take_for(replica)[0]) == 3
 
 
+def test_a_burst_at_a_runs_start_leaves_their_shares_to_the_replicas_still_starting():
+    """20 requests, 4 endpoint replicas answering their readiness calls one after another (each actor
+    starts on its own): the first one ready counted itself the only idle replica and took all 20."""
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+
+    def burst(replicas: int, ready: list[int]):
+        stage = StreamingGeneratorStage([object()] * replicas, LLMBatching(), "generator")
+        stage.queue.extend((Generate((("user", "x" * 40),), max_tokens=4), 0.0) for _ in range(20))
+        sizes = []
+        for replica in ready:
+            stage.restarting.discard(replica)
+            stage.ready(replica, 2 * 1024)
+            while stage.queue and (free := stage.free_replica()) is not None:
+                batch, _ = stage.take_for(free)
+                stage.sent(free, batch)
+                sizes.append((free, len(batch)))
+        return sizes, stage
+
+    assert burst(4, [0, 1, 2, 3])[0] == [(0, 5), (1, 5), (2, 5), (3, 5)]
+    assert burst(1, [0])[0] == [(0, 20)]  # one replica: nobody to wait for
+    sizes, stage = burst(4, [0])  # the others never come: the rest waits a short while, not for good
+    assert sizes == [(0, 5)] and stage.next_deadline() == stage.first_ready_at + stage.startup_hold_s
+    stage.first_ready_at -= stage.startup_hold_s
+    assert stage.free_replica() == 0 and len(stage.take_for(0)[0]) == 15
+
+
 def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
     """A call's time is its texts: 128 MIGRES ranks of 50 passages ran past the ranker's 600 s timeout
     on a shared CPU core, so the replica was killed and the same batch retried."""
