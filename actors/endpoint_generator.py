@@ -64,11 +64,17 @@ class EndpointGenerator(StreamingReplica):
         self.base_url, self.model, self.seed = ep["base_url"], llm["model"], llm["seed"]
         self.max_model_len, self.sampling = llm["max_model_len"], sampling
         self.max_concurrency, self.vllm_extensions = ep["max_concurrency"], ep["vllm_extensions"]
-        self.statuses: Counter[int] = Counter()  # every HTTP response, retries included
+        self.statuses: Counter[str] = Counter()  # every HTTP response, retries included
         self.latency_s: deque[float] = deque(maxlen=10_000)
 
         async def count(response):
-            self.statuses[response.status_code] += 1
+            # a response counts once its body came: a connection dropped after a 200's headers counted as a 200
+            try:
+                await response.aread()
+            except httpx.TransportError:
+                self.statuses["connection error"] += 1
+                raise  # as the client's own read would: retried as a lost connection
+            self.statuses[str(response.status_code)] += 1
 
         key = os.environ.get(ep["api_key_env"]) if ep["api_key_env"] else None
         self.client = AsyncOpenAI(
@@ -89,7 +95,7 @@ class EndpointGenerator(StreamingReplica):
     def engine_stats(self) -> dict:
         lat = sorted(self.latency_s)
         pct = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
-        return {"endpoint": self.base_url, "http_status": {str(k): v for k, v in sorted(self.statuses.items())},
+        return {"endpoint": self.base_url, "http_status": dict(sorted(self.statuses.items())),
                 "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "max": lat[-1] if lat else None}}
 
     async def reset_prefix_cache(self) -> None:

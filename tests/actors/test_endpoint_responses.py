@@ -78,6 +78,39 @@ def refusing():
     server.shutdown()
 
 
+class Dropping(BaseHTTPRequestHandler):
+    """Sends a 200's headers and part of its body, then closes the connection (a server or proxy that died)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "500")
+        self.end_headers()
+        self.wfile.write(b'{"id": "x", "choi')
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_connection_dropped_mid_response_is_a_connection_error_not_a_200_and_fails_the_call():
+    """http_status counted each dropped response as a 200 (its headers had come), while the client retried it."""
+    from actors.endpoint_generator import EndpointError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dropping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        llm = LLMConfig(model="served", endpoint=EndpointConfig(
+            base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", max_retries=1))
+        replica = EndpointGenerator(llm.model_dump(), SamplingConfig().model_dump())
+        with pytest.raises(EndpointError, match="APIConnectionError") as raised:
+            asyncio.run(replica.generate([Generate(chat("Q"))]))  # the engine retries it, as a lost connection
+    finally:
+        server.shutdown()
+    assert raised.value.status_code is None
+    assert replica.engine_stats()["http_status"] == {"connection error": 2}  # the request and its retry
+
+
 @pytest.mark.parametrize("status", [401, 403, 404, 503])
 def test_a_refused_key_or_model_name_fails_the_call_instead_of_making_every_row_an_error(status, refusing):
     import pickle
