@@ -31,6 +31,10 @@ RETRIED = {408, 409, 429}
 # the endpoint's settings, not a request, are wrong (a key, the served model's name): every request
 # would be refused alike, so the call fails and the engine stops the stage rather than write error rows
 SETTINGS = {401, 403, 404}
+# a replica never has more requests in flight than its pool has connections (``slots``), so a healthy pool
+# hands one out at once; waiting this long means cancelled requests leaked the pool's connections
+# (httpcore#1093: it stays full, every request then timed out, until the watchdog restarted the replica)
+POOL_TIMEOUT_S = 10.0
 
 
 class EndpointError(RuntimeError):
@@ -57,15 +61,22 @@ class EndpointError(RuntimeError):
 
 class EndpointGenerator(StreamingReplica):
     def __init__(self, llm: dict, sampling: dict, chunk_s: float = 0.01):
-        import httpx
-        from openai import AsyncOpenAI
-
         ep = llm["endpoint"]
         self.base_url, self.model, self.seed = ep["base_url"], llm["model"], llm["seed"]
         self.max_model_len, self.sampling = llm["max_model_len"], sampling
         self.max_concurrency, self.vllm_extensions = ep["max_concurrency"], ep["vllm_extensions"]
         self.statuses: Counter[str] = Counter()  # every HTTP response, retries included
         self.latency_s: deque[float] = deque(maxlen=10_000)
+        self.endpoint, self.client, self.new_clients = ep, self.connect(ep), 0
+        self.slots = asyncio.Semaphore(ep["max_concurrency"])
+        self.pace = Pace(ep["requests_per_second"])
+        self.chunk_s = chunk_s
+        self.ids = itertools.count()
+
+    def connect(self, ep: dict):
+        """An openai client with a pool of its own."""
+        import httpx
+        from openai import AsyncOpenAI
 
         async def count(response):
             # a response counts once its body came: a connection dropped after a 200's headers counted as a 200
@@ -77,15 +88,12 @@ class EndpointGenerator(StreamingReplica):
             self.statuses[str(response.status_code)] += 1
 
         key = os.environ.get(ep["api_key_env"]) if ep["api_key_env"] else None
-        self.client = AsyncOpenAI(
-            base_url=ep["base_url"], api_key=key or "EMPTY", max_retries=ep["max_retries"], timeout=ep["timeout_s"],
+        timeout = httpx.Timeout(ep["timeout_s"], pool=min(ep["timeout_s"], POOL_TIMEOUT_S))
+        return AsyncOpenAI(
+            base_url=ep["base_url"], api_key=key or "EMPTY", max_retries=ep["max_retries"], timeout=timeout,
             default_headers={k: os.path.expandvars(v) for k, v in ep["headers"].items()},
             http_client=httpx.AsyncClient(event_hooks={"response": [count]},
                                           limits=httpx.Limits(max_connections=ep["max_concurrency"])))
-        self.slots = asyncio.Semaphore(ep["max_concurrency"])
-        self.pace = Pace(ep["requests_per_second"])
-        self.chunk_s = chunk_s
-        self.ids = itertools.count()
 
     def kv_capacity(self) -> int:
         """The tokens the driver may keep in flight here is twice this: a full-length request for every
@@ -96,19 +104,22 @@ class EndpointGenerator(StreamingReplica):
         lat = sorted(self.latency_s)
         pct = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
         return {"endpoint": self.base_url, "http_status": dict(sorted(self.statuses.items())),
-                "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "max": lat[-1] if lat else None}}
+                "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "max": lat[-1] if lat else None},
+                "new_clients": self.new_clients}
 
     async def reset_prefix_cache(self) -> None:
         """Nothing to forget here: the server's prefix cache is the server's."""
 
     async def _one(self, index: int, req: Generate | Judge, done: asyncio.Queue) -> None:
+        import httpx
         import openai
 
+        client = None
         try:
             async with self.slots:
                 await self.pace.wait()
-                started = time.perf_counter()
-                response = await self.client.chat.completions.create(**self.body(req))
+                started, client = time.perf_counter(), self.client
+                response = await client.chat.completions.create(**self.body(req))
                 self.latency_s.append(time.perf_counter() - started)
             await done.put((index, self.result(req, response)))
         except asyncio.CancelledError:
@@ -120,6 +131,10 @@ class EndpointGenerator(StreamingReplica):
                 failure = f"endpoint refused the request ({err.status_code}): {err.message[:300]}"
                 await done.put((index, failed(req, failure)))
         except Exception as err:  # noqa: BLE001 - lost connection, timeout: the call fails and the engine retries
+            if isinstance(err.__cause__, httpx.PoolTimeout) and client is self.client:
+                # the leaked pool never mends: later requests get a new one (the old one's live connections
+                # finish the requests on them)
+                self.client, self.new_clients = self.connect(self.endpoint), self.new_clients + 1
             await done.put((index, EndpointError.of(err)))
 
     def body(self, req: Generate | Judge) -> dict:

@@ -2,6 +2,7 @@
 one: judgments outside the choices, responses of another shape, and refusals that are the settings'."""
 
 import asyncio
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -109,6 +110,61 @@ def test_a_connection_dropped_mid_response_is_a_connection_error_not_a_200_and_f
         server.shutdown()
     assert raised.value.status_code is None
     assert replica.engine_stats()["http_status"] == {"connection error": 2}  # the request and its retry
+
+
+class Answering(BaseHTTPRequestHandler):
+    """Answers every chat completion "Paris"; a GET waits for ``release``."""
+
+    release = threading.Event()
+
+    def do_GET(self):
+        self.release.wait(30)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        payload = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "served", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_replica_whose_connection_pool_leaked_gets_a_new_client_instead_of_timing_out_for_good(monkeypatch):
+    """Requests cancelled while the pool assigned them a connection leak it (httpcore#1093): after a 503 storm
+    every slot was taken, each request timed out waiting for one, after the server was well again too, until
+    the watchdog restarted the replica 1,800 s later."""
+    import actors.endpoint_generator
+    from actors.endpoint_generator import EndpointError
+
+    monkeypatch.setattr(actors.endpoint_generator, "POOL_TIMEOUT_S", 0.2, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    replica = EndpointGenerator(LLMConfig(model="served", endpoint=EndpointConfig(
+        base_url=url, max_concurrency=1, max_retries=0, timeout_s=30)).model_dump(), SamplingConfig().model_dump())
+
+    async def leaked_then_asked():
+        # the pool's only connection taken for good, as a leaked one is
+        held = asyncio.create_task(replica.client.get("/hang", cast_to=object))
+        await asyncio.sleep(0.5)
+        with pytest.raises(EndpointError, match="APITimeoutError"):  # in 0.2 s, not timeout_s
+            await replica.generate([Generate(chat("Q"))])
+        answered = await replica.generate([Generate(chat("Q"))])
+        held.cancel()
+        return answered
+
+    try:
+        (answered,) = asyncio.run(asyncio.wait_for(leaked_then_asked(), 20))
+    finally:
+        Answering.release.set()
+        server.shutdown()
+    assert answered.text == "Paris" and not answered.error
+    assert replica.engine_stats()["new_clients"] == 1
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 503])
