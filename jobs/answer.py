@@ -22,7 +22,7 @@ from jobs.live_metrics import RayMetrics
 from jobs.output import ShardedOutput, claimed
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
-from jobs.question_sources import is_converted_copy, materialize_questions
+from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, redact
@@ -175,10 +175,6 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     all: a run killed while writing one left it damaged)."""
     resolved = config.model_dump(mode="json")
     resolved.update(questions=redact(config.questions), output=redact(config.output))
-    if is_converted_copy(config.questions, config.output):
-        # the copy holds the columns renamed and the split chosen: the file passed again with --config reads
-        # it as it is (a split of a Parquet file is refused, and a rename finds no such column)
-        resolved["input"].update(columns={}, split=None)
     fs, root = filesystem(config.output)
     record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
     for name, data in record.items():

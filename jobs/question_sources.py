@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
-from jobs.storage import file_sha256, filesystem, join, read_table, redact, uri_of
+from jobs.storage import file_sha256, filesystem, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
@@ -96,6 +97,8 @@ def is_datasets_dir(uri: str) -> bool:
 
 def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
+    if is_converted_copy(uri):  # a run's own config.yaml: its input.split / columns are applied in the copy
+        return uri
     if split is not None and not uri.startswith("hf:") and not is_datasets_dir(uri):
         raise no_splits(uri, split)
     if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:") and not is_foreign(uri):
@@ -165,9 +168,13 @@ def as_parquet(uri: str) -> str:
 _SCRATCH: str | None = None
 
 
-def is_converted_copy(questions: str, output: str) -> bool:
-    """Whether ``questions`` is the copy ragsift converted a run's questions into (``write_input``)."""
-    return questions.startswith(join(output, "_input") + "/")
+_COPY = re.compile(r"(^|/)_input/questions-[0-9a-f]+\.parquet$")
+
+
+def is_converted_copy(questions: str) -> bool:
+    """Whether ``questions`` is a copy ragsift converted a run's questions into (``write_input``), as a
+    run's config.yaml names them: the columns it renamed and the split it chose are in the copy."""
+    return bool(_COPY.search(questions))
 
 
 def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:

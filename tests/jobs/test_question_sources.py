@@ -134,19 +134,26 @@ def test_a_split_is_refused_for_questions_that_have_none(tmp_path, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_a_runs_config_yaml_of_converted_questions_runs_again_with_config_alone(tmp_path):
-    """config.yaml names the converted copy, which holds the split chosen and the columns renamed; it kept
-    input.split and input.columns too, so --config with it refused the split of a Parquet file (or looked
-    for the renamed column in the copy)."""
+def test_a_runs_config_yaml_of_converted_questions_runs_again_with_config_alone_as_the_same_run(tmp_path):
+    """config.yaml names the converted copy, which holds the split chosen and the columns renamed, and keeps
+    input.split / input.columns: --config with it refused the split of a Parquet file (or looked for the
+    renamed column in the copy). Recording them as none instead changed the run's identity, so the file no
+    longer resumed its own output."""
     import yaml
+
+    from jobs.identity import run_identity
+    from jobs.questions import plan_input
 
     datasets.DatasetDict({"validation": datasets.Dataset.from_list([{"qid": "1", "query": "Who?", "answers": ["x"]}])}
                          ).save_to_disk(str(tmp_path / "dd"))
     config = config_for(tmp_path / "dd", tmp_path / "out", "input.split=validation", "input.columns={id: qid, question: query}")
     answer_job.write_record(config, {})
-    recorded = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
-    assert recorded["questions"] == config.questions and recorded["input"]["split"] is None
+    assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())["input"]["split"] == "validation"
     parser = argparse.ArgumentParser()
     answer_job.add_arguments(parser)
     again = answer_job.config_from_args(parser.parse_args(["--config", str(tmp_path / "out" / "config.yaml")]))
-    assert pq.read_table(again.questions).select(["id", "question"]).to_pylist() == [{"id": "1", "question": "Who?"}]
+    assert again.questions == config.questions
+    assert run_identity(again, plan_input(again.questions)) == run_identity(config, plan_input(config.questions))
+    elsewhere = answer_job.config_from_args(parser.parse_args(["--config", str(tmp_path / "out" / "config.yaml"),
+                                                               "--output", str(tmp_path / "other")]))
+    assert pq.read_table(elsewhere.questions).select(["id", "question"]).to_pylist() == [{"id": "1", "question": "Who?"}]
