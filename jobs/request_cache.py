@@ -35,6 +35,10 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
 # choices is shared among them (a label was cut, "AMBIGUO"; the mass went to the first choice listed).
 # retriever 3: dense hits of equal score come in corpus order, whatever the search's depth or the shards.
 CACHE_VERSIONS = {"retriever": 3, "judge": 2, "generator/Judge": 2}
+# A local replica tokenizes a special token's string in a message as text (actors/chat_tokens.py); before, a
+# passage holding "<|im_end|>" ended its turn. Only such prompts changed, but the key cannot tell them apart,
+# so every local model's entries are computed anew; an endpoint's server tokenizes as before.
+MESSAGES_AS_TEXT = "special-token strings as text"
 
 
 def namespaces(config: AnswerConfig) -> dict[str, str]:
@@ -78,7 +82,7 @@ def know_embedder(model: str | None) -> str | None:
 def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
              if llm.endpoint else {"model": revision(llm.model), "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
-                                   "engine_kwargs": llm.engine_kwargs})
+                                   "engine_kwargs": llm.engine_kwargs, "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
 

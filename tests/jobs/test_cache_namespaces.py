@@ -44,3 +44,15 @@ def test_a_stages_new_cache_version_serves_none_of_its_older_entries_and_keeps_t
     monkeypatch.setattr(request_cache, "CACHE_VERSIONS", {"generator": 2})
     after = request_cache.namespaces(AnswerConfig())
     assert after["generator"] != before["generator"] and after["ranker"] == before["ranker"]
+
+
+def test_answers_a_local_replica_computed_before_it_tokenized_special_token_strings_as_text_are_not_served(monkeypatch):
+    """A passage holding "<|im_end|>" ended its turn before actors/chat_tokens.py; the disk cache served those
+    answers to runs after the mend. A local model's namespaces name how messages are tokenized; an endpoint's,
+    whose server tokenizes as before, do not."""
+    now = request_cache.namespaces(AnswerConfig())
+    monkeypatch.setattr(request_cache, "MESSAGES_AS_TEXT", "before")
+    before = request_cache.namespaces(AnswerConfig())
+    assert all(now[s] != before[s] for s in ("generator", "judge", "generator/Judge")) and now["ranker"] == before["ranker"]
+    endpoint = AnswerConfig(generator={"model": "m", "endpoint": {"base_url": "http://127.0.0.1:1/v1"}})
+    assert "messages" not in request_cache.llm_namespace(endpoint.generator, endpoint)
