@@ -309,3 +309,47 @@ def test_a_session_whose_ray_was_replaced_under_it_starts_its_pools_on_the_new_o
     now["node"] = "another Ray again"
     session.close()  # its pools went with their Ray; the Ray there is now is not this Session's to stop
     assert stopped == [] and session.stages == {}
+
+
+def test_a_session_whose_first_pools_failed_on_its_own_ray_leaves_the_users_ray_that_replaced_it(monkeypatch):
+    """It started a Ray, its pools failed to start, the user replaced that Ray: the next call built pools on the
+    user's Ray, but the Session still counted the Ray as its own and close() shut the user's down."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.api
+    import jobs.pools
+    import jobs.ray_session
+    from jobs.api import Session
+    from schemas.config import validated
+
+    now = {"node": None}
+
+    def init_ray(*args):
+        now["node"] = "the Session's Ray"
+
+    def build_stages(config, needs, plan, running):
+        if now["node"] == "the Session's Ray":
+            raise RuntimeError("a pool failed to start")
+        return {"generator": SimpleNamespace(replicas=[f"a replica on {now['node']}"])}
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: now["node"] is not None)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: now["node"],
+                                                                           get_job_id=lambda: "01000000"))
+    monkeypatch.setattr(jobs.ray_session, "init_ray", init_ray)
+    monkeypatch.setattr(jobs.pools, "build_stages", build_stages)
+    stopped = []
+    monkeypatch.setattr(ray, "kill", stopped.append)
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append("ray"))
+    session = Session(generator="smollm2-135m-instruct")
+    config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["direct"]})
+    with pytest.raises(RuntimeError, match="a pool failed"):
+        session._start(config)
+    assert session.started_ray
+    now["node"] = "the user's Ray"  # ray.shutdown(); ray.init() by the user
+    session._start(config)
+    assert session.actors() == ["a replica on the user's Ray"] and not session.started_ray
+    monkeypatch.setattr(jobs.api, "wait_until_dead", lambda actors, wait_s: None)
+    session.close()
+    assert stopped == ["a replica on the user's Ray"]  # its pools, not the Ray
