@@ -91,7 +91,7 @@ class Prompts:
                              "ragsift sends chat messages, so give an instruct / chat model") from err
 
     @functools.cached_property
-    def specials(self):
+    def special_token_pattern(self) -> re.Pattern | None:
         return special_tokens(self.tokenizer)
 
     def prepare(self, req: Generate | Judge):
@@ -109,7 +109,7 @@ class Prompts:
         if isinstance(req, Generate) and req.max_tokens is not None and req.max_tokens < 1:
             return failed(req, f"max_tokens {req.max_tokens}: at least 1 (None: the run's default)")
         sp = self.params(req)
-        ids = chat_token_ids(self.tokenizer, req.as_chat(), self.specials)
+        ids = chat_token_ids(self.tokenizer, req.as_chat(), self.special_token_pattern)
         budget = completion_budget(len(ids), sp.max_tokens, self.max_model_len, minimum=min_completion(req, sp))
         if isinstance(budget, str):
             return failed(req, budget, prompt_tokens=len(ids))

@@ -329,7 +329,7 @@ class StreamingGeneratorStage(GeneratorStage):
         if self.first_ready_at is None:
             self.first_ready_at = time.perf_counter()
 
-    def starting(self, now: float | None = None) -> int:
+    def n_starting(self, now: float | None = None) -> int:
         """Replicas not ready yet since the run's first one was, within ``startup_hold_s`` of it."""
         now = time.perf_counter() if now is None else now
         if self.first_ready_at is None or now >= self.first_ready_at + self.startup_hold_s:
@@ -338,7 +338,7 @@ class StreamingGeneratorStage(GeneratorStage):
 
     def next_deadline(self):
         deadline = super().next_deadline()
-        if self.pending() and self.starting():  # the held back part of a burst goes when the hold ends
+        if self.pending() and self.n_starting():  # the held back part of a burst goes when the hold ends
             end = self.first_ready_at + self.startup_hold_s
             deadline = end if deadline is None else min(deadline, end)
         return deadline
@@ -363,7 +363,7 @@ class StreamingGeneratorStage(GeneratorStage):
             best = min(healthy, key=self.tokens_in_flight.__getitem__)
             return best if self.inflight[best] == 0 else None
         best = min(healthy, key=lambda r: (self.tokens_in_flight[r], self.last_sent[r]))
-        if self.tokens_in_flight[best] and self.starting(now):
+        if self.tokens_in_flight[best] and self.n_starting(now):
             return None  # the rest of the burst is the starting replicas' share
         return best if self.tokens_in_flight[best] < (self.budget[best] or 0) else None
 
@@ -375,7 +375,7 @@ class StreamingGeneratorStage(GeneratorStage):
         # a burst is shared with the other idle replicas and those still starting: a replica's room is twice
         # its KV cache, so one took a small run's 20 requests (and each burst's first max_batch) while three
         # others sat idle, or had not answered their readiness call yet
-        idle = sum(self.tokens_in_flight[r] == 0 for r in self.healthy()) + self.starting()
+        idle = sum(self.tokens_in_flight[r] == 0 for r in self.healthy()) + self.n_starting()
         most = min(self.batching.max_batch, -(-len(self.queue) // idle) if idle else self.batching.max_batch)
         batch: list[Request] = []
         while self.queue and len(batch) < most:

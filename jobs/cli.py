@@ -11,7 +11,6 @@ import sys
 from schemas.config import as_override
 from schemas.errors import StageDown, UserError
 
-# the module's docstring is for its readers: its first line, cut mid-sentence, was --help's description
 DESCRIPTION = ("Adaptive retrieval-augmented question answering as a distributed batch job on Ray, vLLM and FAISS; "
                "`ragsift JOB --help` for a job's flags")
 

@@ -104,8 +104,7 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
-# a whole line now and then, not a carriage-return counter: a Ray job's log or a file got one line of
-# thousands of "\r"-joined counts, and the shard lines were glued to it
+# whole lines now and then, not a carriage-return counter: a job's log is a file, where "\r" joins lines
 PROGRESS_EVERY_S = 10.0
 
 

@@ -39,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     # refused before the base config converts the questions: `input` is read then, once for every value
-    if args.param.split(".")[0] in ("cache", "ray", "output", "questions", "input"):
-        raise ConfigError(f"sweep --param {args.param}: the values share one run's {args.param.split('.')[0]} "
+    section = parse_override(f"{args.param}=")[0][0]  # as --set reads a key: a quoted part may hold "."
+    if section in ("cache", "ray", "output", "questions", "input"):
+        raise ConfigError(f"sweep --param {args.param}: the values share one run's {section} "
                           "(set once, from the base config); set it with --set instead")
     base = answer_job.config_from_args(args)
     if base.questions:  # scored against gold: checked before any value is answered, not after the first

@@ -141,7 +141,7 @@ def test_a_replica_whose_connection_pool_leaked_gets_a_new_client_instead_of_tim
     import actors.endpoint_generator
     from actors.endpoint_generator import EndpointError
 
-    monkeypatch.setattr(actors.endpoint_generator, "POOL_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(actors.endpoint_generator, "POOL_TIMEOUT_S", 0.2)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"

@@ -107,7 +107,8 @@ def test_values_are_trimmed_and_each_swept_once():
     assert distinct_values("think_act.beta_threshold", "0, 0.5,0.0,0.5 ,1") == ["0", "0.5", "1"]
 
 
-@pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output", "input.split", "input.columns"])
+@pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output", "input.split", "input.columns",
+                                   '"input".split'])  # a quoted key, as --set reads it
 def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, capsys, param):
     """cache.enabled=false still read the shared cache; output was overwritten by the value's folder; each
     input.split answered the questions the base config's split converted, under its own label. Refused
