@@ -68,6 +68,7 @@ class EndpointGenerator(StreamingReplica):
         self.statuses: Counter[str] = Counter()  # every HTTP response, retries included
         self.latency_s: deque[float] = deque(maxlen=10_000)
         self.endpoint, self.client, self.new_clients = ep, self.connect(ep), 0
+        self.closing: set[asyncio.Task] = set()  # replaced clients being closed
         self.slots = asyncio.Semaphore(ep["max_concurrency"])
         self.pace = Pace(ep["requests_per_second"])
         self.chunk_s = chunk_s
@@ -132,10 +133,15 @@ class EndpointGenerator(StreamingReplica):
                 await done.put((index, failed(req, failure)))
         except Exception as err:  # noqa: BLE001 - lost connection, timeout: the call fails and the engine retries
             if isinstance(err.__cause__, httpx.PoolTimeout) and client is self.client:
-                # the leaked pool never mends: later requests get a new one (the old one's live connections
-                # finish the requests on them)
+                # the leaked pool never mends: later requests get a new one; the old one's requests in flight end
+                # within timeout_s, and then its sockets, the leaked ones too, are closed
                 self.client, self.new_clients = self.connect(self.endpoint), self.new_clients + 1
+                asyncio.get_running_loop().call_later(self.endpoint["timeout_s"], self._close_later, client)
             await done.put((index, EndpointError.of(err)))
+
+    def _close_later(self, client) -> None:
+        self.closing.add(task := asyncio.ensure_future(client.close()))  # held until done: a task may be collected
+        task.add_done_callback(self.closing.discard)
 
     def body(self, req: Generate | Judge) -> dict:
         """The chat completion request: the batch kind's sampling, in the OpenAI API's words."""

@@ -146,25 +146,29 @@ def test_a_replica_whose_connection_pool_leaked_gets_a_new_client_instead_of_tim
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     replica = EndpointGenerator(LLMConfig(model="served", endpoint=EndpointConfig(
-        base_url=url, max_concurrency=1, max_retries=0, timeout_s=30)).model_dump(), SamplingConfig().model_dump())
+        base_url=url, max_concurrency=1, max_retries=0, timeout_s=3)).model_dump(), SamplingConfig().model_dump())
 
     async def leaked_then_asked():
         # the pool's only connection taken for good, as a leaked one is
-        held = asyncio.create_task(replica.client.get("/hang", cast_to=object))
+        leaked = replica.client
+        held = asyncio.create_task(leaked.get("/hang", cast_to=object))
         await asyncio.sleep(0.5)
         with pytest.raises(EndpointError, match="APITimeoutError"):  # in 0.2 s, not timeout_s
             await replica.generate([Generate(chat("Q"))])
         answered = await replica.generate([Generate(chat("Q"))])
+        open_then = not leaked.is_closed()
+        await asyncio.sleep(3.5)  # the old client's requests have had timeout_s to end: it is closed
         held.cancel()
-        return answered
+        return answered, open_then, leaked.is_closed()
 
     try:
-        (answered,) = asyncio.run(asyncio.wait_for(leaked_then_asked(), 20))
+        (answered,), open_then, closed_later = asyncio.run(asyncio.wait_for(leaked_then_asked(), 20))
     finally:
         Answering.release.set()
         server.shutdown()
     assert answered.text == "Paris" and not answered.error
     assert replica.engine_stats()["new_clients"] == 1
+    assert open_then and closed_later  # not at once (its live requests finish on it), but not never
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 503])
