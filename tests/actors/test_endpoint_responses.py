@@ -53,17 +53,21 @@ def test_a_200_of_another_shape_is_that_requests_error_and_missing_token_counts_
     assert wild.error and "another shape" in wild.error
 
 
+def reply(handler: BaseHTTPRequestHandler, status: int, payload: bytes) -> None:
+    """Read the request, answer ``payload`` as JSON with ``status``."""
+    handler.rfile.read(int(handler.headers["Content-Length"]))
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 class Refusing(BaseHTTPRequestHandler):
     status = 401
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        payload = b'{"error": {"message": "refused"}}'
-        self.send_response(self.status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        reply(self, self.status, b'{"error": {"message": "refused"}}')
 
     def log_message(self, *args):
         pass
@@ -121,14 +125,8 @@ class Answering(BaseHTTPRequestHandler):
         self.release.wait(30)
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        payload = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "served", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        reply(self, 200, json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "served", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"}]}).encode())
 
     def log_message(self, *args):
         pass
