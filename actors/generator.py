@@ -87,8 +87,9 @@ class Prompts:
             self.tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
                                                tokenize=True, add_generation_prompt=True)
         except Exception as err:
-            raise ValueError(f"the model's tokenizer cannot template a chat ({type(err).__name__}: {err}); "
-                             "ragsift sends chat messages, so give an instruct / chat model") from err
+            # the hint first: the engine cuts a cause's text, and transformers' own message is long
+            raise ValueError("the model's tokenizer cannot template a chat, and ragsift sends chat messages: give an "
+                             f"instruct / chat model ({type(err).__name__}: {err})") from err
 
     @functools.cached_property
     def special_token_pattern(self) -> re.Pattern | None:
