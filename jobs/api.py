@@ -135,7 +135,7 @@ class Session:
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
 
-        if self.ray is not None and not self._on_its_ray():
+        if (self.stages or self.ray is not None) and not self._on_its_ray():
             # its Ray was shut down under it (another Session's close) or replaced (ray.shutdown, then ray.init):
             # pools of a Ray that is gone are started again, on the Ray there is now or on one of ours
             self.stages, self.started_ray = {}, False

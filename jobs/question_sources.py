@@ -34,26 +34,11 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = 
     """An Arrow table with ragsift's column names (``columns`` maps ours -> yours, applied before other
     tools' names are mapped to ours: jobs/formats.py ``ours``; ``csv``: answers cells split at ``|``);
     ids from row numbers when there is no id column."""
-    if isinstance(questions, pa.Table):
-        table = questions
-    elif type(questions).__module__.startswith("pandas"):
-        table = pa.Table.from_pandas(questions, preserve_index=False)
-    elif type(questions).__module__.startswith("datasets"):
-        import datasets
-
-        if not isinstance(questions, datasets.Dataset):  # a DatasetDict of splits, an IterableDataset
-            raise UserError(f"questions: a datasets.{type(questions).__name__} is not one table of questions: pass "
-                            "one split (ds['validation']), or an IterableDataset's rows as a Dataset")
-        table = questions.flatten_indices().data.table  # the rows the Dataset shows, without a copy to Python
-    elif isinstance(questions, list):
-        try:
-            table = pa.Table.from_pylist(questions)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # one key holding text in one row, a number in another
-            raise UserError(f"questions: the list's dicts do not make one table, a key's values of one type each "
-                            f"({err})") from None
-    else:
-        raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
-                        f"not {type(questions).__name__}")
+    try:
+        table = _as_table(questions)
+    except UnicodeEncodeError as err:  # a Python string Arrow cannot hold: a lone surrogate ("\ud800")
+        raise UserError(f"questions: {_where_unencodable(questions)} is not valid Unicode ({err.reason}: "
+                        f"{err.object[err.start:err.end]!r}); Arrow holds UTF-8 only") from None
     columns = columns or {}
     unknown = sorted(set(columns) - set(QUESTION_REQUIRED) - set(QUESTION_OPTIONAL))
     if unknown:  # a misspelt name of ours would leave the file's own column of that name in use
@@ -79,6 +64,42 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = 
         table = table.append_column("id", pa.array([str(i) for i in range(table.num_rows)]))
     return table
 
+
+
+def _as_table(questions: Any) -> pa.Table:
+    if isinstance(questions, pa.Table):
+        return questions
+    if type(questions).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(questions, preserve_index=False)
+    if type(questions).__module__.startswith("datasets"):
+        import datasets
+
+        if not isinstance(questions, datasets.Dataset):  # a DatasetDict of splits, an IterableDataset
+            raise UserError(f"questions: a datasets.{type(questions).__name__} is not one table of questions: pass "
+                            "one split (ds['validation']), or an IterableDataset's rows as a Dataset")
+        return questions.flatten_indices().data.table  # the rows the Dataset shows, without a copy to Python
+    if isinstance(questions, list):
+        try:
+            return pa.Table.from_pylist(questions)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # one key holding text in one row, a number in another
+            raise UserError(f"questions: the list's dicts do not make one table, a key's values of one type each "
+                            f"({err})") from None
+    raise TypeError(f"questions must be a pandas DataFrame, Arrow table, datasets.Dataset or list of dicts, "
+                    f"not {type(questions).__name__}")
+
+
+def _where_unencodable(questions: Any) -> str:
+    """The first row and column of ``questions`` (a list of dicts or a DataFrame) whose text is no valid Unicode."""
+    rows = questions.to_dict("records") if hasattr(questions, "to_dict") else questions
+    for n, row in enumerate(rows):
+        for key, value in (row.items() if isinstance(row, dict) else ()):
+            for text in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return f"row {n}'s {key!r}"
+    return "a value"
 
 def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """A dictionary-encoded column as its values, a string_view as a string: the types a question's

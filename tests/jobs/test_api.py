@@ -36,6 +36,13 @@ def test_text_held_as_a_categorical_or_dictionary_is_read_as_its_values_and_list
         to_arrow([{"question": "Who?"}, {"question": 3}])
 
 
+def test_a_lone_surrogate_in_a_list_of_dicts_is_a_one_line_error_naming_its_row_and_key():
+    """A bare UnicodeEncodeError from Arrow, naming neither (a JSON Lines file's or a CSV's is refused or that
+    row's error: it cannot reach Python as a lone surrogate)."""
+    with pytest.raises(UserError, match=r"row 1's 'question' is not valid Unicode \(surrogates not allowed: '\\ud800'\)"):
+        to_arrow([{"id": "a", "question": "Who?"}, {"id": "b", "question": "What is \ud800?"}])
+
+
 def test_a_datasetdict_is_refused_naming_a_split():
     import datasets
 
