@@ -106,5 +106,10 @@ def push_to_hub(folder: str, repo: str) -> None:
     from huggingface_hub import HfApi
 
     api = HfApi()
-    api.create_repo(repo, repo_type="dataset", exist_ok=True)
-    api.upload_folder(folder_path=folder, repo_id=repo, repo_type="dataset")
+    try:
+        api.create_repo(repo, repo_type="dataset", exist_ok=True)
+        api.upload_folder(folder_path=folder, repo_id=repo, repo_type="dataset")
+    except Exception as err:  # noqa: BLE001 - no network, no login, refused: the labels are written, say so in one line
+        raise UserError(f"the labels are in {folder}, but pushing them to the hub as {repo} failed "
+                        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); rerun the same "
+                        "command to push them (the labelling is done and resumes as done)") from None

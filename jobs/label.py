@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
     if other:
         raise UserError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
-    if args.push_to_hub:
+    if args.push_to_hub is not None:
         check_hub_repo(args.push_to_hub)
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
     print(json.dumps(summary, indent=2))

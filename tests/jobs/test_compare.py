@@ -216,10 +216,27 @@ def test_a_push_to_hub_the_hub_would_refuse_is_one_line_before_any_labelling(tmp
 
     monkeypatch.setattr(label, "label", lambda *a, **k: pytest.fail("labelled before the push was checked"))
     argv = ["--questions", str(one_question_and_no_ray), "--output", str(tmp_path / "out"), "--push-to-hub"]
-    for repo in ("my labels", "me/my/labels", "../labels"):
+    for repo in ("my labels", "me/my/labels", "../labels", ""):
         assert run_job("label", [*argv, repo]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--push-to-hub {repo!r} is not a Hugging Face repository id" in err, err
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert run_job("label", [*argv, "me/labels"]) == 2
     assert "--push-to-hub needs the Hugging Face hub, and HF_HUB_OFFLINE is set" in capsys.readouterr().err
+
+
+def test_a_push_that_fails_after_labelling_is_one_line_saying_where_the_labels_are(tmp_path, monkeypatch):
+    """No network or no login: the labelling finished, then HfApi's ConnectError ended it with a traceback."""
+    import huggingface_hub
+
+    from jobs.dataset_card import push_to_hub
+    from schemas.errors import UserError
+
+    class Unreachable:
+        def create_repo(self, *args, **kwargs):
+            raise ConnectionError("[Errno 101] Network is unreachable\nand more lines")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Unreachable)
+    with pytest.raises(UserError, match=rf"the labels are in {tmp_path}, but pushing them to the hub as me/labels failed "
+                                        r"\(ConnectionError: \[Errno 101\] Network is unreachable\); rerun"):
+        push_to_hub(str(tmp_path), "me/labels")
