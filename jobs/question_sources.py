@@ -65,7 +65,6 @@ def to_arrow(questions: Any, columns: dict[str, str] | None = None, csv: bool = 
     return table
 
 
-
 def _as_table(questions: Any) -> pa.Table:
     if isinstance(questions, pa.Table):
         return questions
@@ -100,6 +99,7 @@ def _where_unencodable(questions: Any) -> str:
                     except UnicodeEncodeError:
                         return f"row {n}'s {key!r}"
     return "a value"
+
 
 def decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """A dictionary-encoded column as its values, a string_view as a string: the types a question's
