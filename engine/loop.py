@@ -234,8 +234,9 @@ class Engine:
         self._drop(launched)
         self._account(launched)
         try:
-            stage.stats.received(launched.refs)
-            responses = stage.combine(launched.batch, ray.get(launched.refs))
+            results = ray.get(launched.refs)
+            stage.stats.received(launched.refs)  # after the get: the owner may not know a new object's node before
+            responses = stage.combine(launched.batch, results)
             if len(responses) != len(launched.batch):  # zip would leave the unanswered ones waiting forever
                 raise RuntimeError(f"replica answered {len(responses)} of {len(launched.batch)} requests")
         except Exception as err:  # noqa: BLE001 - retried, isolated, at worst error rows
@@ -250,8 +251,8 @@ class Engine:
         stage = launched.stage
         try:
             ref = next(stream)
-            stage.stats.received([ref])
             chunk = ray.get(ref)
+            stage.stats.received([ref])
         except StopIteration:
             chunk = None
         except Exception as err:  # noqa: BLE001 - what is not answered yet is retried, isolated, at worst error rows

@@ -70,7 +70,9 @@ class StageStats:
         }
 
     def received(self, refs: list) -> None:
-        """Count what ``refs`` (results the driver is about to read) weigh: Ray knows each object's size."""
+        """Count what ``refs`` (results the driver has just read) weigh: Ray knows each object's size. Asked
+        before the read, a reply that came through the object store was now and then not located on any node
+        yet (3 of 600 here) and counted as inlined; after it, none of 2,000."""
         import ray
 
         for info in ray.experimental.get_object_locations(refs).values():
