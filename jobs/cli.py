@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
+import select
+import signal
 import sys
 
 from schemas.config import as_override
@@ -70,10 +73,27 @@ def _parser(name: str, module, parser: argparse.ArgumentParser | None = None) ->
     return parser
 
 
+def _stdout_closed() -> bool:
+    """Whether the reader of standard output has gone (``ragsift evaluate | head -1``): a pipe with no
+    reader polls as an error. A broken pipe elsewhere (a socket to a server) is not this."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a captured stdout), or no poll here
+        return False
+
+
 def _execute(name: str, module, args: argparse.Namespace) -> int:
     try:
         return module.run(args)
     except USER_ERRORS as err:
+        if isinstance(err, BrokenPipeError) and _stdout_closed():
+            # as a Unix tool killed by SIGPIPE: no message, status 128 + 13; what was printed was read, and the
+            # jobs write their files before printing. Standard output goes to /dev/null so that the
+            # interpreter's last flush at exit does not raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
         if getattr(args, "debug", False):
             raise
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours

@@ -41,6 +41,37 @@ def test_a_user_error_is_one_line_and_exit_code_2(capsys):
     assert capsys.readouterr().err == "ragsift index: error: corpus.parquet: no such file\n"
 
 
+PRINTS_UNTIL_STOPPED = """
+import argparse, sys, time, types
+from jobs.cli import _execute
+def run(args):
+    time.sleep(0.5)  # the reader has gone by now
+    for _ in range(1000):
+        print("x" * 1000, flush=True)
+    return 0
+sys.exit(_execute("evaluate", types.SimpleNamespace(run=run), argparse.Namespace(debug=False)))
+"""
+
+
+def test_a_reader_that_stops_reading_ends_the_job_quietly_as_sigpipe_would():
+    """``ragsift evaluate | head -1``: was "error: [Errno 32] Broken pipe", exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = subprocess.Popen([sys.executable, "-c", PRINTS_UNTIL_STOPPED], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
+    job.stdout.close()
+    err = job.stderr.read()
+    assert job.wait(timeout=60) == 141
+    assert err == b""
+
+
+def test_a_broken_pipe_that_is_not_standard_output_stays_a_one_line_error(capsys):
+    assert _execute("answer", job_that_raises(BrokenPipeError(32, "Broken pipe")), argparse.Namespace(debug=False)) == 2
+    assert capsys.readouterr().err == "ragsift answer: error: [Errno 32] Broken pipe\n"
+
+
 @pytest.mark.parametrize("error", [UserError("q.parquet: no rows"), ConfigError("retrieval.k: must be > 0"),
                                    StageDown("stage generator: its actors cannot start (OSError: model weights not "
                                              "found); fix the cause and rerun the same command to resume")])
