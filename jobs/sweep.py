@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     # refused before the base config converts the questions: `input` is read then, once for every value
+    if not args.param.strip():
+        raise ConfigError(f"sweep --param {args.param!r}: name the config field to vary, e.g. think_act.beta_threshold")
     section = parse_override(f"{args.param}=")[0][0]  # as --set reads a key: a quoted part may hold "."
     if section in ("cache", "ray", "output", "questions", "input"):
         raise ConfigError(f"sweep --param {args.param}: the values share one run's {section} "

@@ -580,6 +580,8 @@ def _override_keys(text: str) -> tuple[list[str], str]:
         else:
             end = min((j for j in (text.find(".", i), text.find("=", i)) if j >= 0), default=len(text))
             keys.append(text[i:end].strip())
+            if not keys[-1] and end < len(text):  # "=0", "a..b=1": the field would be "" (pydantic's "Extra inputs")
+                raise ConfigError(f"override {text!r}: an empty name in its dotted key (e.g. retrieval.k=5)")
             i = end
         if i >= len(text):
             raise ConfigError(f"override {text!r} must look like dotted.key=value")

@@ -123,6 +123,17 @@ def test_a_setting_the_run_sets_once_is_refused_as_a_sweep_parameter(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("param", ["", " "])
+def test_an_empty_sweep_parameter_is_refused_asking_for_a_field(tmp_path, capsys, param):
+    """``--param ''`` (an unset shell variable) said "--param =0: Extra inputs are not permitted"."""
+    from jobs.cli import main
+
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    code = main(["sweep", "--param", param, "--values", "0,1", "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--strategy", "think_act"])
+    assert code == 2 and "name the config field to vary" in capsys.readouterr().err
+
+
 def test_a_sweep_without_gold_answers_stops_before_answering_a_value(tmp_path, capsys):
     """It answered the whole first value, then found no answers column to score it against."""
     import pyarrow as pa

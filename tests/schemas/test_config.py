@@ -143,3 +143,10 @@ def test_a_mapping_key_holding_a_dot_is_quoted_and_unquoted_it_is_refused_naming
     assert nested.generator.engine_kwargs == {"compilation_config": {"level": 3}}
     with pytest.raises(ConfigError, match="no closing"):
         load_config(AnswerConfig, None, ['answer_form.by_dataset."my.qa=yes_no'])
+
+
+@pytest.mark.parametrize("override", ["=0", "retrieval..k=5", ".retrieval.k=5", "retrieval.=5"])
+def test_an_override_with_an_empty_name_in_its_key_is_refused_saying_so(override):
+    """``--set =0`` said "Extra inputs are not permitted": the empty name was taken as a field."""
+    with pytest.raises(ConfigError, match="an empty name in its dotted key"):
+        load_config(AnswerConfig, None, [override])
