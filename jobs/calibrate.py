@@ -307,7 +307,8 @@ def config_values(config, chosen: dict, fingerprint: str | None, n: int, questio
         values.setdefault(section, {})[key] = result["value"]
     values["calibration"] = {
         "questions": redact(questions or config.questions), "questions_sha256": fingerprint,
-        **({"converted_sha256": converted} if converted else {}), "n": n,
+        **({"converted_sha256": converted} if converted else {}),
+        **({"split": config.input.split} if config.input.split else {}), "n": n,
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
         "ranker": ranker_name(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}

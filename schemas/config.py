@@ -406,6 +406,8 @@ class CalibrationRecord(Section):
                                                "hf: name, not one file)")
     converted_sha256: str | None = Field(None, description="of the Parquet copy the probe answered, where ragsift "
                                                            "converted the slice (JSON Lines, CSV, a renamed column)")
+    split: str | None = Field(None, description="the split read, where the slice is a `datasets` folder or hf: "
+                                                "dataset of several (its input.split)")
     n: int = Field(ge=0, description="probe rows")
     generator: str
     judge: str | None = None

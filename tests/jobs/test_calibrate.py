@@ -435,3 +435,11 @@ def test_the_slices_sha256_is_of_the_file_the_user_gave_and_a_run_over_either_fo
     # a run over the JSON Lines slice again reads its copy; over the slice's own Parquet, that file
     assert calibrated_on(calibrated, sha256_of(read)) and calibrated_on(calibrated, slice_sha256(str(jsonl)))
     assert not calibrated_on(calibrated, "0" * 64) and not calibrated_on(AnswerConfig(), sha256_of(read))
+
+
+def test_the_calibration_record_names_the_split_of_a_slice_with_several():
+    """A `datasets` folder's split was recorded nowhere: the record named the folder, whose splits differ."""
+    given = AnswerConfig(questions="hf:my/qa", output="cal", input={"split": "validation"})
+    values = config_values(given, {}, None, 1)
+    assert AnswerConfig(calibration=values["calibration"]).calibration.split == "validation"
+    assert "split" not in config_values(given.model_copy(update={"input": type(given.input)()}), {}, None, 1)["calibration"]
