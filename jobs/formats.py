@@ -9,12 +9,14 @@
 A CSV cannot hold a list: its ``answers`` (or ``golden_answers``) cell is one answer, or several
 separated by ``|``; every CSV cell is read as text (``007`` stays ``007``, an all-numeric answers
 column is answers). Ids become strings, and so do answers written as numbers; a JSON column keeps one
-type in every row (pyarrow's reader refuses one that changes). Read with pyarrow's streaming readers, a block at a time, so a
+type in every row (pyarrow's reader refuses one that changes), but for an OpenAI batch file's ``body``, read
+line by line: the API lets its shapes vary. Read with pyarrow's streaming readers, a block at a time, so a
 corpus larger than memory converts to Parquet in bounded memory.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -54,6 +56,8 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
             if csv:
                 reader = pa_csv.open_csv(stream, read_options=pa_csv.ReadOptions(block_size=block_bytes),
                                          convert_options=convert)
+            elif _is_openai_batch(fs, path):
+                reader = _openai_batch_rows(stream, uri)
             else:
                 reader = pa_json.open_json(stream, read_options=pa_json.ReadOptions(block_size=block_bytes))
             for batch in reader:
@@ -69,6 +73,59 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
                     if "unexpected field" in str(err).lower() else "")
             raise UserError(f"{redact(uri)}: not readable as {uri.rsplit('.', 1)[-1].upper()} "
                             f"({where}{err}){hint}") from None
+
+
+def _is_openai_batch(fs, path: str) -> bool:
+    """Whether the file's first row is an OpenAI batch request ({"custom_id", "body"})."""
+    import io
+
+    with fs.open_input_stream(path) as raw:
+        for line in io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace"):
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(first, dict) and {"custom_id", "body"} <= first.keys()
+    return False
+
+
+def _openai_batch_rows(stream, uri: str, rows_per_batch: int = 10_000) -> Iterator[pa.RecordBatch]:
+    """An OpenAI batch input file's requests, ``body`` kept as its JSON text. Its shapes vary from row to row as
+    the API allows (a system message's content a string, the user's a list of parts; ``stop`` a string in one
+    request and a list in the next), which pyarrow's reader, one type per field, refused."""
+    import io
+
+    ids, bodies = [], []
+
+    def batch() -> pa.RecordBatch:
+        try:
+            custom_ids = pa.array(ids)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            raise UserError(f"{redact(uri)}: custom_id has one type in some requests and another in others "
+                            "(numbers and text): quote them all") from None
+        return pa.RecordBatch.from_pydict({"custom_id": custom_ids, "body": pa.array(bodies, pa.string())})
+
+    lines = io.TextIOWrapper(stream, encoding="utf-8-sig")
+    while True:
+        try:
+            line = next(lines, None)
+            if line is None:
+                break
+            request = json.loads(line) if line.strip() else None
+        except (UnicodeDecodeError, ValueError) as err:  # the caller names the line
+            raise pa.ArrowInvalid(f"JSON parse error: {err}") from None
+        if request is None:
+            continue
+        if not isinstance(request, dict):
+            raise pa.ArrowInvalid("a line that is not a JSON object")
+        ids.append(request.get("custom_id"))
+        bodies.append(json.dumps(request.get("body")))
+        if len(ids) == rows_per_batch:
+            yield batch()
+            ids, bodies = [], []
+    if ids:
+        yield batch()
 
 
 def _first_bad_json_line(fs, path: str) -> int | None:
@@ -103,7 +160,8 @@ def ours(batch, csv: bool = False, uri: str = ""):
     columns = dict(zip(batch.schema.names, batch.columns))
     if {"custom_id", "body"} <= set(columns) and "question" not in columns:  # an OpenAI batch input file
         columns = {"id": columns["custom_id"], "question": pa.array(
-            [last_user_message(body) for body in columns["body"].to_pylist()], pa.string())}
+            [last_user_message(json.loads(body) if isinstance(body, str) else body)
+             for body in columns["body"].to_pylist()], pa.string())}
     if "golden_answers" in columns and "answers" not in columns:
         columns["answers"] = columns.pop("golden_answers")
     if "contents" in columns and "text" not in columns:

@@ -247,3 +247,34 @@ def test_gold_columns_of_other_shapes_convert_and_only_what_answering_reads_is_t
                                                  "gold_passage_ids": [12, 34], "meta": {"source": "x"}}])
     table = pq.read_table(materialize_questions(source, str(tmp_path / "out"), {}, None))
     assert table["gold_passage_ids"].to_pylist() == [["12", "34"]]
+
+
+def test_an_openai_batch_file_whose_message_shapes_vary_from_request_to_request_is_read(tmp_path):
+    """A system message's content as a string and the user's as a list of parts (the usual shape), or
+    ``stop`` a string in one request and a list in the next: pyarrow's reader refused the file ("changed from
+    string to array in row 0")."""
+    parts = [{"type": "text", "text": "Who wrote Hamlet?"}]
+    source = write_jsonl(tmp_path / "batch.jsonl", [
+        {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts}],
+                  "stop": "x"}},
+        {"custom_id": "r2", "body": {"messages": [{"role": "user", "content": "Who painted it?"}], "stop": ["x", "y"]}},
+    ])
+    assert read(source).to_pylist() == [{"id": "r1", "question": "Who wrote Hamlet?"},
+                                        {"id": "r2", "question": "Who painted it?"}]
+
+
+def test_an_openai_batch_file_is_read_in_batches_and_a_bad_line_is_named(tmp_path):
+    from jobs.formats import batches
+
+    source = write_jsonl(tmp_path / "batch.jsonl", [{"custom_id": i, "body": {"messages": [
+        {"role": "user", "content": f"q{i}"}]}} for i in range(25)])
+    assert [b.num_rows for b in batches(source, mapped=False)] == [25]
+    assert read(source)["id"].to_pylist() == [str(i) for i in range(25)]
+    with open(source, "a") as f:
+        f.write('{"custom_id": "x", "body": \n')
+    with pytest.raises(UserError, match="line 26"):
+        read(source)
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"custom_id": 1, "body": {}}, {"custom_id": "b", "body": {}}])
+    with pytest.raises(UserError, match="custom_id has one type"):
+        read(mixed)
