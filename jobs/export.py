@@ -7,6 +7,9 @@ openai-batch  one line per (question, strategy) as vLLM's ``run-batch`` and the 
               "request_id", "body": <a chat.completion whose message is the answer>}, "error": null}``;
               an error row has status 500, no body, and its error. ``custom_id`` is the question id,
               so the lines match an OpenAI batch input file read as questions (jobs/formats.py).
+              ``finish_reason`` is always "stop": the answer is a strategy's final answer, cleaned (a short
+              answer is its first line), not one generation's text, and a row does not record whether its
+              last generation reached ``sampling.max_tokens`` (vLLM would say "length" for that one).
 rows          every column of the answer rows, one JSON object a line (lists stay lists).
 
 With several strategies in the run, ``--strategy`` picks one for openai-batch (one answer per
