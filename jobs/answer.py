@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from contextlib import suppress
 
@@ -174,13 +175,22 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     """metrics.json and the resolved config.yaml, each written beside and moved into place (whole or not at
     all: a run killed while writing one left it damaged)."""
     resolved = config.model_dump(mode="json")
-    resolved.update(questions=redact(config.questions), output=redact(config.output))
+    # local paths made absolute: `--config config.yaml` from another folder read `questions: data/q.parquet`
+    # relative to where it ran, and failed, or wrote a new output
+    resolved.update(questions=redact(absolute(config.questions)), output=redact(absolute(config.output)))
+    if resolved["index"]["path"]:
+        resolved["index"]["path"] = absolute(resolved["index"]["path"])
     fs, root = filesystem(config.output)
     record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
     for name, data in record.items():
         with fs.open_output_stream(f"{root}/{name}.tmp") as f:
             f.write(data.encode())
         fs.move(f"{root}/{name}.tmp", f"{root}/{name}")
+
+
+def absolute(uri: str) -> str:
+    """A local path as an absolute one; a URI (``s3://``, ``hf:NAME``) as it is."""
+    return uri if "://" in uri or uri.startswith("hf:") else os.path.abspath(uri)
 
 
 def previous_metrics(output: str) -> dict | None:

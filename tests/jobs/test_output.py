@@ -297,3 +297,21 @@ def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_
     assert sorted(p.name for p in (tmp_path / "rag").iterdir()) == [
         ".ipynb_checkpoints", "NOTES.txt", "_part-00000.parquet.sha256", "part-00000.parquet"]
     assert any("NOTES.txt in place" in line for line in said)
+
+
+def test_a_runs_config_yaml_names_local_paths_absolutely_so_it_reruns_from_any_folder(tmp_path, monkeypatch):
+    """`questions: data/q.parquet` as typed: `--config out/config.yaml` from another folder did not find it."""
+    import yaml
+
+    from jobs.answer import write_record
+    from strategies.registry import AnswerConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    write_record(AnswerConfig(questions="data/q.parquet", output="out", index={"path": "idx"}), {})
+    written = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert (written["questions"], written["output"], written["index"]["path"]) == (
+        str(tmp_path / "data/q.parquet"), str(tmp_path / "out"), str(tmp_path / "idx"))
+    write_record(AnswerConfig(questions="s3://b/q.parquet", output="out"), {})
+    written = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert written["questions"] == "s3://b/q.parquet"
