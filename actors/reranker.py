@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.encoder import Encoder
+from actors.judge_folders import check_reranker_folder
 from schemas.records import Rank, Ranking
 
 LOGIT = "relevance_logit.json"  # written by `ragsift train relevance` beside a bi-encoder's weights
@@ -23,6 +24,7 @@ class CrossEncoderRanker:
         import torch
         from sentence_transformers import CrossEncoder
 
+        check_reranker_folder(model)  # also planned so (ranker_class); a replica started otherwise checks here
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = CrossEncoder(model, max_length=max_length, device=device)
         if self.model.num_labels != 1:  # its scores would interleave, and rank() would read them as one text each
@@ -68,5 +70,9 @@ class BiEncoderRanker(Encoder):
 
 def ranker_class(model: str) -> type:
     """A directory written by ``ragsift train relevance --architecture bi-encoder`` is served as a
-    bi-encoder; anything else (a CrossEncoder directory or hub name) as a cross-encoder."""
-    return BiEncoderRanker if (Path(model) / LOGIT).is_file() else CrossEncoderRanker
+    bi-encoder; a CrossEncoder directory or hub name as a cross-encoder; a folder with no trained
+    classification head (an embedder, a bi-encoder missing its logit) is refused, naming why."""
+    if (Path(model) / LOGIT).is_file():
+        return BiEncoderRanker
+    check_reranker_folder(model)
+    return CrossEncoderRanker

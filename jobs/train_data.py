@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from jobs import formats
@@ -73,6 +76,38 @@ def clear_output(output: str, keep: tuple[str, ...] = ()) -> None:
     for path in out.iterdir() if out.is_dir() else ():
         if path.name not in keep:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+@contextmanager
+def staged(output: str, keep: tuple[str, ...] = ()):
+    """A new folder for a model, which takes the place of ``output`` only once whole: written beside it
+    (same filesystem), given the files of ``output`` named in ``keep``, then renamed into place. A failure
+    or a kill before leaves ``output`` as it was (a kill in the instant between the two renames leaves it
+    missing, never part written); the next training clears what a killed one left beside it."""
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    folder, old = (out.parent / f".{out.name}.{state}-{os.getpid()}" for state in ("partial", "replaced"))
+    shutil.rmtree(old, ignore_errors=True)
+    folder.mkdir()
+    try:
+        yield folder
+        for name in keep:
+            if (out / name).is_file() and not (folder / name).exists():
+                shutil.copy2(out / name, folder / name)
+        if out.exists():
+            out.rename(old)
+        try:
+            folder.rename(out)
+        except BaseException:
+            if old.exists():
+                old.rename(out)
+            raise
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def held_out(qid: str, share: float) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from actors.reranker import LOGIT
 from jobs.relevance_pairs import PAIRS, collect_pairs, write_pairs
-from jobs.train_data import auc, check_output, clear_output, held_out, write_card
+from jobs.train_data import auc, check_output, held_out, staged, write_card
 from schemas.errors import UserError
 from schemas.training import RelevanceTraining
 
@@ -69,11 +69,6 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
         if fit["scale"] <= 0:  # the reranker refuses such a model; say so now, not at answer time
             raise UserError(f"the trained bi-encoder's cosine falls as relevance rises (fitted scale {fit['scale']:.3g}): "
                             "it did not learn relevance; nothing was written")
-    # written only once it is whole: a directory without its logit would be served as a cross-encoder
-    clear_output(settings.output, keep=(work.name, PAIRS))  # the pairs it may have been mined into and read from
-    model.save_pretrained(settings.output)
-    if fit:
-        (Path(settings.output) / LOGIT).write_text(json.dumps(fit))
     card = {"model": f"relevance (M_rel) {settings.architecture}", "architecture": settings.architecture, "base": settings.base,
             **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
                                       "datasets", "mining", "excluded_when_training", "pairs_excluded") if k in source},
@@ -84,10 +79,14 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
             "metrics": metrics,
             "input": ("(question, passage) -> cosine of their vectors -> logit of relevant (scale * cosine + bias, "
                       f"{LOGIT})") if bi else "(question, 'title: text' or 'text') -> logit of relevant"}
-    write_card(settings.output, card)
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
+    # the folder appears whole or not at all: weights without their logit are no model (refused as a reranker);
+    # the old folder goes with what it held besides the pairs it may have been mined into and read from (the
+    # trainer's _checkpoints)
+    with staged(settings.output, keep=(PAIRS,)) as folder:
+        model.save_pretrained(str(folder))
+        if fit:
+            (folder / LOGIT).write_text(json.dumps(fit))
+        write_card(str(folder), card)
     log(f"wrote {settings.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
         f"{metrics['held_out_auc_base_cosine']}), loss {loss_before} -> {loss_after} "
         f"(a pass over {len(probe)} training examples), {metrics['train_examples_per_s']} examples/s training")

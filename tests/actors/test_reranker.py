@@ -71,3 +71,39 @@ def test_ranker_fallback_is_named_in_run_metadata():
     assert ranker_name(AnswerConfig()).startswith("bi-encoder-cosine:all-minilm-l6-v2 (fallback")
     configured = AnswerConfig.model_validate({"reranker": {"model": "BAAI/bge-reranker-base"}})
     assert ranker_name(configured) == "cross-encoder:BAAI/bge-reranker-base"
+
+
+def model_folder(path, architectures: list[str], card: dict | None = None) -> str:
+    """A model folder as far as the checks read it: its config.json (and card.json)."""
+    import json
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": architectures}))
+    if card:
+        (path / "card.json").write_text(json.dumps(card))
+    return str(path)
+
+
+def test_a_folder_without_a_trained_classification_head_is_refused_as_a_reranker_before_its_pool_is_planned(tmp_path):
+    """An embedder, or a bi-encoder M_rel without its relevance_logit.json, was served as a cross-encoder
+    with a newly initialised, random head, silently, and the metadata called it a cross-encoder."""
+    from actors.reranker import ranker_class
+    from jobs.models import resolve
+    from jobs.pools import pool_plan
+    from schemas.errors import UserError
+
+    embedder = model_folder(tmp_path / "plain", ["BertModel"])
+    no_logit = model_folder(tmp_path / "m_rel", ["BertModel"], {"model": "relevance (M_rel) bi-encoder",
+                                                                "architecture": "bi-encoder"})
+    for folder, why in ((embedder, "no trained classification head"), (no_logit, "relevance_logit.json .* is missing"),
+                        (resolve("all-minilm-l6-v2"), "no trained classification head")):
+        with pytest.raises(UserError, match=f"reranker.model {folder}: .*{why}"):
+            pool_plan(AnswerConfig(reranker={"model": folder}), {"ranker"})
+        with pytest.raises(UserError, match=why):
+            CrossEncoderRanker(folder, device="cpu")  # a replica started some other way
+    (tmp_path / "m_know").mkdir()
+    (tmp_path / "m_know" / "know.json").write_text("{}")
+    with pytest.raises(UserError, match="belongs in know.model"):
+        ranker_class(str(tmp_path / "m_know"))
+    trained = model_folder(tmp_path / "ce", ["BertForSequenceClassification"], {"architecture": "cross-encoder"})
+    assert ranker_class(trained) is CrossEncoderRanker and ranker_class("BAAI/bge-reranker-base") is CrossEncoderRanker

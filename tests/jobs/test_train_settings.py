@@ -240,3 +240,64 @@ def test_a_label_runs_metadata_names_the_judge_of_its_relevance_labels():
 
     config = AnswerConfig(strategies=["raisf_labels"], generator={"model": "g"}, judge={"model": "j"})
     assert judges_name(config) == {"self_knowledge": "closed-book answer of g against gold", "relevance": "P('yes') of j"}
+
+
+def test_a_relevance_training_killed_while_saving_leaves_the_earlier_model_whole_never_weights_without_their_logit(
+        tmp_path, monkeypatch):
+    """The weights were saved into --output before relevance_logit.json: a kill between left a bi-encoder
+    without its logit, which the reranker served as a cross-encoder with a random head."""
+    import json
+    from pathlib import Path
+
+    import jobs.train_relevance as training
+    from actors.reranker import LOGIT
+    from schemas.training import RelevanceTraining
+
+    output = tmp_path / "m_rel"
+    output.mkdir()
+    earlier = {"card.json": '{"architecture": "bi-encoder"}', "config.json": '{"architectures": ["BertModel"]}',
+               LOGIT: '{"scale": 5.0, "bias": -2.0}', "pairs.parquet": "mined"}
+    for name, text in earlier.items():
+        (output / name).write_text(text)
+    pairs = [{"id": f"q{i}", "question": f"question {i}", "passage": f"passage {i}", "label": float(i % 2)}
+             for i in range(40)]
+
+    class Dataset(list):
+        def select(self, rows):
+            return Dataset(self[i] for i in rows)
+
+    class Trainer:
+        train_dataset = Dataset(range(8))
+        state = type("State", (), {"log_history": []})
+
+        def evaluate(self, dataset):
+            return {"eval_loss": 1.0}
+
+        def train(self):
+            pass
+
+    class Model:
+        killed = True
+
+        def save_pretrained(self, folder):  # the weights land, then the process is killed
+            (Path(folder) / "config.json").write_text('{"architectures": ["BertModel"]}')
+            (Path(folder) / "model.safetensors").write_text("new weights")
+            if self.killed:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "collect_pairs", lambda settings, log: (pairs, {}))
+    monkeypatch.setattr(training, "bi_encoder_trainer", lambda *a: (Model(), Trainer()))
+    monkeypatch.setattr(training, "relevance_scores", lambda model, ps, bi: [p["label"] + 0.1 * (i % 3)
+                                                                             for i, p in enumerate(ps)])
+    monkeypatch.setattr(training, "base_cosine_auc", lambda base, ps: 0.5)
+    settings = RelevanceTraining(pairs=str(output / "pairs.parquet"), output=str(output), held_out=0.3, threads=1)
+    with pytest.raises(KeyboardInterrupt):
+        training.train_relevance(settings, log=lambda *a: None)
+    assert {p.name: p.read_text() for p in output.iterdir() if p.is_file()} == earlier
+    assert [p.name for p in tmp_path.iterdir()] == ["m_rel"]  # nothing half-written left beside it
+    Model.killed = False
+    training.train_relevance(settings, log=lambda *a: None)  # not killed: the new model, whole, and the pairs kept
+    assert sorted(p.name for p in output.iterdir()) == sorted(["README.md", "card.json", "config.json", LOGIT,
+                                                               "model.safetensors", "pairs.parquet"])
+    assert json.loads((output / LOGIT).read_text())["scale"] > 0 and (output / "pairs.parquet").read_text() == "mined"
+    assert [p.name for p in tmp_path.iterdir()] == ["m_rel"]
