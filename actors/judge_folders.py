@@ -1,4 +1,4 @@
-"""What a local folder must hold to be served as a cross-encoder judge (``reranker.model``).
+"""What a local folder must hold to be served as a cross-encoder judge (``reranker.model``, ``nli.model``).
 
 sentence-transformers loads any BERT folder as a ``CrossEncoder``: one without a trained classification
 head (an embedder, a bi-encoder M_rel missing its ``relevance_logit.json``) gets a newly initialised,
@@ -56,3 +56,16 @@ def check_reranker_folder(model: str) -> None:
     reason = missing_head(folder)
     if reason:
         raise UserError(f"reranker.model {model}: {reason} (a bi-encoder M_rel carries relevance_logit.json)")
+
+
+def check_nli_folder(model: str) -> None:
+    """Refuse a folder ``nli.model`` would read as entailment that is no NLI cross-encoder."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return
+    if str(card_of(folder).get("model", "")).startswith("relevance"):
+        raise UserError(f"nli.model {model}: its card.json says `ragsift train relevance` wrote it: a relevance judge "
+                        "(M_rel), not an entailment model; it belongs in reranker.model")
+    reason = missing_head(folder)
+    if reason:
+        raise UserError(f"nli.model {model}: {reason}; an NLI model is a cross-encoder trained for entailment")

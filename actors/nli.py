@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from actors.judge_folders import check_nli_folder
 from schemas.records import Entail, Entailment
 
 
@@ -24,7 +25,7 @@ class NLICrossEncoder:
         import torch
         from sentence_transformers import CrossEncoder
 
-
+        check_nli_folder(model)  # also where the pool is planned; a replica started otherwise checks here
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = CrossEncoder(model, max_length=max_length, device=device)
         self.column = entailment_column(self.model.model.config.id2label)

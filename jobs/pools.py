@@ -15,6 +15,7 @@ from pathlib import Path
 from actors.encoder import Encoder
 from actors.endpoint_generator import EndpointGenerator
 from actors.generator import Generator
+from actors.judge_folders import check_nli_folder
 from actors.know import KnowClassifier, embedder_of
 from actors.nli import NLICrossEncoder
 from actors.reranker import ranker_class
@@ -110,6 +111,7 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
                             ((path, loadable(embedder_of(path)), k.batch_size, device_of(k)),) * k.replicas, k.resources)
     if "nli" in needs:
         n = config.nli
+        check_nli_folder(loadable(n.model))
         plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
                            ((loadable(n.model), n.batch_size, n.max_length, device_of(n)),) * n.replicas, n.resources)
     return plan

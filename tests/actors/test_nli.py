@@ -86,3 +86,33 @@ def test_the_engine_routes_entail_requests_to_nli_actors(ray_session, tmp_path):
     by_id = {r["id"]: float(r["answer"]) for r in rows}
     assert [by_id[f"q{i}"] for i in range(6)] == pytest.approx([e.p_entail for e in direct], abs=1e-5)
     assert all(r["error"] is None for r in rows)
+
+
+def test_a_relevance_model_or_a_folder_without_a_trained_head_is_refused_as_nli_before_its_pool_is_planned(tmp_path):
+    """A bi-encoder M_rel (random head) and a cross-encoder M_rel (`ragsift train relevance`'s, a
+    relevance logit) were read as P(entailment): meaningless verification of MIGRES's statements."""
+    import json
+
+    from jobs.pools import pool_plan
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    def folder(name, architectures, card=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": architectures}))
+        if card:
+            (tmp_path / name / "card.json").write_text(json.dumps(card))
+        return str(tmp_path / name)
+
+    bi = folder("m_rel", ["BertModel"], {"model": "relevance (M_rel) bi-encoder", "architecture": "bi-encoder"})
+    (tmp_path / "m_rel" / "relevance_logit.json").write_text('{"scale": 5.0, "bias": -2.0}')
+    ce = folder("m_rel_ce", ["BertForSequenceClassification"], {"model": "relevance (M_rel) cross-encoder",
+                                                                "architecture": "cross-encoder"})
+    for model, why in ((bi, "`ragsift train relevance` wrote it"), (ce, "`ragsift train relevance` wrote it"),
+                       (folder("plain", ["BertModel"]), "no trained classification head")):
+        with pytest.raises(UserError, match=f"nli.model {model}: .*{why}"):
+            pool_plan(AnswerConfig(strategies=["migres"], nli={"model": model}), {"nli"})
+        with pytest.raises(UserError, match=why):
+            NLICrossEncoder(model, device="cpu")  # a replica started some other way
+    one = folder("one", ["BertForSequenceClassification"])  # a single-output NLI model of one's own: served
+    assert pool_plan(AnswerConfig(strategies=["migres"], nli={"model": one}), {"nli"})["nli"].actor is NLICrossEncoder
