@@ -1,10 +1,10 @@
 """What decides a run's answers (its identity, checked on resume) and what its metadata records.
 
 A config field marked as a speed setting (schemas/config.py ``SPEED``) may change between a run and
-its resumption; every other field, the input's content (its sha256, rows and size) and the index
-manifest's digest decide the answers, so an output written with different values is refused
-(``--force`` discards it). Locations (the questions' path, the index's) are not part of it: what they
-hold is.
+its resumption; every other field, the input's content (its sha256, rows and size), the index
+manifest's digest and the trained judges' files (their revision: a judge retrained in place keeps its
+path) decide the answers, so an output written with different values is refused (``--force`` discards
+it). Locations (the questions' path, the index's) are not part of it: what they hold is.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import manifest_sha256
 from jobs.models import resolve
 from jobs.questions import InputPlan
+from jobs.request_cache import know_embedder, revision
 from schemas.config import speed_setting
 from strategies.registry import AnswerConfig
 
@@ -31,7 +32,18 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     digest = manifest_sha256(config.index.path) if config.index.path else None
     if digest:
         identity["index.manifest_sha256"] = digest
+    identity.update(judge_revisions(config))
     return identity
+
+
+def judge_revisions(config: AnswerConfig) -> dict:
+    """The judges' files as the request cache keys them (names, sizes, modification times of a local folder;
+    a hub name as it is): a judge retrained into the same folder would mix two models' judgments in one
+    output. The know classifier's embedder lives outside its folder and decides its answers too."""
+    return {"know.model_revision": revision(config.know.model),
+            "know.embedder_revision": know_embedder(config.know.model),
+            "reranker.model_revision": revision(config.reranker.model),
+            "nli.model_revision": revision(config.nli.model)}
 
 
 def identity_defaults() -> dict:

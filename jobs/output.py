@@ -63,8 +63,10 @@ def claimed(output: str) -> bool:
 
 # Identity fields compared only when both runs recorded them: the input's and the index's paths, which
 # earlier versions recorded and which are now checked by content (a moved file resumes), and the input's
-# digest, which those versions did not record (their outputs stay resumable, by rows and size as before).
-RECORDED_BY_SOME = frozenset({"input.uri", "index.path", "input.sha256"})
+# digest and the judges' revisions, which those versions did not record (their outputs stay resumable, by
+# rows and size, and by the judges' paths, as before).
+JUDGE_REVISIONS = ("know.model_revision", "know.embedder_revision", "reranker.model_revision", "nli.model_revision")
+RECORDED_BY_SOME = frozenset({"input.uri", "index.path", "input.sha256", *JUDGE_REVISIONS})
 
 
 def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda key: False) -> list[str]:

@@ -282,6 +282,65 @@ def test_a_run_resumed_under_another_calibration_record_with_the_same_thresholds
         output(config("/b/calib.parquet", threshold=0.6))
 
 
+def judged_output(tmp_path, **judges):
+    """An output of one committed row answered under ``judges`` (AnswerConfig sections), and a function that
+    opens it again as a rerun with ``judges`` would, from its config or from a given identity."""
+    from jobs.identity import identity_defaults, operational, run_identity
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+
+    def output(identity=None):
+        config = AnswerConfig(questions=str(questions), strategies=["direct"], **judges)
+        return ShardedOutput(str(tmp_path / "out"), identity or run_identity(config, plan_input(str(questions))),
+                             ["direct"], 10, defaults=identity_defaults(), speed=operational)
+
+    return output
+
+
+def commit_one(out):
+    out.sealed(0, 1)
+    out.write(row("q0", "direct", 0))
+    out.close()
+
+
+def test_a_run_resumed_after_its_judge_was_retrained_into_the_same_folder_is_refused_naming_it(tmp_path):
+    """The identity held the judges' paths only: a resume after `ragsift train` wrote a new model into the
+    same folder mixed the old model's judgments and the new one's in one output."""
+    m_rel, m_know = tmp_path / "m_rel", tmp_path / "m_know"
+    for folder, files in ((m_rel, ("config.json", "model.safetensors", "relevance_logit.json")), (m_know, ("know.json",))):
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_text('{"embedder": "all-minilm-l6-v2"}' if name == "know.json" else "v1")
+    output = judged_output(tmp_path, reranker={"model": str(m_rel)}, know={"model": str(m_know)},
+                           raisf={"judges": "trained"})
+    commit_one(output())
+    assert output().committed == {("direct", 0)}  # the same files: it resumes
+    (m_rel / "model.safetensors").write_text("v2, retrained")
+    with pytest.raises(ConfigError, match="differs in: reranker.model_revision"):
+        output()
+    (m_rel / "model.safetensors").write_text("v1")
+    (m_know / "know.json").write_text('{"embedder": "all-minilm-l6-v2", "coef": [1.0]}')
+    with pytest.raises(ConfigError, match="differs in: .*know.model_revision"):
+        output()
+
+
+def test_an_output_written_before_the_judges_revisions_were_recorded_still_resumes(tmp_path):
+    """Outputs of earlier versions recorded the judges' paths only; as do runs of hub-named judges, whose
+    revision is their name."""
+    from jobs.output import JUDGE_REVISIONS
+
+    m_rel = tmp_path / "m_rel"
+    m_rel.mkdir()
+    (m_rel / "config.json").write_text("{}")
+    output = judged_output(tmp_path, reranker={"model": str(m_rel)}, nli={"model": "cross-encoder/nli-deberta-v3-base"})
+    now = output().identity
+    assert now["nli.model_revision"] == "cross-encoder/nli-deberta-v3-base" and set(JUDGE_REVISIONS) <= set(now)
+    commit_one(output({k: v for k, v in now.items() if k not in JUDGE_REVISIONS}))
+    assert output().committed == {("direct", 0)}
+
+
 def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_not_stop_a_resume(tmp_path):
     """Before, a `.ipynb_checkpoints` folder in rag/ stopped every resume ("Cannot delete file ... Is a
     directory"), and a note beside the parts was deleted without a word."""
