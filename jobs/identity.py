@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import manifest_sha256
 from jobs.models import resolve
+from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision
 from schemas.config import speed_setting
@@ -124,7 +125,7 @@ def ranker_name(config: AnswerConfig) -> str:
     """What the ranker stage really is, for the run metadata (never a silent stand-in)."""
     if config.reranker.model:
         return f"{ranker_kind(config.reranker.model)}:{config.reranker.model}"
-    return f"bi-encoder-cosine:{config.embedder.model} (fallback: no reranker.model configured)"
+    return f"bi-encoder-cosine:{encoder_model(config)} (fallback: no reranker.model configured)"
 
 
 def ranker_kind(model: str) -> str:

@@ -29,7 +29,7 @@ from engine.stages import (
     RetrieverStage,
     StreamingGeneratorStage,
 )
-from jobs.index import read_manifest
+from jobs.index import MANIFEST, read_manifest
 from jobs.models import embedding_dims, llm_folder, loadable
 from schemas.config import device_of
 from schemas.errors import UserError
@@ -115,6 +115,13 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         plan["nli"] = Pool(NLICrossEncoder, n.num_cpus, n.num_gpus,
                            ((loadable(n.model), n.batch_size, n.max_length, device_of(n)),) * n.replicas, n.resources)
     return plan
+
+
+def encoder_model(config: AnswerConfig) -> str:
+    """The encoder pool's model, which the ranker stage's cosine fallback runs on: the index's embedder where
+    the run has an index (its queries are encoded as its passages were), else ``embedder.model``."""
+    index = config.index.path
+    return read_manifest(index)["embedder"] if index and (Path(index) / MANIFEST).exists() else config.embedder.model
 
 
 def llm_settings(c) -> dict:

@@ -107,3 +107,18 @@ def test_a_folder_without_a_trained_classification_head_is_refused_as_a_reranker
         ranker_class(str(tmp_path / "m_know"))
     trained = model_folder(tmp_path / "ce", ["BertForSequenceClassification"], {"architecture": "cross-encoder"})
     assert ranker_class(trained) is CrossEncoderRanker and ranker_class("BAAI/bge-reranker-base") is CrossEncoderRanker
+
+
+def test_the_fallback_ranker_is_named_by_the_model_that_ranks_the_indexs_embedder_not_embedder_model(tmp_path):
+    """The ranker stage's cosine runs on the encoder pool, which loads the index's embedder; metrics.json and
+    the calibration record named `embedder.model`, which the run never loaded."""
+    import json
+
+    from jobs.calibrate import config_values
+    from jobs.index import MANIFEST
+
+    (tmp_path / MANIFEST).write_text(json.dumps({"embedder": "/models/index-embedder", "shards": []}))
+    config = AnswerConfig(index={"path": str(tmp_path)}, embedder={"model": "/models/unused"})
+    fallback = "bi-encoder-cosine:/models/index-embedder (fallback: no reranker.model configured)"
+    assert ranker_name(config) == fallback
+    assert config_values(config, {}, None, 0, questions="calib.parquet")["calibration"]["ranker"] == fallback
