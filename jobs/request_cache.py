@@ -14,7 +14,6 @@ from actors.know import embedder_of
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
 from jobs.models import model_files, ragsift_home, resolve
-from jobs.pools import encoder_model
 from schemas.config import LLMConfig, RetrievalConfig, speed_setting
 from strategies.registry import AnswerConfig
 
@@ -48,8 +47,8 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
     index = manifest_sha256(config.index.path) if config.index.path else None
     manifest = read_manifest(config.index.path) if index else None
     # the cosine fallback ranks with the encoder pool's model: the index's embedder where the run
-    # retrieves, not embedder.model
-    encoder = encoder_model(config)
+    # retrieves (jobs/pools.py), not embedder.model
+    encoder = manifest["embedder"] if manifest else config.embedder.model
     parts = {
         "generator": generator,
         # a judgment is greedy over its choices in every replica kind: sampling does not decide it
