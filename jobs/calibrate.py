@@ -53,7 +53,7 @@ import yaml
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.evaluate import answer_files
-from jobs.identity import ranker_name
+from jobs.identity import know_model, ranker_name
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.question_sources import is_datasets_dir
 from jobs.questions import by_first_id, question_columns
@@ -310,7 +310,7 @@ def config_values(config, chosen: dict, fingerprint: str | None, n: int, questio
         **({"converted_sha256": converted} if converted else {}),
         **({"split": config.input.split} if config.input.split else {}), "n": n,
         "generator": config.generator.model, "judge": config.judge.model if config.judge else None,
-        "ranker": ranker_name(config),
+        "ranker": ranker_name(config), "know": know_model(config),
         "chosen": {field: result["value"] for field, result in chosen.items()}}
     return values
 

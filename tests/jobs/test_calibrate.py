@@ -344,6 +344,26 @@ def test_run_metadata_says_which_calibrated_values_the_run_overrode():
     assert calibration_record(AnswerConfig()) is None
 
 
+def test_the_calibration_record_names_the_self_knowledge_model_and_a_run_with_another_says_it_overrode_it():
+    """RA-ISF's know threshold is a cut on M_know's scores: the record did not name M_know, so a run with
+    another one showed the calibrated threshold as if it applied."""
+    from jobs.identity import calibration_record
+
+    def run(model="/m/know_v1", judges="trained", **record):
+        record = {"questions": "c.parquet", "questions_sha256": "x", "n": 3, "generator": "g", "ranker": "r",
+                  "chosen": {"raisf.know_threshold": 0.7}, **record}
+        return AnswerConfig(raisf={"judges": judges, "know_threshold": 0.7}, know={"model": model},
+                            reranker={"model": "/m/rel"}, calibration=record)
+
+    assert config_values(run(), {}, None, 1, "c.parquet")["calibration"]["know"] == "/m/know_v1"
+    assert config_values(run(judges="generator"), {}, None, 1, "c.parquet")["calibration"]["know"] is None
+    assert "overridden" not in calibration_record(run(know="/m/know_v1"))
+    assert calibration_record(run("/m/know_v2", know="/m/know_v1"))["overridden"] == {"know.model": "/m/know_v2"}
+    # the generator's P('yes') judged what the threshold was chosen on M_know for
+    assert calibration_record(run(judges="generator", know="/m/know_v1"))["overridden"] == {"know.model": None}
+    assert "overridden" not in calibration_record(run("/m/know_v2"))  # a record written before it named M_know
+
+
 def test_probe_rows_of_an_older_ragsift_are_a_clear_error_not_a_crash():
     trace = [{"step": "probe", "know_p_yes": 0.5, "ta_beta": 0.5, "raisf_closed": "a", "ta_closed": "a", "read": "a",
               "ta_retrieval": "a", "top_k": [], "relevance_p_yes": [], "migres_scores": []}]
