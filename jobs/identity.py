@@ -124,7 +124,11 @@ def judges_name(config: AnswerConfig) -> dict | None:
                 **({"relevance": judge} if "relevance" in config.label.collect else {})}
     if not {"raisf", "calibration_probe"} & set(config.strategies):
         return None
-    return {"self_knowledge": f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge,
+    if not (config.raisf.self_knowledge or "calibration_probe" in config.strategies):  # the probe judges it all the same
+        know = "none: ablated (raisf.self_knowledge: false)"
+    else:
+        know = f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge
+    return {"self_knowledge": know,
             "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
                           if config.raisf.relevance_by == "trained" else judge)}
 

@@ -74,7 +74,7 @@ class CalibrationProbe(Routine):
         self.raisf, self.think_act, self.migres = raisf, think_act, migres
         self.forms = forms or AnswerFormConfig()
         self.ta = ThinkThenAct(think_act, self.forms)  # answers the probe's sub-queries, as it would its own
-        self.stages = frozenset({"generator", "judge", "retriever", "ranker"} | judge_stages(raisf))
+        self.stages = frozenset({"generator", "judge", "retriever", "ranker"} | judge_stages(raisf, every_module=True))
 
     @classmethod
     def from_run(cls, run) -> CalibrationProbe:
@@ -82,7 +82,7 @@ class CalibrationProbe(Routine):
 
     @staticmethod
     def check(run) -> None:
-        check_judges(run)
+        check_judges(run, every_module=True)
 
     @staticmethod
     def retrieval_methods(run) -> set[str]:

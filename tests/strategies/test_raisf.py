@@ -295,3 +295,25 @@ def test_one_module_may_be_trained_while_the_generator_judges_the_other():
         AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "relevance_judge": "generator"},
                      reranker={"model": "m_rel"})
     AnswerConfig(strategies=["raisf"], raisf={"relevance_judge": "trained"}, reranker={"model": "m_rel"})
+
+
+def test_with_self_knowledge_ablated_no_know_model_is_required_started_or_named_as_its_judge():
+    """raisf.self_knowledge=false with trained judges still required know.model, started a know pool and
+    said in metrics.json that M_know judged self-knowledge, though no question asked it."""
+    from jobs.identity import judges_name
+    from strategies.calibration_probe import CalibrationProbe
+    from strategies.registry import AnswerConfig
+
+    ablated = AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "self_knowledge": False},
+                           reranker={"model": "m_rel"})
+    assert RAISF.from_run(ablated).stages == {"generator", "retriever", "ranker"}
+    assert judges_name(ablated) == {"self_knowledge": "none: ablated (raisf.self_knowledge: false)",
+                                    "relevance": "trained cross-encoder:m_rel"}
+    # calibrate's probe records every module's scores, the ablated one's too: it still needs M_know
+    with pytest.raises(ValueError, match="needs know.model"):
+        AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "self_knowledge": False},
+                     reranker={"model": "m_rel"})
+    probing = AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "self_knowledge": False},
+                           reranker={"model": "m_rel"}, know={"model": "m_know"})
+    assert "know" in CalibrationProbe.from_run(probing).stages
+    assert judges_name(probing)["self_knowledge"] == "trained classifier:m_know"
