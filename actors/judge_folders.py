@@ -55,7 +55,8 @@ def check_reranker_folder(model: str) -> None:
                         "train it again")
     reason = missing_head(folder)
     if reason:
-        raise UserError(f"reranker.model {model}: {reason} (a bi-encoder M_rel carries relevance_logit.json)")
+        hint = "" if (folder / KNOW_WEIGHTS).is_file() else " (a bi-encoder M_rel carries relevance_logit.json)"
+        raise UserError(f"reranker.model {model}: {reason}{hint}")
 
 
 def check_nli_folder(model: str) -> None:
