@@ -84,7 +84,7 @@ def staged(output: str, keep: tuple[str, ...] = ()):
     (same filesystem), given the files of ``output`` named in ``keep``, then renamed into place. A failure
     or a kill before leaves ``output`` as it was (a kill in the instant between the two renames leaves it
     missing, never part written); the next training clears what a killed one left beside it."""
-    out = Path(output)
+    out = Path(output).resolve()  # "." or "m_rel/" too: the folder is renamed by its name in its parent
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
