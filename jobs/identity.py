@@ -128,9 +128,13 @@ def judges_name(config: AnswerConfig) -> dict | None:
         know = "none: ablated (raisf.self_knowledge: false)"
     else:
         know = f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge
-    return {"self_knowledge": know,
-            "relevance": (f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
-                          if config.raisf.relevance_by == "trained" else judge)}
+    if not (config.raisf.passage_relevance or "calibration_probe" in config.strategies):
+        relevance = "none: ablated (raisf.passage_relevance: false)"
+    elif config.raisf.relevance_by == "trained":
+        relevance = f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
+    else:
+        relevance = judge
+    return {"self_knowledge": know, "relevance": relevance}
 
 
 def ranker_name(config: AnswerConfig) -> str:

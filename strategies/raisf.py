@@ -202,17 +202,18 @@ class RAISF(Routine):
 
 def judge_stages(config: RaisfConfig, every_module: bool = False) -> set[str]:
     """The pools RA-ISF's judgments run on: the know / ranker pools for trained modules, else the judge pool;
-    none for self-knowledge where it is ablated (``every_module``: calibrate's probe, which records its
-    scores all the same)."""
+    none for a module that is ablated (``every_module``: calibrate's probe, which records its scores all the
+    same)."""
     know = {"know" if config.know_by == "trained" else "judge"} if config.self_knowledge or every_module else set()
-    return know | {"ranker" if config.relevance_by == "trained" else "judge"}
+    rel = {"ranker" if config.relevance_by == "trained" else "judge"} if config.passage_relevance or every_module else set()
+    return know | rel
 
 
 def check_judges(run, every_module: bool = False) -> None:
     if run.raisf.know_by == "trained" and (run.raisf.self_knowledge or every_module) and not run.know.model:
         raise ValueError("a trained self-knowledge judge (raisf.judges / raisf.know_judge: trained) needs know.model "
                          "(M_know, from `ragsift train know`)")
-    if run.raisf.relevance_by == "trained" and not run.reranker.model:
+    if run.raisf.relevance_by == "trained" and (run.raisf.passage_relevance or every_module) and not run.reranker.model:
         raise ValueError("a trained relevance judge (raisf.judges / raisf.relevance_judge: trained) needs "
                          "reranker.model (M_rel, from `ragsift train relevance`)")
 

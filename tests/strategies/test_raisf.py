@@ -317,3 +317,23 @@ def test_with_self_knowledge_ablated_no_know_model_is_required_started_or_named_
                            reranker={"model": "m_rel"}, know={"model": "m_know"})
     assert "know" in CalibrationProbe.from_run(probing).stages
     assert judges_name(probing)["self_knowledge"] == "trained classifier:m_know"
+
+
+def test_with_passage_relevance_ablated_no_relevance_model_is_required_started_or_named_as_its_judge():
+    """raisf.passage_relevance=false with trained judges still required reranker.model, started a ranker pool and
+    named M_rel as the relevance judge, though no passage was judged."""
+    from jobs.identity import judges_name
+    from strategies.calibration_probe import CalibrationProbe
+    from strategies.registry import AnswerConfig
+
+    ablated = AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "passage_relevance": False},
+                           know={"model": "m_know"})
+    assert RAISF.from_run(ablated).stages == {"generator", "retriever", "know"}
+    assert judges_name(ablated) == {"self_knowledge": "trained classifier:m_know",
+                                    "relevance": "none: ablated (raisf.passage_relevance: false)"}
+    with pytest.raises(ValueError, match="needs reranker.model"):
+        AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "passage_relevance": False},
+                     know={"model": "m_know"})
+    probing = AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "passage_relevance": False},
+                           reranker={"model": "m_rel"}, know={"model": "m_know"})
+    assert "ranker" in CalibrationProbe.from_run(probing).stages
