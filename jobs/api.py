@@ -130,7 +130,7 @@ class Session:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
         import ray
 
-        from jobs.pools import build_stages, gpus_requested, pool_plan, ray_request
+        from jobs.pools import build_stages, pool_plan, ray_request
         from jobs.ray_session import init_ray
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
@@ -155,8 +155,7 @@ class Session:
             init_ray(config.ray, *ray_request(config, plan))
             self.started_ray, self.ray = True, ray_connection()  # closed by close(), even if no pool starts
         elif self.started_ray:
-            cpus, resources = ray_request(config, plan)
-            gpus = gpus_requested(plan)
+            cpus, resources, gpus = ray_request(config, plan)
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
                 try:

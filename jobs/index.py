@@ -164,7 +164,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         log(f"resuming: {len(done)} of {n_shards} shards already built")
 
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
-    init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()})
+    init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()},
+             emb.num_gpus * emb.replicas)
     if encoders is None:
         from actors.encoder import Encoder
 

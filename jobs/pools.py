@@ -169,15 +169,16 @@ def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
     return total
 
 
-def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dict[str, float]]:
-    """The CPUs and custom resources a run asks Ray for, to size a local Ray: its pools', and with
-    engine.actors > 1 its engine actors' (left out, the last engine actor waited forever for a place)."""
+def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dict[str, float], float]:
+    """The CPUs, custom resources and GPUs a run asks Ray for, to size a local Ray or to say what a
+    cluster lacks: its pools', and with engine.actors > 1 its engine actors' (left out, the last engine
+    actor waited forever for a place)."""
     cpus, resources = cpus_requested(plan), resources_requested(plan)
     if config.engine.actors > 1:
         cpus += config.engine.actor_cpus * config.engine.actors
         for name, amount in config.engine.actor_resources.items():
             resources[name] = resources.get(name, 0.0) + amount * config.engine.actors
-    return cpus, resources
+    return cpus, resources, gpus_requested(plan)
 
 
 def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None,

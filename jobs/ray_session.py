@@ -7,6 +7,7 @@ import os
 import sys
 
 from schemas.config import RayConfig
+from schemas.errors import UserError
 
 # Quiet, offline-friendly defaults; a user's own environment wins.
 DEFAULT_ENV = {
@@ -17,10 +18,12 @@ DEFAULT_ENV = {
 }
 
 
-def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str, float] | None = None):
+def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str, float] | None = None,
+             gpus_requested: float = 0.0):
     """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs and
     the custom ``resources`` the run's actor pools request: they are scheduling tokens, and a pool Ray
-    cannot place would wait forever."""
+    cannot place would wait forever. GPUs are hardware: a cluster short of them is told of (its
+    autoscaler may add some), a local Ray on a machine with fewer than ``gpus_requested`` is refused."""
     import ray
 
     for key, value in DEFAULT_ENV.items():
@@ -41,6 +44,9 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
         if have < cpus_requested:
             print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
+        if cluster.get("GPU", 0) < gpus_requested:
+            print(f"ragsift: the actor pools request {gpus_requested:g} GPUs and the cluster has {cluster.get('GPU', 0):g} "
+                  "now; those replicas wait for GPU nodes (set the pools' num_gpus to 0 to run them on CPUs)", file=sys.stderr)
         short = {name: amount for name, amount in (resources or {}).items() if cluster.get(name, 0) < amount}
         if short:
             print(f"ragsift: the actor pools ask for custom resources {short} and the cluster's nodes have "
@@ -63,6 +69,11 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
             # its environment); anything else this process starts later (a `ray start` of a worker node)
             # must see the user's environment, not ours
             _restore_environment()
+        have = ray.cluster_resources().get("GPU", 0)  # what Ray found here (CUDA_VISIBLE_DEVICES included)
+        if have < gpus_requested:
+            ray.shutdown()
+            raise UserError(f"the actor pools request {gpus_requested:g} GPUs and this machine has {have:g}: set the "
+                            "pools' num_gpus to 0 to run on CPUs, or join a cluster with GPUs (ray.address or RAY_ADDRESS)")
     return ray
 
 

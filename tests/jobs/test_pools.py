@@ -41,8 +41,10 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     # engine actors are asked for too (the last one waited forever on a Ray sized for the pools alone)
     split = AnswerConfig.model_validate({**bare.model_dump(), "engine": {"actors": 2, "actor_cpus": 1.5,
                                                                         "actor_resources": {"engine_node": 1}}})
-    assert ray_request(split, pool_plan(split, {"ranker"})) == (3.5, {"engine_node": 2.0})
-    assert ray_request(bare, pool_plan(bare, {"ranker"})) == (0.5, {})
+    assert ray_request(split, pool_plan(split, {"ranker"})) == (3.5, {"engine_node": 2.0}, 0.0)
+    assert ray_request(bare, pool_plan(bare, {"ranker"})) == (0.5, {}, 0.0)
+    # GPUs are asked for too, so that a Ray without them is told of (they waited in silence)
+    assert ray_request(on_gpu, pool_plan(on_gpu, {"generator", "retriever"}))[2] == 0.25
 
 
 def test_an_index_whose_vectors_do_not_match_its_embedder_is_refused_before_anything_starts(tmp_path):

@@ -3,6 +3,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import ray
 
 from tests.conftest import REPO
@@ -63,3 +64,54 @@ def test_joining_a_cluster_after_a_local_run_in_the_same_process_uses_the_routab
     assert (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")) == before
     if switched_by_the_session:
         ray_session._bind_to_loopback()
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Ray's calls as init_ray makes them, answered by a Ray with ``cluster`` resources (Ray here has no GPU)."""
+    from jobs import ray_session
+
+    calls, cluster = [], {"CPU": 8.0}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(("init", kwargs)))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append(("shutdown", {})))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: dict(cluster))
+    monkeypatch.setattr(ray_session, "_bind_to_loopback", lambda on=True: None)
+    return calls, cluster
+
+
+def test_a_local_ray_on_a_machine_with_fewer_gpus_than_the_pools_request_is_refused_before_any_actor_waits(
+        fake_ray, monkeypatch):
+    """Before, the generator replica asking for a GPU waited for ever (`generator[queued=2 running=0 starting=1]`)."""
+    from jobs.pools import pool_plan, ray_request
+    from jobs.ray_session import init_ray
+    from schemas.config import RayConfig
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the model is a name only: not looked up
+    calls, cluster = fake_ray
+    config = AnswerConfig.model_validate({"generator": {"model": "g", "num_gpus": 1}})
+    with pytest.raises(UserError, match="request 1 GPUs and this machine has 0: set the pools' num_gpus to 0"):
+        init_ray(config.ray, *ray_request(config, pool_plan(config, {"generator"})))  # as the jobs call it
+    assert [name for name, _ in calls] == ["init", "shutdown"]  # the Ray it started is not left behind
+    calls.clear()
+    cluster["GPU"] = 2.0
+    init_ray(RayConfig(num_cpus=2), 1.0, {}, 1.5)  # fractions of the GPUs there are fit
+    assert [name for name, _ in calls] == ["init"]
+
+
+def test_joining_a_cluster_without_the_gpus_the_pools_request_says_so_as_for_custom_resources(fake_ray, capsys):
+    from jobs.ray_session import init_ray
+    from schemas.config import RayConfig
+
+    calls, cluster = fake_ray
+    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {"llm": 1.0}, 2.0)
+    lines = capsys.readouterr().err.splitlines()
+    assert any("request 2 GPUs and the cluster has 0 now; those replicas wait for GPU nodes" in line for line in lines), lines
+    assert any("custom resources {'llm': 1.0}" in line for line in lines), lines
+    assert [name for name, _ in calls] == ["init"]  # an autoscaler may add GPU nodes: the job is not refused
+    cluster["GPU"] = 2.0
+    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {}, 2.0)
+    assert "GPU" not in capsys.readouterr().err
