@@ -433,8 +433,8 @@ def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_th
 
     asked = {}
 
-    def sized(config, cpus=0.0, resources=None):
-        asked.update(cpus=cpus, resources=resources)
+    def sized(config, cpus=0.0, resources=None, gpus=0.0):
+        asked.update(cpus=cpus, resources=resources, gpus=gpus)
         raise RuntimeError("stop before Ray starts")
 
     monkeypatch.setattr("jobs.ray_session.init_ray", sized)  # imported where build_index starts Ray
@@ -442,8 +442,8 @@ def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_th
     pq.write_table(pa.table({"id": ["a"], "text": ["alpha"]}), corpus)
     with pytest.raises(RuntimeError, match="stop before Ray starts"):
         _build(corpus, tmp_path / "idx", 1, "embedder.replicas=3", "embedder.num_cpus=1",
-               "embedder.resources={retrieval: 1}")
-    assert asked == {"cpus": 3, "resources": {"retrieval": 3}}
+               "embedder.resources={retrieval: 1}", "embedder.num_gpus=0.5")
+    assert asked == {"cpus": 3, "resources": {"retrieval": 3}, "gpus": 1.5}  # a Ray without 1.5 GPUs is told of
     assert encoder_options(EmbedderConfig(resources={"retrieval": 1}))["resources"] == {"retrieval": 1}
 
 
