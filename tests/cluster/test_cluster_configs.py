@@ -5,7 +5,9 @@ one some worker group provides."""
 
 import copy
 import json
+import os
 import shlex
+import subprocess
 
 import pytest
 import yaml
@@ -104,3 +106,45 @@ def test_a_broken_pod_template_is_refused():
     with pytest.raises(ValidationError):
         validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ragsift"}, "template": template},
                  KUBERNETES, strict=True)
+
+
+def test_the_launcher_rsyncs_the_checkout_to_each_node_without_git_and_what_gitignore_leaves_out(tmp_path, monkeypatch):
+    """`file_mounts: {"~/ragsift": "."}` copied the whole checkout, its .venv (GBs) and runs/ included, to every node.
+    The command Ray's updater runs is recorded by a fake rsync (no node is reached)."""
+    from ray.autoscaler._private.command_runner import SSHCommandRunner
+    from ray.autoscaler._private.util import prepare_config
+
+    config = prepare_config(yaml.safe_load((CLUSTER / "aws.yaml").read_text()))
+    (tmp_path / "rsync").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+    (tmp_path / "rsync").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    runner = SSHCommandRunner(log_prefix="", node_id="n", provider=None, cluster_name="ragsift", process_runner=subprocess,
+                              auth_config={"ssh_user": "ubuntu", "ssh_private_key": "/dev/null"}, use_internal_ip=True)
+    monkeypatch.setattr(runner, "_get_ssh_target", lambda: "10.0.0.1")
+    source = config["file_mounts"]["~/ragsift"]
+    runner.run_rsync_up(f"{source}/", "~/ragsift/", options={k: config[k] for k in ("rsync_exclude", "rsync_filter")})
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert "dir-merge,- .gitignore" in given(argv, "--filter")  # .gitignore of every folder copied is rsync's filter there
+    assert {"**/.git", "**/.git/**"} <= set(given(argv, "--exclude"))
+    assert argv[-2:] == ["./", "ubuntu@10.0.0.1:~/ragsift/"]
+
+
+def test_the_image_build_context_leaves_out_git_and_what_gitignore_leaves_out():
+    """The image recipe (raycluster.yaml's header) is `COPY . /app` from the repo root: without a .dockerignore
+    the image carried the checkout's .venv and runs/."""
+    left_out = set(lines(REPO / ".dockerignore"))
+    assert ".git" in left_out
+    for pattern in lines(REPO / ".gitignore"):
+        name = pattern.strip("/")
+        # git's pattern without a leading / matches at any depth; Docker's matches at the root unless it starts with **/
+        assert (name if pattern.startswith("/") else f"**/{name}") in left_out, pattern
+
+
+def given(argv: list[str], flag: str) -> list[str]:
+    """The values of ``flag`` in a command line."""
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def lines(path) -> list[str]:
+    """An ignore file's patterns."""
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
