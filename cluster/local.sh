@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A local Ray head node for `ray job submit`, with token auth on (dashboard and job API on 127.0.0.1).
-#   cluster/local.sh start [extra `ray start` options]    cluster/local.sh stop
+#   cluster/local.sh start [extra `ray start` options]    cluster/local.sh stop [--all]
 # Then: RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . \
 #         --runtime-env cluster/runtime_env.yaml -- python -m jobs.cli answer --questions ... --output ...
 # The token is RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (made on the first
@@ -12,6 +12,8 @@
 # A second Ray on the same machine needs its own ports: RAY_DASHBOARD_PORT, RAY_GCS_PORT and
 # --dashboard-agent-listen-port / --dashboard-agent-grpc-port / --runtime-env-agent-port /
 # --metrics-export-port (else its job agent does not start: "No available agent to submit job").
+# `stop` stops the head on RAY_GCS_PORT (default 6379, as `start` gave it) and what belongs to it, no
+# other Ray on the machine (cluster/stop_head.py); `stop --all` is `ray stop`: every Ray here, anyone's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RAY=${RAY:-.venv/bin/ray}
@@ -29,6 +31,12 @@ case "${1:-}" in
     "$RAY" start --head --dashboard-host=127.0.0.1 --dashboard-port="${RAY_DASHBOARD_PORT:-8265}" \
       --port="${RAY_GCS_PORT:-6379}" --disable-usage-stats "$@"
     ;;
-  stop) "$RAY" stop ;;
-  *) echo "usage: $0 start [ray start options] | stop" >&2; exit 2 ;;
+  stop)
+    if [ "${2:-}" = --all ]; then
+      "$RAY" stop
+    else
+      "$(dirname "$(command -v "$RAY")")/python" cluster/stop_head.py "${RAY_GCS_PORT:-6379}"
+    fi
+    ;;
+  *) echo "usage: $0 start [ray start options] | stop [--all]" >&2; exit 2 ;;
 esac
