@@ -64,11 +64,44 @@ def test_kuberay_manifests_have_valid_pod_templates_and_groups_for_the_placement
                   "template": group["template"]}, KUBERNETES, strict=True)
         # the CRD types rayStartParams as map[string]string: a YAML number or mapping is refused at apply
         assert all(isinstance(v, str) for v in group["rayStartParams"].values()), group["rayStartParams"]
+    submitter = yaml.safe_load((CLUSTER / "kuberay" / name).read_text())["spec"].get("submitterPodTemplate")
+    if submitter:  # the RayJob's `ray job submit` pod
+        validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "ragsift"}, "template": submitter},
+                 KUBERNETES, strict=True)
     assert len({g["groupName"] for g in groups}) == len(groups)
     for g in groups:
         assert g.get("minReplicas", 0) <= g["replicas"] <= g.get("maxReplicas", g["replicas"])
     provided = {name for g in groups for name in group_resources(g)}
     assert pools_ask_for(PLACEMENT) <= provided
+
+
+def ray_containers(name: str) -> list[dict]:
+    """Every container of a KubeRay manifest's head and worker groups, and of its RayJob submitter pod."""
+    manifest = yaml.safe_load((CLUSTER / "kuberay" / name).read_text())
+    spec = kuberay_cluster_spec(name)
+    templates = [g["template"] for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]]
+    if manifest["kind"] == "RayJob":
+        templates.append(manifest["spec"]["submitterPodTemplate"])  # KubeRay's default submitter carries no token
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+def test_every_kuberay_container_runs_with_ray_token_auth_and_the_token_from_one_secret(name):
+    """raycluster.yaml said "keep Ray token auth on" and no container set it: anyone reaching the head's
+    dashboard (0.0.0.0) or GCS could run code in the cluster."""
+    secrets = []
+    for container in ray_containers(name):
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env.get("RAY_AUTH_MODE", {}).get("value") == "token", container["name"]
+        secrets.append(env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"])  # never a value in the manifest
+    assert len(secrets) >= 3 and all(s == {"name": "ragsift-ray-auth", "key": "auth_token"} for s in secrets)
+
+
+def test_the_launcher_starts_every_node_with_ray_token_auth_and_gives_each_the_token():
+    config = yaml.safe_load((CLUSTER / "aws.yaml").read_text())
+    starts = [c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if " start " in f"{c} "]
+    assert len(starts) == 2 and all(c.startswith("RAY_AUTH_MODE=token ") for c in starts), starts
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"  # where `ray start` reads it on each node
 
 
 def test_the_rayjob_entrypoint_is_a_valid_answer_command_whose_pools_fit_its_cluster():
