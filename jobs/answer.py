@@ -26,7 +26,7 @@ from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
-from jobs.storage import filesystem, redact
+from jobs.storage import check_kept, filesystem, redact
 from schemas.config import load_config, validated
 from schemas.errors import UserError
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
@@ -43,6 +43,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     """
     if not config.questions or not config.output:
         raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
+    check_kept(config.output)
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     if calibrated_on(config, plan.sha256):
         log(f"warning: these questions are the slice this config's thresholds were calibrated on "

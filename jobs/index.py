@@ -30,7 +30,7 @@ from pydantic import Field
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import Lease
 from jobs.models import REGISTRY, loadable, model_files
-from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
+from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -129,6 +129,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
     actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
     """
+    check_kept(config.index.path, "--index-dir")
     model = loadable(config.embedder.model) if encoders is None else None  # mistyped: one line, no folder made
     out = Path(config.index.path)
     fresh = not out.exists()

@@ -4,7 +4,9 @@ and credentials kept out of logs; ids hashed for the exactly-once checks of what
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import numpy as np
@@ -26,6 +28,31 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         # not a local path either: taken as one, it failed later with a traceback that printed the secret
         raise UserError(f"{redact(uri)}: not a URI pyarrow can open ({str(err).replace(uri, redact(uri))}); "
                         "percent-encode '/', spaces and other reserved characters in keys and secrets") from None
+
+
+RAY_PACKAGES = ("runtime_resources", "working_dir_files")  # where Ray unpacks a job's uploaded working_dir
+
+
+def ray_package(cwd: str | None = None) -> str | None:
+    """The folder of the unpacked upload a Ray job (`ray job submit --working-dir`) runs in, or None."""
+    parts = Path(cwd or os.getcwd()).parts
+    for i in range(len(parts) - 2):
+        if parts[i:i + 2] == RAY_PACKAGES:
+            return str(Path(*parts[:i + 3]))
+    return None
+
+
+def check_kept(output: str, flag: str = "--output") -> None:
+    """Refuse a relative local ``output`` in a Ray job's unpacked working_dir: it would be written inside
+    Ray's copy of the upload (runtime_resources/working_dir_files/_ray_pkg_<hash>/), lost to the user, and
+    a resubmission from a changed checkout (another hash) would start over. Inputs shipped with the job
+    are read from there rightly, so only outputs are checked."""
+    if "://" in output or os.path.isabs(output):
+        return
+    package = ray_package()
+    if package:
+        raise UserError(f"{flag} {output}: a relative path in a Ray job lands in Ray's copy of the uploaded working dir "
+                        f"({package}), not where you can keep or resume it; pass an absolute path or a URI (s3://...)")
 
 
 def scheme_of(uri: str) -> str:

@@ -257,3 +257,40 @@ def test_a_bad_dtype_or_a_model_folder_without_a_model_is_one_line_naming_it_bef
     assert main([*answer, "--output", str(tmp_path / "o3"), "--generator", str(empty)]) == 2
     assert "holds no weights (*.safetensors, *.bin, *.pt)" in capsys.readouterr().err
     assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
+
+
+def test_a_relative_output_in_a_ray_jobs_uploaded_working_dir_is_refused_and_inputs_shipped_with_it_are_read(
+        question_file, tmp_path, capsys, monkeypatch):
+    """`ray job submit --working-dir . -- ... --output runs/x` wrote the answers into Ray's unpacked copy of the
+    upload (runtime_resources/working_dir_files/_ray_pkg_<hash>/runs/x): lost to the user, and a resubmission
+    from a changed checkout started over."""
+    import shutil
+
+    import jobs.ray_session
+    from jobs.cli import main
+    from jobs.storage import check_kept
+
+    package = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    (package / "data").mkdir(parents=True)
+    shutil.copy(question_file, package / "data" / "q.parquet")  # data shipped with the job
+    monkeypatch.chdir(package)
+
+    def no_ray(*args):
+        raise UserError("Ray would start here")
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    answer = ["answer", "--questions", "data/q.parquet", "--strategy", "direct", "--generator", "smollm2-135m-instruct"]
+    assert main([*answer, "--output", "runs/x"]) == 2
+    err = capsys.readouterr().err
+    said = (f"--output runs/x: a relative path in a Ray job lands in Ray's copy of the uploaded working dir ({package}), "
+            "not where you can keep or resume it; pass an absolute path or a URI")
+    assert err.count("\n") == 1 and said in err, err
+    assert main(["index", "--corpus", "data/q.parquet", "--index-dir", "idx"]) == 2
+    assert "--index-dir idx: a relative path in a Ray job" in capsys.readouterr().err
+    assert not (package / "runs").exists() and not (package / "idx").exists()
+    # the relative questions inside the upload are read, and an absolute output or a URI is taken
+    assert main([*answer, "--output", str(tmp_path / "kept")]) == 2
+    assert "Ray would start here" in capsys.readouterr().err
+    check_kept("s3://bucket/answers")
+    monkeypatch.chdir(tmp_path)
+    check_kept("runs/x")  # outside a Ray job a relative output is the user's own folder
