@@ -17,7 +17,7 @@ except ImportError:  # Ray carries its own copy (`ray stop` uses it), found once
     import psutil
     import ray  # noqa: F401
 
-GRACE_S = 10  # SIGTERM, then SIGKILL for what is left, as `ray stop` does
+GRACE_S = 16  # SIGTERM, then SIGKILL for what is left, as `ray stop` does (split over its three steps)
 
 
 def head_processes(port: int) -> list[psutil.Process]:
@@ -45,13 +45,28 @@ def stop(port: int) -> int:
     if not processes:
         print(f"no Ray head with its GCS on port {port} here (start and stop take it from RAY_GCS_PORT)", file=sys.stderr)
         return 0
-    signal(processes, psutil.Process.terminate)
-    left = wait(processes, GRACE_S)
-    signal(left, psutil.Process.kill)
-    wait(left, GRACE_S)
+    # in `ray stop`'s order: raylets first (their agents and workers follow them), the GCS last (stopped
+    # earlier, the others wait for it and leave only when killed)
+    raylets = [p for p in processes if name(p) == "raylet"]
+    gcs = [p for p in processes if name(p) == "gcs_server"]
+    rest = [p for p in processes if p not in raylets and p not in gcs]
+    killed = []
+    for step in (raylets, rest, gcs):
+        signal(step, psutil.Process.terminate)
+        left = wait(step, GRACE_S / 3)
+        signal(left, psutil.Process.kill)
+        wait(left, 2)
+        killed += left
     print(f"stopped the Ray head on GCS port {port}: {len(processes)} processes"
-          + (f" ({len(left)} killed after {GRACE_S} s)" if left else ""), file=sys.stderr)
+          + (f" ({len(killed)} killed after {GRACE_S / 3:.0f} s)" if killed else ""), file=sys.stderr)
     return 0
+
+
+def name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def signal(processes: list[psutil.Process], send) -> None:
