@@ -98,15 +98,19 @@ def calibration_record(config: AnswerConfig) -> dict | None:
         now = getattr(getattr(config, section, None), key, None)
         if now != chosen:
             overridden[field] = now
-    # the know threshold is a cut on that model's scores (a record that names none says nothing either way)
+    # the know threshold is a cut on that model's scores (a record written before records named none: it says
+    # nothing either way)
     if record.get("know") and know_model(config) != record["know"]:
         overridden["know.model"] = know_model(config)
     return {**record, "overridden": overridden} if overridden else record
 
 
-def know_model(config: AnswerConfig) -> str | None:
-    """The trained self-knowledge model RA-ISF's know judgments come from; None where the judge's P('yes') does."""
-    return config.know.model if config.raisf.know_by == "trained" else None
+JUDGE_KNOWS = "judge: P('yes')"  # RA-ISF's self-knowledge judged by the judge pool's prompt, not a trained M_know
+
+
+def know_model(config: AnswerConfig) -> str:
+    """What RA-ISF's know judgments come from: the trained self-knowledge model, or ``JUDGE_KNOWS``."""
+    return config.know.model if config.raisf.know_by == "trained" else JUDGE_KNOWS
 
 
 def entailment_name(config: AnswerConfig) -> str | None:

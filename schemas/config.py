@@ -413,7 +413,7 @@ class CalibrationRecord(Section):
     judge: str | None = None
     ranker: str
     know: str | None = Field(None, description="the self-knowledge model (know.model) RA-ISF's know threshold was "
-                                               "chosen on; None: the judge's P('yes') (or a record written before)")
+                                               "chosen on, or \"judge: P('yes')\"; None: a record written before")
     chosen: dict[str, int | float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
 
 

@@ -356,11 +356,14 @@ def test_the_calibration_record_names_the_self_knowledge_model_and_a_run_with_an
                             reranker={"model": "/m/rel"}, calibration=record)
 
     assert config_values(run(), {}, None, 1, "c.parquet")["calibration"]["know"] == "/m/know_v1"
-    assert config_values(run(judges="generator"), {}, None, 1, "c.parquet")["calibration"]["know"] is None
+    assert config_values(run(judges="generator"), {}, None, 1, "c.parquet")["calibration"]["know"] == "judge: P('yes')"
     assert "overridden" not in calibration_record(run(know="/m/know_v1"))
     assert calibration_record(run("/m/know_v2", know="/m/know_v1"))["overridden"] == {"know.model": "/m/know_v2"}
     # the generator's P('yes') judged what the threshold was chosen on M_know for
-    assert calibration_record(run(judges="generator", know="/m/know_v1"))["overridden"] == {"know.model": None}
+    assert calibration_record(run(judges="generator", know="/m/know_v1"))["overridden"] == {"know.model": "judge: P('yes')"}
+    # and M_know judged what the threshold was chosen on the judge's P('yes') for (the record said None, as before)
+    assert calibration_record(run(know="judge: P('yes')"))["overridden"] == {"know.model": "/m/know_v1"}
+    assert "overridden" not in calibration_record(run(judges="generator", know="judge: P('yes')"))
     assert "overridden" not in calibration_record(run("/m/know_v2"))  # a record written before it named M_know
 
 
