@@ -297,43 +297,29 @@ def test_one_module_may_be_trained_while_the_generator_judges_the_other():
     AnswerConfig(strategies=["raisf"], raisf={"relevance_judge": "trained"}, reranker={"model": "m_rel"})
 
 
-def test_with_self_knowledge_ablated_no_know_model_is_required_started_or_named_as_its_judge():
-    """raisf.self_knowledge=false with trained judges still required know.model, started a know pool and
-    said in metrics.json that M_know judged self-knowledge, though no question asked it."""
+# (ablated module, its trained model's section, its pool, its metadata key, the other module's section and judge name)
+ABLATIONS = [("self_knowledge", "know", "know", "self_knowledge", "reranker", "trained cross-encoder:m_rel"),
+             ("passage_relevance", "reranker", "ranker", "relevance", "know", "trained classifier:m_know")]
+
+
+@pytest.mark.parametrize("module, section, pool, key, other, other_judge", ABLATIONS)
+def test_an_ablated_module_needs_no_trained_model_starts_no_pool_and_is_named_as_no_judge(module, section, pool, key,
+                                                                                         other, other_judge):
+    """raisf.self_knowledge=false (or passage_relevance=false) with trained judges still required that module's
+    model, started its pool and said in metrics.json that it judged, though no question asked it."""
     from jobs.identity import judges_name
     from strategies.calibration_probe import CalibrationProbe
     from strategies.registry import AnswerConfig
 
-    ablated = AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "self_knowledge": False},
-                           reranker={"model": "m_rel"})
-    assert RAISF.from_run(ablated).stages == {"generator", "retriever", "ranker"}
-    assert judges_name(ablated) == {"self_knowledge": "none: ablated (raisf.self_knowledge: false)",
-                                    "relevance": "trained cross-encoder:m_rel"}
-    # calibrate's probe records every module's scores, the ablated one's too: it still needs M_know
-    with pytest.raises(ValueError, match="needs know.model"):
-        AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "self_knowledge": False},
-                     reranker={"model": "m_rel"})
-    probing = AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "self_knowledge": False},
-                           reranker={"model": "m_rel"}, know={"model": "m_know"})
-    assert "know" in CalibrationProbe.from_run(probing).stages
-    assert judges_name(probing)["self_knowledge"] == "trained classifier:m_know"
-
-
-def test_with_passage_relevance_ablated_no_relevance_model_is_required_started_or_named_as_its_judge():
-    """raisf.passage_relevance=false with trained judges still required reranker.model, started a ranker pool and
-    named M_rel as the relevance judge, though no passage was judged."""
-    from jobs.identity import judges_name
-    from strategies.calibration_probe import CalibrationProbe
-    from strategies.registry import AnswerConfig
-
-    ablated = AnswerConfig(strategies=["raisf"], raisf={"judges": "trained", "passage_relevance": False},
-                           know={"model": "m_know"})
-    assert RAISF.from_run(ablated).stages == {"generator", "retriever", "know"}
-    assert judges_name(ablated) == {"self_knowledge": "trained classifier:m_know",
-                                    "relevance": "none: ablated (raisf.passage_relevance: false)"}
-    with pytest.raises(ValueError, match="needs reranker.model"):
-        AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "passage_relevance": False},
-                     know={"model": "m_know"})
-    probing = AnswerConfig(strategies=["calibration_probe"], raisf={"judges": "trained", "passage_relevance": False},
-                           reranker={"model": "m_rel"}, know={"model": "m_know"})
-    assert "ranker" in CalibrationProbe.from_run(probing).stages
+    models = {"know": {"model": "m_know"}, "reranker": {"model": "m_rel"}}
+    raisf = {"judges": "trained", module: False}
+    ablated = AnswerConfig(strategies=["raisf"], raisf=raisf, **{other: models[other]})
+    assert RAISF.from_run(ablated).stages == {"generator", "retriever", {"know": "know", "reranker": "ranker"}[other]}
+    assert judges_name(ablated) == {key: f"none: ablated (raisf.{module}: false)",
+                                    {"self_knowledge": "relevance", "relevance": "self_knowledge"}[key]: other_judge}
+    # calibrate's probe records every module's scores, the ablated one's too: it still needs its model
+    with pytest.raises(ValueError, match=f"needs {section}.model"):
+        AnswerConfig(strategies=["calibration_probe"], raisf=raisf, **{other: models[other]})
+    probing = AnswerConfig(strategies=["calibration_probe"], raisf=raisf, **models)
+    assert pool in CalibrationProbe.from_run(probing).stages
+    assert judges_name(probing)[key] != f"none: ablated (raisf.{module}: false)"
