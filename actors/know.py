@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from schemas.errors import UserError
 from schemas.records import Classify, Judgment
 
 WEIGHTS = "know.json"
@@ -38,4 +39,10 @@ class KnowClassifier:
 
 def embedder_of(model_dir: str) -> str:
     """The embedder a trained classifier's vectors come from (an alias, path or hub name)."""
-    return json.loads((Path(model_dir) / WEIGHTS).read_text())["embedder"]
+    try:
+        return json.loads((Path(model_dir) / WEIGHTS).read_text())["embedder"]
+    except FileNotFoundError:
+        relevance = (Path(model_dir) / "relevance_logit.json").is_file() or (Path(model_dir) / "config.json").is_file()
+        raise UserError(f"know.model {model_dir}: no {WEIGHTS} there: not a self-knowledge classifier from `ragsift train "
+                        "know`" + ("; it looks like a transformers model (M_rel belongs in reranker.model)"
+                                   if relevance else "")) from None

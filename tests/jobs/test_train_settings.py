@@ -301,3 +301,13 @@ def test_a_relevance_training_killed_while_saving_leaves_the_earlier_model_whole
                                                                "model.safetensors", "pairs.parquet"])
     assert json.loads((output / LOGIT).read_text())["scale"] > 0 and (output / "pairs.parquet").read_text() == "mined"
     assert [p.name for p in tmp_path.iterdir()] == ["m_rel"]
+
+
+def test_a_folder_that_is_no_self_knowledge_classifier_given_as_know_model_says_so(tmp_path):
+    """An M_rel folder as know.model ended in "[Errno 2] No such file or directory: '.../know.json'"."""
+    from actors.know import embedder_of
+    from schemas.errors import UserError
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match=r"not a self-knowledge classifier.*M_rel belongs in reranker.model"):
+        embedder_of(str(tmp_path))
