@@ -13,9 +13,10 @@ import time
 
 try:
     import psutil
-except ImportError:  # Ray carries its own copy (`ray stop` uses it), found once ray is imported
+except ImportError:  # Ray carries its own copy (`ray stop` uses it), on the path once ray is imported
+    import ray  # noqa: F401  # isort: skip
+
     import psutil
-    import ray  # noqa: F401
 
 GRACE_S = 16  # SIGTERM, then SIGKILL for what is left, as `ray stop` does (split over its three steps)
 
