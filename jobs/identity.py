@@ -128,11 +128,12 @@ def judges_name(config: AnswerConfig) -> dict | None:
                 **({"relevance": judge} if "relevance" in config.label.collect else {})}
     if not {"raisf", "calibration_probe"} & set(config.strategies):
         return None
-    if not (config.raisf.self_knowledge or "calibration_probe" in config.strategies):  # the probe judges it all the same
+    probing = "calibration_probe" in config.strategies  # the probe judges every module, an ablated one too
+    if not (config.raisf.self_knowledge or probing):
         know = "none: ablated (raisf.self_knowledge: false)"
     else:
         know = f"trained classifier:{config.know.model}" if config.raisf.know_by == "trained" else judge
-    if not (config.raisf.passage_relevance or "calibration_probe" in config.strategies):
+    if not (config.raisf.passage_relevance or probing):
         relevance = "none: ablated (raisf.passage_relevance: false)"
     elif config.raisf.relevance_by == "trained":
         relevance = f"trained {ranker_kind(config.reranker.model)}:{config.reranker.model}"
