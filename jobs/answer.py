@@ -248,6 +248,7 @@ def given_config(args: argparse.Namespace, default_strategies: tuple[str, ...] =
     if not (config.questions and config.output):
         raise UserError("needs questions and an output: pass --questions and --output (or set `questions` and "
                         "`output` in the config)")
+    check_kept(config.output)  # before with_questions_read converts the questions into it
     return config
 
 

@@ -18,7 +18,7 @@ from jobs.evaluate import evaluate, print_tables, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.pools import llm_settings
-from jobs.storage import file_sha256, filesystem
+from jobs.storage import check_kept, file_sha256, filesystem
 from schemas.config import IndexConfig, as_override, load_config, parse_override
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
     started = time.perf_counter()
     index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
+    check_kept(args.output)
+    check_kept(str(index_dir), "--index-dir")
     for item in args.set:
         keys = parse_override(item)[0]  # read as load_config reads it: a quoted key may hold "." or "="
         key = ".".join(keys)

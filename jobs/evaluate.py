@@ -18,7 +18,7 @@ from jobs import metrics as M
 from jobs.output import PART
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
-from jobs.storage import filesystem, join, open_parquet, read_table, redact, uri_of
+from jobs.storage import check_kept, filesystem, join, open_parquet, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -334,6 +334,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_kept(args.out, "--out")
     table, resolved = evaluate(args.answers, args.questions, args.k)
     out = args.out or answers_folder(args.answers)
     write_reports(table, out, resolved)  # before the table is printed: a closed stdout (`| head`) ends the process

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from pyarrow.fs import FileType
 
 from jobs.evaluate import answer_files, one_run
-from jobs.storage import filesystem, open_parquet, redact
+from jobs.storage import check_kept, filesystem, open_parquet, redact
 from schemas.errors import UserError
 
 # what each format reads of an answer row (rows takes what is there)
@@ -138,6 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.strategy is not None and not args.strategy.strip():
         raise UserError(f"--strategy {args.strategy!r}: names no strategy (leave it out for every strategy's answers)")
+    check_kept(args.to, "--to")
     lines = export(args.answers, args.to, args.format, args.strategy)
     print(f"wrote {lines} lines ({args.format}) to {redact(args.to)}", file=sys.stderr)
     return 0

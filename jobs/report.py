@@ -26,7 +26,7 @@ from jobs.evaluate import (
     resolution_cells,
     score,
 )
-from jobs.storage import filesystem, join, path_of, redact
+from jobs.storage import check_kept, filesystem, join, path_of, redact
 from schemas.errors import UserError
 
 
@@ -255,6 +255,7 @@ def run_labels(runs: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_kept(args.out, "--out")
     labels = run_labels(args.runs) if len(args.runs) > 1 else [None]
     runs = [load_run(r, args.questions, label) for r, label in zip(args.runs, labels)]
     page = render(runs)

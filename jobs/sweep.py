@@ -41,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
     # refused before the base config converts the questions: `input` is read then, once for every value
     if not args.param.strip():
         raise ConfigError(f"sweep --param {args.param!r}: name the config field to vary, e.g. think_act.beta_threshold")
-    section = parse_override(f"{args.param}=")[0][0]  # as --set reads a key: a quoted part may hold "."
+    key = f"{args.param}="
+    try:
+        section = parse_override(key)[0][0]  # as --set reads a key: a quoted part may hold "."
+    except ConfigError as err:  # said of --param, not of the override "NAME=" it was read as
+        raise ConfigError(f"sweep --param {args.param!r}: {str(err).removeprefix(f'override {key!r}: ')}") from None
     if section in ("cache", "ray", "output", "questions", "input"):
         raise ConfigError(f"sweep --param {args.param}: the values share one run's {section} "
                           "(set once, from the base config); set it with --set instead")

@@ -34,6 +34,7 @@ import sys
 
 from jobs.cli import add_config_arguments
 from jobs.relevance_pairs import PAIRS
+from jobs.storage import check_kept
 from jobs.train_know import train_know
 from jobs.train_relevance import train_relevance
 from schemas.config import load_config
@@ -83,6 +84,7 @@ def settings(args: argparse.Namespace) -> RelevanceTraining | KnowTraining:
 def run(args: argparse.Namespace) -> int:
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     config = settings(args)
+    check_kept(config.output)
     (train_relevance if args.judge == "relevance" else train_know)(config, log)
     return 0
 

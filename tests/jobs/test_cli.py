@@ -294,3 +294,39 @@ def test_a_relative_output_in_a_ray_jobs_uploaded_working_dir_is_refused_and_inp
     check_kept("s3://bucket/answers")
     monkeypatch.chdir(tmp_path)
     check_kept("runs/x")  # outside a Ray job a relative output is the user's own folder
+
+
+def test_every_job_refuses_a_relative_output_in_a_ray_jobs_working_dir_before_it_writes_or_starts_ray(
+        question_file, tmp_path, capsys, monkeypatch):
+    """sweep was refused only after a local Ray had started; evaluate / report --out, export --to, train and
+    demo --output were not checked at all; answer converted a JSON Lines input into the lost folder first."""
+    import shutil
+
+    import jobs.ray_session
+    from jobs.cli import main
+
+    package = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    (package / "data").mkdir(parents=True)
+    shutil.copy(question_file, package / "data" / "q.parquet")
+    (package / "data" / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    monkeypatch.chdir(package)
+
+    def no_ray(*args):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", no_ray)
+    runs = {
+        "--output out/a": ["answer", "--questions", "data/q.jsonl", "--strategy", "direct", "--output", "out/a"],
+        "--output out/s": ["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", "data/q.parquet",
+                           "--output", "out/s", "--strategy", "rag"],
+        "--out out/e": ["evaluate", "--answers", str(tmp_path), "--questions", "data/q.parquet", "--out", "out/e"],
+        "--out out/r.html": ["report", "--runs", str(tmp_path), "--questions", "data/q.parquet", "--out", "out/r.html"],
+        "--to out/x.jsonl": ["export", "--answers", str(tmp_path), "--to", "out/x.jsonl"],
+        "--output out/m": ["train", "know", "--labels", str(tmp_path), "--output", "out/m"],
+        "--output out/d": ["demo", "--output", "out/d"],
+    }
+    for said, argv in runs.items():
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{said}: a relative path in a Ray job" in err and err.count("\n") == 1, err
+    assert not (package / "out").exists()

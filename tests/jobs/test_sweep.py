@@ -134,6 +134,18 @@ def test_an_empty_sweep_parameter_is_refused_asking_for_a_field(tmp_path, capsys
     assert code == 2 and "name the config field to vary" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("param", [".", "a..b"])
+def test_a_sweep_parameter_with_an_empty_name_is_refused_as_the_parameter(tmp_path, capsys, param):
+    """``--param .`` was refused as "override '.=': ...", an override the user never wrote."""
+    from jobs.cli import main
+
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    code = main(["sweep", "--param", param, "--values", "0,1", "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--strategy", "think_act"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"sweep --param {param!r}: an empty name in its dotted key" in err and "override" not in err, err
+
+
 def test_a_sweep_without_gold_answers_stops_before_answering_a_value(tmp_path, capsys):
     """It answered the whole first value, then found no answers column to score it against."""
     import pyarrow as pa
