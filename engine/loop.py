@@ -51,8 +51,19 @@ class Node:
     parent: Node | None = None
     index: int = 0  # position among its parent's children
     slots: list[Any] = field(default_factory=list)  # responses or child results being collected
+    child_reads: list[list] = field(default_factory=list)  # the passages each spawned child read, by its index
+    sub_read: list = field(default_factory=list)  # passages its sub-questions read, in the order they were spawned
     asked: list[Request] = field(default_factory=list)  # the requests the slots answer (empty for children)
     missing: int = 0
+
+
+def read_by(node: Node) -> list:
+    """Every passage a question read, each once: its own retrieval first, then its sub-questions' (a row's
+    retrieved_ids, which its citations are among; a question answered by sub-queries alone read theirs)."""
+    first = {}
+    for passage in [*node.item.passages, *node.sub_read]:
+        first.setdefault(passage.id, passage)
+    return list(first.values())
 
 
 class Engine:
@@ -414,6 +425,7 @@ class Engine:
                 questions, dropped = self._within_caps(node, step.questions)
                 # sub-questions past a cap come back failed, in their places: the parent decides
                 node.slots, node.missing = [None] * len(questions) + dropped, len(questions)
+                node.child_reads = [[] for _ in questions]
                 if not questions:
                     step = self._resume(node)
                     continue
@@ -464,8 +476,13 @@ class Engine:
     def _resume(self, node: Node):
         responses, node.slots = node.slots, []
         asked, node.asked = node.asked, []
+        # a spawn's children are gathered in their order, not in the order they finished: rows are alike run to run
+        node.sub_read += [p for read in node.child_reads for p in read]
+        node.child_reads = []
         for request, r in zip(asked, responses):
-            if isinstance(r, (Generation, Judgment)) and not r.error:
+            if getattr(r, "error", None):  # the row's trace accounts for every request it made
+                node.item.trace.append({"step": request.step, "error": r.error})
+            elif isinstance(r, (Generation, Judgment)):
                 node.root.counters["prompt_tokens"] += r.prompt_tokens
                 node.root.counters["completion_tokens"] += r.completion_tokens
                 tokens = node.root.step_tokens
@@ -525,7 +542,9 @@ class Engine:
         if node.parent is not None:
             parent = node.parent
             parent.item.trace.append({"child": node.item.question, "answer": done.answer,
-                                      "resolved_by": done.resolved_by, "trace": node.item.trace})
+                                      "resolved_by": done.resolved_by, **({"error": done.error} if done.error else {}),
+                                      "trace": node.item.trace})
+            parent.child_reads[node.index] = read_by(node)
             self._fill(parent, node.index, done)
             return
         root = node.root
@@ -537,7 +556,7 @@ class Engine:
         by[done.resolved_by] = by.get(done.resolved_by, 0) + 1
         if not done.answer and not done.error:  # the model said nothing usable: kept, and counted
             self.empty_answers += 1
-        passages = node.item.passages
+        passages = read_by(node)
         self.on_row({
             "id": root.question.id,
             "question": root.question.question,

@@ -95,9 +95,7 @@ def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "a
 def final_answer(response: Generation | Judgment, form: str) -> str:
     """The answer ``response`` gives to a final step asked in ``form`` (see the module docstring for choices)."""
     if isinstance(response, Judgment):
-        if response.probs:
-            return max(response.probs, key=response.probs.get)
-        return response.label
+        return chosen(response)
     if form == YES_NO_REASONED:
         reasoned = parse_as(ReasonedYesNo, response.text)
         if reasoned is not None:
@@ -108,6 +106,21 @@ def final_answer(response: Generation | Judgment, form: str) -> str:
     return clean_answer(response.text)
 
 
+def chosen(judgment: Judgment) -> str:
+    """The choice a judgment answers: the likelier by its first-token log-probs, which is not always the
+    label guided decoding wrote (the label alone is taken where there are none)."""
+    return max(judgment.probs, key=judgment.probs.get) if judgment.probs else judgment.label
+
+
 def response_text(response: Generation | Judgment) -> str:
-    """What the model wrote, for traces."""
-    return response.label if isinstance(response, Judgment) else response.text
+    """What a final step answered, for traces: what the model wrote, or the choice a judgment answers."""
+    return chosen(response) if isinstance(response, Judgment) else response.text
+
+
+def traced(step: str, response: Generation | Judgment) -> dict:
+    """A final step's trace entry: its output and, for a choice, the probabilities it was taken by (its
+    guided label can name the other choice: a row whose trace said REFUTES answered SUPPORTS)."""
+    entry = {"step": step, "output": response_text(response)}
+    if isinstance(response, Judgment) and response.probs:
+        entry["probs"] = {choice: round(p, 4) for choice, p in response.probs.items()}
+    return entry

@@ -16,7 +16,7 @@ from strategies.forms import (
     final_answer,
     final_request,
     form_of,
-    response_text,
+    traced,
 )
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
@@ -61,5 +61,5 @@ class LeastToMost(Routine):
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
         response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
-        item.trace.append({"step": name, "output": response_text(response)})
+        item.trace.append(traced(name, response))
         return final_answer(response, form)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.steps import Done, Item
 from schemas.records import Retrieve
 from strategies.base import Routine, Solve, StrategySettings, format_passages, prompt
-from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.forms import final_answer, final_request, form_of, traced
 
 
 class RetrieveThenRead(Routine):
@@ -26,6 +26,6 @@ class RetrieveThenRead(Routine):
         user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
         form = form_of(item, forms)
         response = yield final_request(user, form, forms, step="read")
-        item.trace.append({"step": "read", "output": response_text(response)})
+        item.trace.append(traced("read", response))
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
         return Done(final_answer(response, form), "passages")

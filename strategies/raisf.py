@@ -44,7 +44,7 @@ from strategies.base import (
     prompt,
     structured,
 )
-from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.forms import final_answer, final_request, form_of, traced
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 UNKNOWN = "unknown"
@@ -196,7 +196,7 @@ class RAISF(Routine):
         """M(...): the answer step, in the form the question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step=step)
-        item.trace.append({"step": step, "output": response_text(response)})
+        item.trace.append(traced(step, response))
         return Done(final_answer(response, form), resolved_by)
 
 

@@ -16,7 +16,7 @@ from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Retrieve
 from strategies.base import Lenient, Routine, Solve, answer_messages, passes, prompt
-from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.forms import final_answer, final_request, form_of, traced
 from strategies.parsing import parse_string_list, string_list_schema
 from strategies.raisf import DECOMPOSE_TOKENS, RaisfConfig, judge_request, p_yes
 
@@ -57,7 +57,7 @@ class RaisfLabels(Routine):
         if closed.error:
             return Done("", "error", error=closed.error)
         answer = final_answer(closed, form)
-        item.trace.append({"step": "closed_book", "output": response_text(closed)})
+        item.trace.append(traced("closed_book", closed))
         if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
             if not ok:

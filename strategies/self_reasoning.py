@@ -47,7 +47,7 @@ from strategies.forms import (
     final_answer,
     final_request,
     form_of,
-    response_text,
+    traced,
 )
 from strategies.structured import parse_as, schema_of
 
@@ -143,7 +143,7 @@ class SelfReasoning(Routine):
             name = "self_reasoning/fever_read" if form == VERDICT else "rag/user"
             read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
                                                            question=item.question), form, self.forms, step="read")
-            item.trace.append({"step": "fallback_read", "output": response_text(read)})
+            item.trace.append(traced("fallback_read", read))
             # a plain read cites nothing: its passages are the retrieval, not citations
             return Done(final_answer(read, form), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
@@ -152,7 +152,7 @@ class SelfReasoning(Routine):
         if self.config.answer_step == "read" and choices(form, self.forms) is None:
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
-            item.trace.append({"step": "read_analysis", "output": response_text(read)})
+            item.trace.append(traced("read_analysis", read))
             answer = final_answer(read, form)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the

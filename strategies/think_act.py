@@ -37,7 +37,7 @@ from strategies.base import (
     structured,
 )
 from strategies.filtering import sentences
-from strategies.forms import final_answer, final_request, form_of, response_text
+from strategies.forms import final_answer, final_request, form_of, traced
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
@@ -177,7 +177,7 @@ class ThinkThenAct(Routine):
         """The answer step, in the form the (user's) question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user_prompt, form, self.forms, step=step)
-        item.trace.append({"step": step, "output": response_text(response)})
+        item.trace.append(traced(step, response))
         return Done(final_answer(response, form), resolved_by)
 
 

@@ -7,7 +7,7 @@ import pytest
 from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import EngineConfig, StageBatching
-from schemas.records import Generate, Question, Rank
+from schemas.records import Generate, Question, Rank, Retrieval, Retrieve
 from strategies.base import Ask, Done, Spawn, StrategySettings, prompt
 from strategies.registry import STRATEGIES
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
@@ -90,6 +90,58 @@ def test_fan_out_tree_completes_with_children_in_order(ray_session):
     assert row["n_subquestions"] == 6 and row["n_llm_calls"] == 4
     trace = json.loads(row["trace"])
     assert sorted(c["child"] for c in trace) == ["Q.L", "Q.R"]
+
+
+class Reads:
+    """Test strategy: retrieve, split into L (which reads twice, so it finishes last) and R, join their answers;
+    a question holding POISON fails at its read."""
+
+    name = "reads"
+    stages = frozenset({"generator", "retriever"})
+
+    def start(self, item):
+        return Ask([Retrieve(item.question, 2)])
+
+    def resume(self, item, responses):
+        r = responses[0]
+        if isinstance(r, Retrieval):
+            item.passages = r.passages
+            if item.depth == 0:
+                return Spawn([f"{item.question} L", f"{item.question} R"])
+            return Ask([Generate((("user", item.question),), step="read")])
+        if isinstance(r, Done):
+            return Done(" + ".join(c.answer for c in responses), "decomposition")
+        if r.error:
+            return Done("", "error", error=r.error)
+        if item.question.endswith("L") and not item.state.get("again"):
+            item.state["again"] = True
+            return Ask([Generate((("user", f"{item.question} again"),), step="read")])
+        return Done(r.text, "leaf")
+
+
+def test_a_row_lists_every_passage_its_question_and_sub_questions_read_and_its_trace_every_failed_request(ray_session):
+    """retrieved_ids held the root's own retrieval only: a decomposed RA-ISF row cited passages outside it, and a
+    Think-then-Act row answered by sub-queries had none (n_retrievals 1), so recall left it out. A failed
+    sub-question's trace entry had no error, and no trace named the request that failed."""
+    rows = []
+    gen = [ray_session.remote(FakeGenerator).options(num_cpus=0).remote()]
+    enc = [ray_session.remote(FakeEncoder).options(num_cpus=0).remote()]
+    shards = [ray_session.remote(FakeShard).options(num_cpus=0).remote(n) for n in ("a", "b")]
+    stages = {"generator": GeneratorStage(gen, StageBatching(max_batch=1)),
+              "retriever": RetrieverStage(enc, shards, StageBatching(max_batch=8))}
+    engine = Engine(stages, {"reads": Reads()}, EngineConfig(window=4, failure_cooldown_s=0), rows.append)
+    engine.run([Question("ok", "Q"), Question("bad", "POISON")], ["reads"])
+    by_id = {r["id"]: r for r in rows}
+    ok, bad = by_id["ok"], by_id["bad"]
+    assert ok["answer"] == "echo:Q L again + echo:Q R" and ok["n_retrievals"] == 3
+    # the root's own first, then the sub-questions' in the order they were asked (L finished after R)
+    assert ok["retrieved_ids"] == ["b-Q-1", "a-Q-1", "b-Q L-1", "a-Q L-1", "b-Q R-1", "a-Q R-1"]
+    assert len(ok["retrieved_scores"]) == 6
+    trace = json.loads(bad["trace"])
+    children = [entry for entry in trace if "child" in entry]
+    assert len(children) == 2 and all("replica crashed" in c["error"] and c["resolved_by"] == "error" for c in children)
+    assert all(c["trace"] == [{"step": "read", "error": c["error"]}] for c in children)
+    assert bad["n_llm_calls"] == 2 and len(bad["retrieved_ids"]) == 6
 
 
 def test_a_failing_batch_becomes_error_rows_and_the_run_continues(ray_session):

@@ -63,6 +63,21 @@ def test_baselines_answer_a_yes_no_question_yes_or_no(strategy):
     assert s.resume(item, [Judgment("yes", {"yes": 0.8, "no": 0.2})]).answer == "yes"
 
 
+@pytest.mark.parametrize("strategy", ["direct", "rag"])
+def test_the_trace_of_a_choice_shows_the_answer_taken_and_its_probabilities_not_only_the_guided_label(strategy):
+    """The trace showed the guided label (REFUTES) beside an answer taken by its first-token probabilities
+    (SUPPORTS): the row contradicted itself and could not say why."""
+    s = make_strategy(strategy, AnswerConfig(strategies=[strategy]))
+    item = Item("Paris is the capital of France.", kind="claim")
+    step = s.start(item)
+    if strategy == "rag":
+        step = s.resume(item, [Retrieval([Passage("p", "Paris", "Paris is the capital of France.", 1.0)])])
+    done = s.resume(item, [Judgment("REFUTES", {"SUPPORTS": 0.61234, "REFUTES": 0.38766})])
+    assert done.answer == "SUPPORTS"
+    assert item.trace[-1] == {"step": step.requests[0].step, "output": "SUPPORTS",
+                              "probs": {"SUPPORTS": 0.6123, "REFUTES": 0.3877}}
+
+
 def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_from_the_answer_field():
     forms = AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"})
     assert form_of(Item("Is it?", kind="yes-no"), forms) == "yes_no_reasoned"
