@@ -22,7 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from engine.cache import RequestCache
 from engine.stages import Launched, Stage, cause_of
 from engine.steps import Ask, Done, Item, Spawn, Strategy
-from engine.supervision import Supervisor, death_cause
+from engine.supervision import KILL_POLL_S, Supervisor, death_cause
 from schemas.config import EngineConfig
 from schemas.errors import StageDown
 from schemas.records import Generation, Judgment, Question, Request, Response, utf8
@@ -145,6 +145,7 @@ class Engine:
                     self._start_root(*nxt)
             if exhausted and self.roots_in_flight == 0:
                 self._drop_stage_tests()
+            self.supervisor.probe_killed(time.perf_counter())
             self._dispatch(flush=not self.launched)
             if exhausted and self.roots_in_flight == 0 and not self.launched:
                 break  # a replica still starting does not hold up a run that needs nothing more (all cached)
@@ -188,7 +189,8 @@ class Engine:
     def _rest(self) -> None:
         """Nothing runs and every replica that could take the queued work rests after a failure."""
         wake = [d for s in self.stages.values() if (d := s.next_deadline()) is not None]
-        time.sleep(min(1.0, max(0.0, min(wake) - time.perf_counter())) if wake else 0.05)
+        rest = min(1.0, max(0.0, min(wake) - time.perf_counter())) if wake else 0.05
+        time.sleep(min(rest, KILL_POLL_S) if self.supervisor.killed else rest)
 
     def _wait_and_route(self) -> None:
         now = time.perf_counter()
@@ -199,6 +201,8 @@ class Engine:
         timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
         if self.on_progress:  # wake up to report even while one long batch runs
             timeout = min(timeout, self.progress_every_s)
+        if self.supervisor.killed:  # and to probe a killed replica once it restarts
+            timeout = min(timeout, KILL_POLL_S)
         refs = [*self.launched, *self.supervisor.probes]
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is done too
@@ -233,8 +237,10 @@ class Engine:
             self._drop(launched)
             if launched is not overdue:
                 stage.retry.appendleft((launched.remaining(), launched.attempts))
+        restarts = stage.ray_restarts(replica)
         stage.restart(replica)
-        self.supervisor.died(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it")
+        self.supervisor.died(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it",
+                             restarts_before_kill=restarts)
         waited = "waited for a result" if stage.streaming else "ran"
         self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
                            TimeoutError(f"batch of {len(overdue.batch)} {waited} over {stage.batching.timeout_s} s"))
@@ -343,7 +349,7 @@ class Engine:
                 self._test_stage(stage, err)
         plan = retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
-            error = f"{stage.name} failed {attempts + 1} times: {_describe(err)}"
+            error = f"{stage.name} failed {attempts + 1} times: {_describe_failure(err)}"
             self._deliver_batch(stage, batch, stage.failed(batch, error))
             return
         self.batch_splits += len(plan) > 1
@@ -631,6 +637,12 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
 
 
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _describe_failure(err: BaseException) -> str:
+    """A failed call's error, for its rows: of an error a replica raised, the line that says what went wrong
+    (Ray's header, the actor's pid and the remote traceback ran past the cut, before the message)."""
+    return cause_of(err) if isinstance(err, RayTaskError) else _describe(err)
 
 
 def _describe(err: BaseException) -> str:

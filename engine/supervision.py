@@ -4,6 +4,7 @@ how often each actor restarted."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,8 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from engine.stages import Stage, cause_of
 
 WATCH_S = 5.0  # how often Ray is asked how many times each replica's actor restarted
+KILL_POLL_S = 0.2  # how often Ray is asked whether a replica the engine killed is restarting
+KILL_WAIT_S = 10.0  # a killed replica is probed after this long even if Ray has not counted its restart
 
 
 class Supervisor:
@@ -22,6 +25,9 @@ class Supervisor:
         self.probes: dict[Any, tuple[Stage, int]] = {}  # ref of a readiness call -> the replica it waits for
         self.restarts = 0
         self.last_watch = 0.0
+        # replicas the engine killed, probed once Ray counts their restart: (stage, replica, restarts awaited, deadline)
+        self.killed: list[tuple[Stage, int, int, float]] = []
+        self.last_kill_poll = 0.0
 
     def probe_restarting(self) -> None:
         """At the start of a run: replicas left restarting by an earlier run take work once they answer."""
@@ -30,10 +36,16 @@ class Supervisor:
             for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
                 self._probe(stage, replica)
 
-    def died(self, stage: Stage, replica: int, why: str) -> None:
+    def died(self, stage: Stage, replica: int, why: str, restarts_before_kill: int | None = None) -> None:
         """Send a restarting replica nothing until it answers a readiness call. A call to a restarting
         actor fails at once, so batches sent meanwhile would count as failing again: split, run alone,
-        and the stage would lose its batching for the rest of the run."""
+        and the stage would lose its batching for the rest of the run.
+
+        ``restarts_before_kill``: Ray's restart count of a replica the engine has just killed, read before
+        the kill. ``ray.kill`` returns before the actor is dead, and the copy being killed answers a
+        readiness call sent at once when it is idle (an async replica is): its work then went to the
+        restarting actor and failed there, or queued for the new copy past the timeout that killed it
+        and hung its readiness call behind it. It is probed once Ray counts the restart."""
         if replica in stage.restarting:
             return
         self.restarts += 1
@@ -45,7 +57,26 @@ class Supervisor:
             # a peer's earlier readiness call may have been answered before this death and not yet read:
             # it would send the peer work that fails and counts this death again
             self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (peer, r)}
-            self._probe(peer, r)
+            if restarts_before_kill is None:
+                self._probe(peer, r)
+            else:
+                peer.restarting.add(r)
+                self.killed.append((peer, r, restarts_before_kill + 1, time.perf_counter() + KILL_WAIT_S))
+
+    def probe_killed(self, now: float) -> None:
+        """Probe each replica the engine killed once Ray counts its restart (or when Ray cannot say, or
+        after ``KILL_WAIT_S``)."""
+        if not self.killed or now - self.last_kill_poll < KILL_POLL_S:
+            return
+        self.last_kill_poll = now
+        waiting = []
+        for stage, replica, awaited, deadline in self.killed:
+            restarts = stage.ray_restarts(replica)
+            if restarts is None or restarts >= awaited or now >= deadline:
+                self._probe(stage, replica)
+            else:
+                waiting.append((stage, replica, awaited, deadline))
+        self.killed = waiting
 
     def answered(self, ref) -> None:
         """A readiness call returned: the replica is back, still restarting, or gone for good."""

@@ -127,6 +127,33 @@ class BrokenGenerator:
         return []
 
 
+class DeepErrorGenerator(FakeGenerator):
+    """'REJECT' raises from deep in a call, as a library does (vLLM refusing a schema in xgrammar)."""
+
+    def generate(self, batch):
+        def deep(n):
+            if n == 0:
+                raise RuntimeError('Unsupported type "nonsense"')
+            return deep(n - 1)
+
+        if any("REJECT" in r.messages[-1][1] for r in batch):
+            deep(30)
+        return super().generate(batch)
+
+
+class HangsOnceGenerator(FakeGenerator):
+    """'HANG' hangs in the first copy of the actor only: the copy Ray restarts (a marker file says so) answers."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def generate(self, batch):
+        if any("HANG" in r.messages[-1][1] for r in batch) and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(3600)
+        return [Generation("echo:" + r.messages[-1][1].splitlines()[0], 3, 2) for r in batch]
+
+
 class UnevenGenerator(FakeGenerator):
     """A request saying SLOW takes 2 s, others 0.05 s: one long sequence in a batch of short ones."""
 

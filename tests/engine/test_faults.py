@@ -17,10 +17,12 @@ from tests.engine.fakes import (
     BadReplicaGenerator,
     BreaksAfterGenerator,
     BrokenGenerator,
+    DeepErrorGenerator,
     FakeEncoder,
     FakeGenerator,
     FirstComeFirstServed,
     FlakyGenerator,
+    HangsOnceGenerator,
     ShortGenerator,
     SlowGenerator,
     SlowShard,
@@ -250,6 +252,31 @@ def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(
     assert len(rows) == len(questions)
     assert ("waited for a result over 5.0 s" if kind == "async" else "ran over 5.0 s") in by_id["hang"]["error"]
     assert {i: r["error"] for i, r in by_id.items() if r["error"]}.keys() == {"hang"}
+
+
+def test_a_raised_errors_row_says_what_went_wrong_not_rays_header_and_the_remote_traceback(ray_session, kind):
+    """An async replica's row held 500 characters of Ray's header (pid, actor id) and of the remote traceback,
+    cut before vLLM's message: 'Unsupported type "'."""
+    questions = [*QUESTIONS[:3], Question("bad", "REJECT this")]
+    by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=DeepErrorGenerator, kind=kind,
+                         batching=StageBatching(max_batch=4), max_attempts=2)
+    assert by_id["bad"]["error"] == 'generator failed 2 times: RuntimeError: Unsupported type "nonsense"'
+    assert all(by_id[q.id]["error"] is None for q in QUESTIONS[:3])
+
+
+def test_a_replica_killed_for_a_timeout_takes_work_again_only_from_its_restarted_copy(ray_session, kind, tmp_path):
+    """ray.kill returns before the actor dies, and an async replica's copy being killed answered the readiness
+    call sent at once: the retried request went to the restarting actor and failed there (ActorUnavailableError),
+    a second restart counted and one of its attempts spent."""
+    log = []
+    questions = [*QUESTIONS[:3], Question("hang", "HANG once")]
+    by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=HangsOnceGenerator, kind=kind,
+                              replica_args=((str(tmp_path / "hung"),),), log=log.append, max_attempts=2,
+                              batching=StageBatching(max_batch=1, timeout_s=2.0))
+    assert len(rows) == 4 and all(r["error"] is None for r in rows), [r["error"] for r in rows]
+    assert by_id["hang"]["answer"] == "echo:Question: HANG once"
+    assert engine.metrics()["replica_restarts"] == 1, log
+    assert not any("ActorUnavailable" in line for line in log), log
 
 
 @pytest.mark.timeout(600)  # four actor restarts: ~10 s on an idle 2-core box, 51 s at load 13, over 180 s at load 18
