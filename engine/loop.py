@@ -640,9 +640,14 @@ _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _describe_failure(err: BaseException) -> str:
-    """A failed call's error, for its rows: of an error a replica raised, the line that says what went wrong
+    """A failed call's error, for its rows: of an error a replica raised, its type and message on one line
     (Ray's header, the actor's pid and the remote traceback ran past the cut, before the message)."""
-    return cause_of(err) if isinstance(err, RayTaskError) else _describe(err)
+    if not isinstance(err, RayTaskError):
+        return _describe(err)
+    cause = err.cause if isinstance(err.cause, BaseException) else None
+    if cause is None:  # an exception that does not unpickle here: the last line of Ray's text names it
+        return cause_of(err)
+    return f"{type(cause).__name__}: {' '.join(_COLOURS.sub('', str(cause)).split())[:500]}"
 
 
 def _describe(err: BaseException) -> str:

@@ -133,7 +133,7 @@ class DeepErrorGenerator(FakeGenerator):
     def generate(self, batch):
         def deep(n):
             if n == 0:
-                raise RuntimeError('Unsupported type "nonsense"')
+                raise RuntimeError('Unsupported type "nonsense".\n  See the docs.')
             return deep(n - 1)
 
         if any("REJECT" in r.messages[-1][1] for r in batch):

@@ -256,11 +256,11 @@ def test_a_hanging_batch_times_out_and_the_hanging_request_becomes_an_error_row(
 
 def test_a_raised_errors_row_says_what_went_wrong_not_rays_header_and_the_remote_traceback(ray_session, kind):
     """An async replica's row held 500 characters of Ray's header (pid, actor id) and of the remote traceback,
-    cut before vLLM's message: 'Unsupported type "'."""
+    cut before vLLM's message: 'Unsupported type "'; a message of several lines is kept whole, on one."""
     questions = [*QUESTIONS[:3], Question("bad", "REJECT this")]
     by_id, rows, _ = run(ray_session, questions, strategy="direct", generator=DeepErrorGenerator, kind=kind,
                          batching=StageBatching(max_batch=4), max_attempts=2)
-    assert by_id["bad"]["error"] == 'generator failed 2 times: RuntimeError: Unsupported type "nonsense"'
+    assert by_id["bad"]["error"] == 'generator failed 2 times: RuntimeError: Unsupported type "nonsense". See the docs.'
     assert all(by_id[q.id]["error"] is None for q in QUESTIONS[:3])
 
 
