@@ -271,12 +271,14 @@ def test_a_replica_killed_for_a_timeout_takes_work_again_only_from_its_restarted
     log = []
     questions = [*QUESTIONS[:3], Question("hang", "HANG once")]
     by_id, rows, engine = run(ray_session, questions, strategy="direct", generator=HangsOnceGenerator, kind=kind,
-                              replica_args=((str(tmp_path / "hung"),),), log=log.append, max_attempts=2,
-                              batching=StageBatching(max_batch=1, timeout_s=2.0))
+                              replica_args=((str(tmp_path / "hung"),),), log=log.append,
+                              batching=StageBatching(max_batch=1, timeout_s=5.0))
     assert len(rows) == 4 and all(r["error"] is None for r in rows), [r["error"] for r in rows]
     assert by_id["hang"]["answer"] == "echo:Question: HANG once"
-    assert engine.metrics()["replica_restarts"] == 1, log
-    assert not any("ActorUnavailable" in line for line in log), log
+    # every death is a kill for a timeout (one, or more where a loaded box is slow to answer), none a call
+    # that reached the restarting actor
+    assert log and all("killed to restart it" in line for line in log), log
+    assert engine.metrics()["replica_restarts"] == len(log), log
 
 
 @pytest.mark.timeout(600)  # four actor restarts: ~10 s on an idle 2-core box, 51 s at load 13, over 180 s at load 18
