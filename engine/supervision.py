@@ -31,7 +31,7 @@ class Supervisor:
 
     def probe_restarting(self) -> None:
         """At the start of a run: replicas left restarting by an earlier run take work once they answer."""
-        probing = set(self.probes.values())
+        probing = {*self.probes.values(), *((stage, replica) for stage, replica, _, _ in self.killed)}
         for stage in self.stages.values():
             for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):
                 self._probe(stage, replica)
@@ -44,8 +44,8 @@ class Supervisor:
         ``restarts_before_kill``: Ray's restart count of a replica the engine has just killed, read before
         the kill. ``ray.kill`` returns before the actor is dead, and the copy being killed answers a
         readiness call sent at once when it is idle (an async replica is): its work then went to the
-        restarting actor and failed there, or queued for the new copy past the timeout that killed it
-        and hung its readiness call behind it. It is probed once Ray counts the restart."""
+        restarting actor and failed there, a second death counted and a retry spent. It is probed once Ray
+        counts the restart."""
         if replica in stage.restarting:
             return
         self.restarts += 1
