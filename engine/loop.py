@@ -51,8 +51,8 @@ class Node:
     parent: Node | None = None
     index: int = 0  # position among its parent's children
     slots: list[Any] = field(default_factory=list)  # responses or child results being collected
-    child_reads: list[list] = field(default_factory=list)  # the passages each spawned child read, by its index
-    child_traces: list[dict | None] = field(default_factory=list)  # each spawned child's trace entry, by its index
+    # each spawned child's trace entry and the passages it read, by its index, once it has finished
+    finished: list[tuple[dict, list] | None] = field(default_factory=list)
     sub_read: list = field(default_factory=list)  # passages its sub-questions read, in the order they were spawned
     asked: list[Request] = field(default_factory=list)  # the requests the slots answer (empty for children)
     missing: int = 0
@@ -432,7 +432,7 @@ class Engine:
                 questions, dropped = self._within_caps(node, step.questions)
                 # sub-questions past a cap come back failed, in their places: the parent decides
                 node.slots, node.missing = [None] * len(questions) + dropped, len(questions)
-                node.child_reads, node.child_traces = [[] for _ in questions], [None] * len(questions)
+                node.finished = [None] * len(questions)
                 if not questions:
                     step = self._resume(node)
                     continue
@@ -484,9 +484,10 @@ class Engine:
         responses, node.slots = node.slots, []
         asked, node.asked = node.asked, []
         # a spawn's children are gathered in their order, not in the order they finished: rows are alike run to run
-        node.sub_read += [p for read in node.child_reads for p in read]
-        node.item.trace += [entry for entry in node.child_traces if entry is not None]
-        node.child_reads, node.child_traces = [], []
+        for entry, read in filter(None, node.finished):
+            node.item.trace.append(entry)
+            node.sub_read += read
+        node.finished = []
         for request, r in zip(asked, responses):
             if getattr(r, "error", None):  # the row's trace accounts for every request it made
                 node.item.trace.append({"step": request.step, "error": r.error})
@@ -549,10 +550,9 @@ class Engine:
         self.parse_failures += node.item.counts.get("parse_failures", 0)
         if node.parent is not None:
             parent = node.parent
-            parent.child_traces[node.index] = {"child": node.item.question, "answer": done.answer,
-                                               "resolved_by": done.resolved_by,
-                                               **({"error": done.error} if done.error else {}), "trace": node.item.trace}
-            parent.child_reads[node.index] = read_by(node)
+            entry = {"child": node.item.question, "answer": done.answer, "resolved_by": done.resolved_by,
+                     **({"error": done.error} if done.error else {}), "trace": node.item.trace}
+            parent.finished[node.index] = (entry, read_by(node))
             self._fill(parent, node.index, done)
             return
         root = node.root
