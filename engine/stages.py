@@ -124,7 +124,12 @@ class Stage:
         self.inflight = [0] * len(replicas)
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
-        self.restarting: set[int] = set()  # replicas waiting on a readiness call (engine/supervision.py)
+        # replicas waiting on a readiness call (engine/supervision.py), each of them at first: Ray holds the
+        # calls sent to an actor it is still creating and, when that actor is killed meanwhile (a timeout
+        # counts from the call), runs them on the copy it restarts, untracked and ahead of the readiness
+        # call (a hung one left the run waiting for ever); a replica slower to start than the timeout was
+        # killed for it
+        self.restarting: set[int] = set(range(len(replicas)))
         self.deaths = [0] * len(replicas)  # times each replica's actor died during this run
         # when each replica last returned a result (any of its calls): a replica that is returning
         # results is alive, even while a call queued behind the others waits for its first
@@ -312,7 +317,6 @@ class StreamingGeneratorStage(GeneratorStage):
         self.budget: list[int | None] = [batching.max_tokens_in_flight] * len(replicas)
         self.tokens_in_flight = [0] * len(replicas)
         self.last_sent = [0.0] * len(replicas)  # when each replica got its latest batch
-        self.restarting.update(range(len(replicas)))  # nothing goes to a replica before it says its capacity
         self.never_ready = set(range(len(replicas)))
         self.first_ready_at: float | None = None
 

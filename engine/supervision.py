@@ -1,6 +1,6 @@
-"""Which replicas may take work. A replica whose actor died takes none until it answers a readiness
-call, and a death that no call saw (an actor killed while it starts or idles) is found by asking Ray
-how often each actor restarted."""
+"""Which replicas may take work. A replica takes none until it answers a readiness call, at a run's start
+and after its actor died, and a death that no call saw (an actor killed while it starts or idles) is
+found by asking Ray how often each actor restarted."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class Supervisor:
         self.last_kill_poll = 0.0
 
     def probe_restarting(self) -> None:
-        """At the start of a run: replicas left restarting by an earlier run take work once they answer."""
+        """At the start of a run: replicas not yet ready (new ones, or left restarting by an earlier run) take
+        work once they answer."""
         probing = {*self.probes.values(), *((stage, replica) for stage, replica, _, _ in self.killed)}
         for stage in self.stages.values():
             for replica in sorted(stage.restarting - {r for s, r in probing if s is stage}):

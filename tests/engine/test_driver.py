@@ -24,6 +24,7 @@ def engine(monkeypatch):
     eng.kills, eng.waits = [], []
     monkeypatch.setattr(stage, "restart", eng.kills.append)
     monkeypatch.setattr(eng.supervisor, "_probe", lambda stage, replica: stage.restarting.add(replica))
+    stage.restarting.clear()  # the replica answered its first readiness call
 
     def wait(refs, num_returns, timeout):
         eng.waits.append(timeout)
@@ -107,6 +108,7 @@ def shared_encoders(monkeypatch):
     ranker = RankerStage(encoders, StageBatching())
     for stage in (retriever, ranker):
         monkeypatch.setattr(stage, "probe", lambda replica: object())
+        stage.restarting.clear()  # both replicas answered their first readiness call
     return retriever, ranker, Supervisor({"retriever": retriever, "ranker": ranker}, log=lambda line: None)
 
 

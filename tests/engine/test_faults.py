@@ -292,6 +292,18 @@ def test_a_stage_whose_every_call_hangs_stops_the_run_instead_of_restarting_its_
             batching=StageBatching(max_batch=4, timeout_s=1.0), fail_fast_after=2, failure_cooldown_s=0.5)
 
 
+def test_a_replica_slower_to_start_than_the_timeout_gets_work_once_it_is_ready_and_is_not_killed_for_it(ray_session, kind):
+    """A batch replica got its first batches while Ray was still creating it, and their timeout ran from the
+    call: it was killed mid-start, and Ray ran the calls it held on the restarted copy, untracked and ahead
+    of the readiness call (a hung one there left the run waiting for ever on a loaded box)."""
+    log = []
+    by_id, rows, engine = run(ray_session, QUESTIONS[:8], strategy="direct", generator=SlowStartingGenerator,
+                              kind=kind, replica_args=((),), log=log.append,
+                              batching=StageBatching(max_batch=4, timeout_s=2.0))  # it takes 4 s to start
+    assert len(rows) == 8 and all(r["error"] is None for r in rows), [r["error"] for r in rows]
+    assert engine.metrics()["replica_restarts"] == 0 and not log, log
+
+
 def test_a_call_waiting_behind_another_on_a_replica_that_streams_results_is_not_timed_out(ray_session):
     # each replica gets two calls of 4 (2.4 s each, a result every 0.6 s): the second waits 2.4 s for
     # its first result, past the 1.5 s timeout, while its replica streams the first call's. Timed alone,

@@ -427,6 +427,7 @@ def test_a_ranker_call_holds_as_many_requests_as_fit_its_text_budget():
     from schemas.records import Rank
 
     stage = RankerStage([object()], RankerBatching(max_texts=120))
+    stage.restarting.clear()  # the replica answered its readiness call
     for i in range(4):
         stage.queue.append((Rank(f"q{i}", ("t",) * 50, 3), 0.0))
     stage.queue.append((Rank("long", ("t",) * 200, 3), 0.0))
