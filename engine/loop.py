@@ -9,7 +9,6 @@ whichever batch finishes first and resumes the items waiting on it. It never wai
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,7 +19,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from engine.cache import RequestCache
-from engine.stages import Launched, Stage, cause_of
+from engine.stages import COLOURS, Launched, Stage, cause_of
 from engine.steps import Ask, Done, Item, Spawn, Strategy
 from engine.supervision import KILL_POLL_S, Supervisor, death_cause
 from schemas.config import EngineConfig
@@ -638,9 +637,6 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
     return [(part, 1 if len(part) > 1 else 0) for part in (batch[:half], batch[half:])]
 
 
-_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
-
-
 def _describe_failure(err: BaseException) -> str:
     """A failed call's error, for its rows: of an error a replica raised, its type and message on one line
     (Ray's header, the actor's pid and the remote traceback ran past the cut, before the message)."""
@@ -649,9 +645,9 @@ def _describe_failure(err: BaseException) -> str:
     cause = err.cause if isinstance(err.cause, BaseException) else None
     if cause is None:  # an exception that does not unpickle here: the last line of Ray's text names it
         return cause_of(err)
-    return f"{type(cause).__name__}: {' '.join(_COLOURS.sub('', str(cause)).split())[:500]}"
+    return f"{type(cause).__name__}: {' '.join(COLOURS.sub('', str(cause)).split())[:500]}"
 
 
 def _describe(err: BaseException) -> str:
-    # without the terminal colours Ray puts in a remote error's text (escape codes in every row's error)
-    return f"{type(err).__name__}: {_COLOURS.sub('', str(err))[:500]}"
+    # without Ray's terminal colours (escape codes in every row's error)
+    return f"{type(err).__name__}: {COLOURS.sub('', str(err))[:500]}"

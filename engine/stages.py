@@ -99,10 +99,13 @@ def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: 
                                                for x in busy]}
 
 
+COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # the terminal colours Ray puts in a remote error's text
+
+
 def cause_of(err: BaseException) -> str:
     """The line of a (Ray-wrapped, coloured, multi-line) error that says what went wrong: its last
     (tab-indented lines are Ray's detail under it)."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    text = COLOURS.sub("", str(err))
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("\t")]
     return lines[-1][:300] if lines else type(err).__name__
 
