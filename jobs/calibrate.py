@@ -55,10 +55,10 @@ from jobs import metrics as M
 from jobs.evaluate import answer_files
 from jobs.identity import know_model, ranker_name
 from jobs.pools import build_stages, pool_plan, ray_request
-from jobs.question_sources import is_datasets_dir
+from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
-from jobs.storage import file_sha256, filesystem, join, read_table, redact
+from jobs.storage import filesystem, join, read_table, redact
 from schemas.config import IndexConfig, speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
@@ -346,16 +346,6 @@ def calibrated_yaml(values: dict) -> str:
             + yaml.safe_dump(values, sort_keys=False))
 
 
-def slice_sha256(questions: str) -> str | None:
-    """The sha256 of the slice's file as the user gave it (a JSON Lines file's, not of ragsift's Parquet
-    copy, so that it can be checked against theirs); None for a ``datasets`` folder or ``hf:`` name."""
-    return None if questions.startswith("hf:") or is_datasets_dir(questions) else sha256_of(questions)
-
-
-def sha256_of(uri: str) -> str:
-    return file_sha256(*filesystem(uri))
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     answer_job.add_arguments(p, retry_errors=False)
     p.add_argument("--keep", type=float, default=0.8,
@@ -387,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                  **shared)
-    values = config_values(config, chosen, slice_sha256(given.questions), len(rows), questions=given.questions,
+    values = config_values(config, chosen, source_sha256(given.questions), len(rows), questions=given.questions,
                            converted=sha256_of(config.questions) if config.questions != given.questions else None)
     fs, root = filesystem(config.output)
     with fs.open_output_stream(f"{root}/calibration.json") as f:

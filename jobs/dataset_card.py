@@ -17,7 +17,8 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import yaml
 
-from jobs.storage import file_sha256, filesystem, redact
+from jobs.question_sources import sha256_of, source_sha256
+from jobs.storage import filesystem, redact
 from schemas.errors import UserError
 
 KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
@@ -29,8 +30,9 @@ WHAT = {"self_knowledge": "question -> know / unknown: the generator's closed-bo
         "self_reasoning": "Self-Reasoning trajectories kept only when their answer is correct"}
 
 
-def write_dataset(output: str, summary: dict, config) -> str:
-    """Write ``<output>/labels/dataset`` from the label files; returns its path."""
+def write_dataset(output: str, summary: dict, config, source: str | None = None) -> str:
+    """Write ``<output>/labels/dataset`` from the label files; returns its path. ``source``: the questions as
+    the user named them, where ``config.questions`` is ragsift's converted copy."""
     fs, root = filesystem(output)
     target = f"{root}/labels/dataset"
     fs.create_dir(f"{target}/data", recursive=True)
@@ -43,15 +45,30 @@ def write_dataset(output: str, summary: dict, config) -> str:
         rows = pq.read_table(f"{root}/labels/{kind}.parquet", filesystem=fs)
         with fs.open_input_stream(f"{root}/labels/{kind}.jsonl") as f:  # same records, same order
             messages = pa_json.read_json(f).column("messages")
-        pq.write_table(rows.append_column("messages", messages), f"{target}/data/{kind}.parquet", filesystem=fs)
+        # under a temporary name first: a run killed here leaves the last run's file whole
+        pq.write_table(rows.append_column("messages", messages), f"{target}/data/{kind}.parquet.tmp", filesystem=fs)
+        fs.move(f"{target}/data/{kind}.parquet.tmp", f"{target}/data/{kind}.parquet")
         configs.append({"config_name": kind, "data_files": [{"split": "train", "path": f"data/{kind}.parquet"}]})
-    card = card_text(configs, summary, config)
-    with fs.open_output_stream(f"{target}/README.md") as f:
+    card = card_text(configs, summary, config, source)
+    with fs.open_output_stream(f"{target}/README.md.tmp") as f:
         f.write(card.encode())
+    fs.move(f"{target}/README.md.tmp", f"{target}/README.md")
     return target
 
 
-def card_text(configs: list[dict], summary: dict, config) -> str:
+def questions_line(config, source: str | None) -> str:
+    """Where the questions came from: the user's file and its sha256 (not those of ragsift's Parquet copy of a
+    JSON Lines, CSV or ``datasets`` source, which no one can check against theirs), and the copy read."""
+    source = source or config.questions
+    fingerprint = source_sha256(source)
+    line = f"- Questions: `{redact(source)}`" + (f" (sha256 of the file: `{fingerprint}`)" if fingerprint else
+                                                 " (a `datasets` dataset: no single file to hash)")
+    if source != config.questions:
+        line += f", read as ragsift's Parquet copy `{redact(config.questions)}` (sha256 `{sha256_of(config.questions)}`)"
+    return line
+
+
+def card_text(configs: list[dict], summary: dict, config, source: str | None = None) -> str:
     header = {"license": config.label.license, "task_categories": ["question-answering", "text-classification"],
               "tags": ["rag", "ragsift", "ra-isf", "judge-training"], "configs": configs}
     models = {"generator": config.generator.model, "judge": (config.judge or config.generator).model,
@@ -68,7 +85,7 @@ def card_text(configs: list[dict], summary: dict, config) -> str:
         lines.append(f"| `{c['config_name']}` | {WHAT[c['config_name']]} | {counts['records']:,} | "
                      f"{json.dumps(extra) if extra else ''} |")
     lines += ["", "## Sources", "",
-              f"- Questions: `{redact(config.questions)}` (sha256 of the file: `{file_sha256(*filesystem(config.questions))}`)",
+              questions_line(config, source),
               f"- Passages: the index at `{redact(config.index.path) if config.index.path else None}`",
               f"- Models: {', '.join(f'{k} `{v}`' for k, v in models.items())}; sampling "
               f"{json.dumps(config.sampling.model_dump())}",

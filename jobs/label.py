@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs import answer as answer_job
 from jobs import metrics as M
-from jobs.dataset_card import check_hub_repo, push_to_hub, write_dataset
+from jobs.dataset_card import KINDS, check_hub_repo, push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
@@ -38,9 +39,11 @@ from schemas.records import Passage
 from schemas.tables import LABELS
 from strategies.base import Item, clean_answer, prompt
 from strategies.forms import VERDICT, form_of
+from strategies.parsing import same_question
 from strategies.self_reasoning import trajectory_prompt, verdict
 
 LABEL_STRATEGIES = ("raisf_labels", "self_reasoning")
+RAISF_KINDS = ("self_knowledge", "relevance", "decomposition")
 
 
 def _chat(user: str, assistant: str) -> list[dict]:
@@ -55,22 +58,32 @@ def _steps(row: dict) -> dict[str, dict]:
     return {t["step"]: t for t in json.loads(row["trace"] or "[]") if "step" in t}
 
 
-def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage], config: LabelConfig) -> dict:
-    """Label records (each with chat ``messages``) from ``raisf_labels`` answer rows."""
-    out = {"self_knowledge": [], "relevance": [], "decomposition": []}
+def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage], config: LabelConfig,
+                 dropped: dict[str, Counter] | None = None) -> dict:
+    """Label records (each with chat ``messages``) from ``raisf_labels`` answer rows, of the kinds
+    ``config.collect`` names; ``dropped`` counts, by kind, why a question gave none."""
+    kinds = [k for k in RAISF_KINDS if k in config.collect]
+    out: dict[str, list] = {kind: [] for kind in kinds}
+    dropped = {kind: Counter() for kind in kinds} if dropped is None else dropped
     for row in rows:
-        if row["error"]:
+        if row["error"]:  # an error row asked nothing of the model: no label of any kind
+            for kind in kinds:
+                dropped[kind]["error row"] += 1
             continue
         q, steps = row["question"], _steps(row)
         golds = M.gold_answers((gold.get(row["id"]) or {}).get("answers"))
-        if golds:
+        if "self_knowledge" in kinds and not golds:
+            dropped["self_knowledge"]["no gold answer"] += 1
+        elif "self_knowledge" in kinds:
             know = _correct(row["answer"], golds, config.match)
             out["self_knowledge"].append({
                 "id": row["id"], "question": q, "closed_book_answer": row["answer"], "gold_answers": golds,
                 "label": "know" if know else "unknown",
                 "messages": _chat(prompt("raisf/know").format(question=q), "yes" if know else "no")})
         relevance = steps.get("relevance")
-        if relevance:
+        if "relevance" in kinds and not relevance:
+            dropped["relevance"]["no passage retrieved"] += 1
+        elif relevance:
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
                 if pid not in passages or p_yes is None:
                     continue
@@ -80,12 +93,22 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
                     "label": "relevant" if relevant else "irrelevant",
                     "messages": _chat(prompt("raisf/relevance").format(question=q, passage=text),
                                       "yes" if relevant else "no")})
-        decompose = steps.get("decompose")
-        if decompose and decompose["parsed"] and decompose["sub_questions"]:
-            subs = decompose["sub_questions"]
-            out["decomposition"].append({
-                "id": row["id"], "question": q, "sub_questions": subs,
-                "messages": _chat(prompt("raisf/decompose").format(question=q), json.dumps({"sub_questions": subs}))})
+        if "decomposition" in kinds:
+            decompose = steps.get("decompose")
+            # a sub-question that repeats the question (or an earlier one) is no decomposition: RA-ISF drops
+            # it (strategies/raisf.py), so as a training target it would teach M_decom to echo
+            subs: list[str] = []
+            for sub in (decompose or {}).get("sub_questions") or []:
+                if not same_question(sub, q) and not any(same_question(sub, kept) for kept in subs):
+                    subs.append(sub)
+            if not decompose or not decompose["parsed"]:
+                dropped["decomposition"]["no parsed decomposition"] += 1
+            elif not subs:
+                dropped["decomposition"]["only repeats the question"] += 1
+            else:
+                out["decomposition"].append({
+                    "id": row["id"], "question": q, "sub_questions": subs,
+                    "messages": _chat(prompt("raisf/decompose").format(question=q), json.dumps({"sub_questions": subs}))})
     return out
 
 
@@ -97,7 +120,10 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
     for row in rows:
         g = gold.get(row["id"]) or {}
         trajectory = _steps(row).get("trajectory")
-        if row["error"] or not trajectory or trajectory.get("parsed") is False:
+        if row["error"]:
+            dropped["error row"] += 1
+            continue
+        if not trajectory or trajectory.get("parsed") is False:
             dropped["no parsed trajectory"] += 1
             continue
         golds = M.gold_answers(g.get("answers"))
@@ -144,14 +170,17 @@ def passages_by_id(index_path: str, ids: set[str]) -> dict[str, Passage]:
 
 
 class LabelWriter:
-    """``labels/<kind>.parquet`` (schemas.tables.LABELS) and ``<kind>.jsonl``, written as records come."""
+    """``labels/<kind>.parquet`` (schemas.tables.LABELS) and ``<kind>.jsonl``, written as records come under
+    temporary names and renamed by ``publish``: a run killed while it labels leaves the last run's files
+    whole (they were cut to nothing, beside a summary and a dataset that still counted their records)."""
 
     def __init__(self, output: str, kind: str):
-        fs, root = filesystem(output)
-        fs.create_dir(f"{root}/labels", recursive=True)
+        self.fs, root = filesystem(output)
+        self.fs.create_dir(f"{root}/labels", recursive=True)
         self.schema = LABELS[kind]
-        self.parquet = pq.ParquetWriter(f"{root}/labels/{kind}.parquet", self.schema, filesystem=fs)
-        self.jsonl = fs.open_output_stream(f"{root}/labels/{kind}.jsonl")
+        self.paths = [f"{root}/labels/{kind}.parquet", f"{root}/labels/{kind}.jsonl"]
+        self.parquet = pq.ParquetWriter(f"{self.paths[0]}.tmp", self.schema, filesystem=self.fs)
+        self.jsonl = self.fs.open_output_stream(f"{self.paths[1]}.tmp")
         self.records = 0
         self.labels: Counter = Counter()
 
@@ -167,11 +196,16 @@ class LabelWriter:
         self.parquet.close()
         self.jsonl.close()
 
+    def publish(self) -> None:
+        for path in self.paths:
+            self.fs.move(f"{path}.tmp", path)
+
 
 def write_labels(output: str, kind: str, records: list[dict]) -> None:
     writer = LabelWriter(output, kind)
     writer.write(records)
     writer.close()
+    writer.publish()
 
 
 def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
@@ -191,8 +225,9 @@ def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
         yield chunk, ids
 
 
-def label(config, log=print, force: bool = False) -> dict:
+def label(config, log=print, force: bool = False, source: str | None = None) -> dict:
     """Answer with the labelling strategies, then write the label files; returns counts per kind.
+    ``source``: the questions as the user named them, where ``config.questions`` is ragsift's converted copy.
 
     Answers are read in chunks of parts and labels written as they come: memory holds the gold
     answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
@@ -202,15 +237,19 @@ def label(config, log=print, force: bool = False) -> dict:
         "id", *[c for c in ("answers", "gold_passage_ids", "kind", "dataset") if c in cols]]).to_pylist())
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
-    summary = {}
+    summary, writers = {}, []
     if "raisf_labels" in config.strategies:
-        writers = {kind: LabelWriter(config.output, kind) for kind in ("self_knowledge", "relevance", "decomposition")}
+        kinds = [k for k in RAISF_KINDS if k in config.label.collect]
+        raisf = {kind: LabelWriter(config.output, kind) for kind in kinds}
+        dropped, seen = {kind: Counter() for kind in kinds}, 0
         for rows, ids in answer_chunks(config.output, "raisf_labels"):
-            for kind, records in raisf_labels(rows, gold, passages_by_id(config.index.path, ids), config.label).items():
-                writers[kind].write(records)
-        for kind, writer in writers.items():
-            writer.close()
-            summary[kind] = {"records": writer.records, **writer.labels}
+            for kind, records in raisf_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
+                                              dropped).items():
+                raisf[kind].write(records)
+            seen += len(rows)
+        for kind, writer in raisf.items():
+            summary[kind] = {"records": writer.records, **writer.labels, "of": seen, "dropped": dict(dropped[kind])}
+        writers += raisf.values()
     if "self_reasoning" in config.strategies:
         writer, dropped, seen = LabelWriter(config.output, "self_reasoning"), Counter(), 0
         for rows, ids in answer_chunks(config.output, "self_reasoning"):
@@ -219,13 +258,34 @@ def label(config, log=print, force: bool = False) -> dict:
             writer.write(kept)
             dropped.update(why)
             seen += len(rows)
-        writer.close()
         summary["self_reasoning"] = {"records": writer.records, "of": seen, "dropped": dict(dropped)}
+        writers.append(writer)
+    for writer in writers:
+        writer.close()
+    for writer in writers:  # only now, all of them: each file whole, this run's or the last one's
+        writer.publish()
+    remove_unlabelled(config.output, summary, log)
     fs, root = filesystem(config.output)
-    with fs.open_output_stream(f"{root}/labels/summary.json") as f:
+    with fs.open_output_stream(f"{root}/labels/summary.json.tmp") as f:
         f.write(json.dumps(summary, indent=2).encode())
-    log(f"dataset ready to publish: {redact(write_dataset(config.output, summary, config))} (card: README.md)")
+    fs.move(f"{root}/labels/summary.json.tmp", f"{root}/labels/summary.json")
+    log(f"dataset ready to publish: {redact(write_dataset(config.output, summary, config, source))} (card: README.md)")
     return summary
+
+
+def remove_unlabelled(output: str, summary: dict, log) -> None:
+    """Remove an earlier run's label files of the kinds this run did not label (fewer strategies, another
+    ``label.collect``): the summary and the dataset describe this run, and files beside them that neither
+    counts would be published by nobody and read by ``train`` as if they were."""
+    fs, root = filesystem(output)
+    for kind in KINDS:
+        if kind in summary:
+            continue
+        for path in (f"{root}/labels/{kind}.parquet", f"{root}/labels/{kind}.jsonl"):
+            if fs.get_file_info(path).type == pafs.FileType.File:
+                fs.delete_file(path)
+                log(f"removed {redact(output)}/labels/{path.rsplit('/', 1)[-1]}, an earlier label run's: this run "
+                    f"did not label {kind} (its answers are kept: label with it again to get the file back)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -235,13 +295,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = answer_job.config_from_args(args, default_strategies=LABEL_STRATEGIES)
+    given = answer_job.given_config(args, default_strategies=LABEL_STRATEGIES)
+    config = answer_job.with_questions_read(given)
     other = [s for s in config.strategies if s not in LABEL_STRATEGIES]
     if other:
         raise UserError(f"label runs {list(LABEL_STRATEGIES)} (or one of them), not {other}")
     if args.push_to_hub is not None:
         check_hub_repo(args.push_to_hub)
-    summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force)
+    summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force, source=given.questions)
     print(json.dumps(summary, indent=2))
     print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl, and labels/dataset/", file=sys.stderr)
     if args.push_to_hub:

@@ -116,6 +116,16 @@ def is_datasets_dir(uri: str) -> bool:
     return "://" not in uri and path.is_dir() and any((path / f).exists() for f in ("state.json", "dataset_dict.json"))
 
 
+def source_sha256(questions: str) -> str | None:
+    """The sha256 of a questions file as the user gave it (a JSON Lines file's, not of ragsift's Parquet
+    copy, so that it can be checked against theirs); None for a ``datasets`` folder or ``hf:`` name."""
+    return None if questions.startswith("hf:") or is_datasets_dir(questions) else sha256_of(questions)
+
+
+def sha256_of(uri: str) -> str:
+    return file_sha256(*filesystem(uri))
+
+
 def materialize_questions(uri: str, output: str, columns: dict[str, str], split: str | None) -> str:
     """``uri`` itself when it needs no conversion, else the path of its converted Parquet copy."""
     if is_converted_copy(uri):  # a run's own config.yaml: its input.split / columns are applied in the copy

@@ -70,6 +70,8 @@ def train_know(settings: KnowTraining, log) -> dict:
             "settings": {"C": settings.c, "class_weight": "balanced", "held_out_share": settings.held_out},
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
     write_card(settings.output, card)
-    log(f"wrote {settings.output}: {len(train)} training labels ({card['know_share']:.1%} know), "
-        f"held-out AUC {metrics.get('held_out_auc')}")
+    known = sum(r["label"] == "know" for r in train)
+    held_out = (f"held-out AUC {metrics['held_out_auc']} on {len(test)}" if metrics["held_out_auc"] is not None
+                else f"no held-out AUC: {metrics['held_out_auc_missing']}")
+    log(f"wrote {settings.output}: {len(train)} training labels ({known / len(train):.1%} know), {held_out}")
     return card

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from strategies.parsing import same_question
 from tests.conftest import IN_BATCH, REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 from tests.listeners import non_loopback_listeners
 
@@ -295,6 +296,11 @@ def test_label_job_and_report_with_the_real_model(ten_questions):
     assert len(relevance) == 9 and all(r["passage"] and r["label"] in ("relevant", "irrelevant") for r in relevance)
     sr = summary["self_reasoning"]
     assert sr["of"] == 3 and sr["records"] + sum(sr["dropped"].values()) == 3
+    for kind in ("self_knowledge", "decomposition"):  # a record per question, or the reason it has none
+        assert summary[kind]["of"] == 3 and summary[kind]["records"] + sum(summary[kind]["dropped"].values()) == 3
+    # the model's decompositions often just repeat the question: no such target is kept
+    decompositions = pq.read_table(labels / "decomposition.parquet").to_pylist()
+    assert not [r for r in decompositions if any(same_question(s, r["question"]) for s in r["sub_questions"])]
     for kind in ("self_knowledge", "relevance", "decomposition", "self_reasoning"):
         lines = (labels / f"{kind}.jsonl").read_text().splitlines()
         assert len(lines) == summary[kind]["records"]

@@ -442,21 +442,20 @@ def test_the_slices_sha256_is_of_the_file_the_user_gave_and_a_run_over_either_fo
     import hashlib
 
     from jobs.answer import calibrated_on, with_questions_read
-    from jobs.calibrate import sha256_of, slice_sha256
-    from jobs.question_sources import is_datasets_dir
+    from jobs.question_sources import is_datasets_dir, sha256_of, source_sha256
 
     jsonl = tmp_path / "calib.jsonl"
     jsonl.write_text('{"id": "q0", "question": "Who?", "answers": ["x"]}\n')
     given = AnswerConfig(questions=str(jsonl), output=str(tmp_path / "cal"))
     read = with_questions_read(given).questions
     assert read != str(jsonl) and not is_datasets_dir(read)
-    assert slice_sha256(str(jsonl)) == hashlib.sha256(jsonl.read_bytes()).hexdigest() != sha256_of(read)
-    assert slice_sha256(f"hf:{tmp_path}") is None  # not one file
-    values = config_values(given, {}, slice_sha256(str(jsonl)), 1, questions=str(jsonl), converted=sha256_of(read))
+    assert source_sha256(str(jsonl)) == hashlib.sha256(jsonl.read_bytes()).hexdigest() != sha256_of(read)
+    assert source_sha256(f"hf:{tmp_path}") is None  # not one file
+    values = config_values(given, {}, source_sha256(str(jsonl)), 1, questions=str(jsonl), converted=sha256_of(read))
     calibrated = AnswerConfig(calibration=values["calibration"])
     assert calibrated.calibration.questions_sha256 == hashlib.sha256(jsonl.read_bytes()).hexdigest()
     # a run over the JSON Lines slice again reads its copy; over the slice's own Parquet, that file
-    assert calibrated_on(calibrated, sha256_of(read)) and calibrated_on(calibrated, slice_sha256(str(jsonl)))
+    assert calibrated_on(calibrated, sha256_of(read)) and calibrated_on(calibrated, source_sha256(str(jsonl)))
     assert not calibrated_on(calibrated, "0" * 64) and not calibrated_on(AnswerConfig(), sha256_of(read))
 
 

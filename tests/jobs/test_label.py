@@ -1,6 +1,7 @@
 """Label records from answer rows (pure), and the label files they are written to."""
 
 import json
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,6 +54,31 @@ def test_raisf_labels_follow_appendix_a():
     assert json.loads(out["decomposition"][0]["messages"][1]["content"]) == {"sub_questions": ["a?", "b?"]}
 
 
+def test_a_decomposition_that_only_repeats_the_question_is_no_label_and_each_kind_says_why_a_question_gave_none():
+    """SmolLM2 decomposed 7 of 9 questions into the question itself (RA-ISF drops such sub-questions), and
+    they were written as M_decom's targets; an error row was not counted anywhere."""
+    repeats = [{"step": "closed_book", "output": "x"},
+               {"step": "decompose", "sub_questions": ["Question A", "question a?", "b?", "B ?"], "parsed": True}]
+    rows = [row("a", "Paris", repeats), row("b", "x", [{"step": "decompose", "sub_questions": ["Question b."],
+                                                         "parsed": True}]),
+            row("c", "x", LABEL_TRACE) | {"error": "generator failed 3 times: boom"}, row("d", "x", [])]
+    gold = {"a": {"answers": ["Paris"]}, "b": {"answers": ["Lyon"]}, "c": {"answers": ["Nice"]}}
+    dropped = {kind: Counter() for kind in ("self_knowledge", "relevance", "decomposition")}
+    out = raisf_labels(rows, gold, PASSAGES, LabelConfig(), dropped)
+    assert [(r["id"], r["sub_questions"]) for r in out["decomposition"]] == [("a", ["b?"])]  # each once, never the question
+    assert dropped["decomposition"] == {"only repeats the question": 1, "error row": 1, "no parsed decomposition": 1}
+    assert [r["id"] for r in out["self_knowledge"]] == ["a", "b"]
+    assert dropped["self_knowledge"] == {"error row": 1, "no gold answer": 1}
+    assert dropped["relevance"] == {"error row": 1, "no passage retrieved": 3}
+
+
+def test_only_the_collected_kinds_are_labelled():
+    """label.collect=[relevance] still wrote self-knowledge labels, and the card said only relevance was collected."""
+    out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES,
+                       LabelConfig(collect=["relevance"]))
+    assert list(out) == ["relevance"] and len(out["relevance"]) == 2
+
+
 def trajectory(answer):
     return [{"step": "retrieve", "ids": ["p0", "p1"]},
             {"step": "trajectory", "relevant": True, "relevant_reason": "r", "analysis": "see [1]", "answer": answer,
@@ -67,9 +93,10 @@ def test_self_reasoning_keeps_only_correct_trajectories_and_optionally_well_cite
             row("c", "Nice", trajectory("Nice"), "self_reasoning", citations=["p0"]),
             row("d", "x", [{"step": "trajectory", "parsed": False, "output": "{"}], "self_reasoning"),
             row("f", "SUPPORTS", trajectory("SUPPORT"), "self_reasoning")]
-    kept, dropped = self_reasoning_labels(rows, gold, PASSAGES, LabelConfig())
+    kept, dropped = self_reasoning_labels(rows + [row("e", "", [], "self_reasoning") | {"error": "boom"}], gold,
+                                          PASSAGES, LabelConfig())
     assert [r["id"] for r in kept] == ["a", "c", "f"]
-    assert dropped == {"wrong answer": 1, "no parsed trajectory": 1}
+    assert dropped == {"wrong answer": 1, "no parsed trajectory": 1, "error row": 1}
     a = kept[0]
     assert (a["citation_precision"], a["citation_recall"]) == (1.0, 1.0)
     assert "[1] T0: text 0" in a["messages"][0]["content"]
@@ -111,6 +138,7 @@ def test_label_files_are_written_in_chunks_with_a_fixed_schema(tmp_path):
     writer.write([])
     writer.write([{"id": "b", **common, "citation_precision": 0.5, "citation_recall": 1.0}])
     writer.close()
+    writer.publish()
     table = pq.read_table(tmp_path / "labels" / "self_reasoning.parquet")
     assert table["citation_precision"].to_pylist() == [None, 0.5] and table.schema.field("citation_recall").type == pa.float64()
     assert writer.records == 2 and len((tmp_path / "labels" / "self_reasoning.jsonl").read_text().splitlines()) == 2
@@ -160,3 +188,47 @@ def test_a_label_run_becomes_a_dataset_folder_with_a_card_that_loads_like_a_hub_
     write_labels(str(tmp_path), "relevance", [])
     write_dataset(str(tmp_path), {**summary, "relevance": {"records": 0}}, config)
     assert not (tmp_path / "labels" / "dataset" / "data" / "relevance.parquet").exists()
+
+
+def test_a_label_run_killed_before_it_is_done_leaves_the_last_runs_label_files_whole(tmp_path):
+    """The files were written under their own names: a kill while labelling left them cut to nothing, beside a
+    summary and a dataset that still counted their records, and `train know` could not read them."""
+    out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES, LabelConfig())
+    write_labels(str(tmp_path), "relevance", out["relevance"])
+    writer = LabelWriter(str(tmp_path), "relevance")  # a second run, killed before it publishes
+    writer.write(out["relevance"][:1])
+    assert pq.read_table(tmp_path / "labels" / "relevance.parquet").num_rows == 2
+    assert len((tmp_path / "labels" / "relevance.jsonl").read_text().splitlines()) == 2
+    writer.close()
+    writer.publish()
+    assert pq.read_table(tmp_path / "labels" / "relevance.parquet").num_rows == 1
+
+
+def test_a_rerun_labelling_fewer_kinds_removes_the_earlier_runs_files_of_the_others_and_says_so(tmp_path):
+    """Rerun with --strategy raisf_labels only: the summary and the dataset dropped self_reasoning, while its
+    label files stayed beside them, counted by neither."""
+    from jobs.label import remove_unlabelled
+
+    out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES, LabelConfig())
+    for kind in ("relevance", "self_reasoning"):
+        write_labels(str(tmp_path), kind, out["relevance"] if kind == "relevance" else [])
+    said = []
+    remove_unlabelled(str(tmp_path), {"relevance": {"records": 2}}, said.append)
+    assert sorted(p.name for p in (tmp_path / "labels").iterdir()) == ["relevance.jsonl", "relevance.parquet"]
+    assert len(said) == 2 and "did not label self_reasoning" in said[0]
+
+
+def test_the_card_names_the_users_questions_file_and_its_sha256_not_only_the_converted_copy(tmp_path):
+    import hashlib
+
+    from jobs.answer import with_questions_read
+    from jobs.dataset_card import card_text
+    from strategies.registry import AnswerConfig
+
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    given = AnswerConfig(questions=str(jsonl), output=str(tmp_path / "lab"), strategies=["raisf_labels"])
+    config = with_questions_read(given)
+    card = card_text([], {}, config, source=given.questions)
+    assert f"`{jsonl}` (sha256 of the file: `{hashlib.sha256(jsonl.read_bytes()).hexdigest()}`)" in card
+    assert f"read as ragsift's Parquet copy `{config.questions}`" in card
