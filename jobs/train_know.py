@@ -71,7 +71,7 @@ def train_know(settings: KnowTraining, log) -> dict:
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
     write_card(settings.output, card)
     known = sum(r["label"] == "know" for r in train)
-    held_out = (f"held-out AUC {metrics['held_out_auc']} on {len(test)}" if metrics["held_out_auc"] is not None
+    checked = (f"held-out AUC {metrics['held_out_auc']} on {len(test)}" if metrics["held_out_auc"] is not None
                 else f"no held-out AUC: {metrics['held_out_auc_missing']}")
-    log(f"wrote {settings.output}: {len(train)} training labels ({known / len(train):.1%} know), {held_out}")
+    log(f"wrote {settings.output}: {len(train)} training labels ({known / len(train):.1%} know), {checked}")
     return card
