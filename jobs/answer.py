@@ -20,7 +20,7 @@ from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
-from jobs.output import ShardedOutput, claimed
+from jobs.output import ShardedOutput, check_resumable, claimed
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
@@ -57,6 +57,13 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
+
+
+def check_output(config: AnswerConfig, force: bool = False, plan=None) -> None:
+    """Refuse, before anything runs, an output that holds a different run (unless ``force``): ``answer`` finds
+    it only once its pools are up, and a sweep only when it reaches that value, after the values before."""
+    plan = plan or plan_input(config.questions, limit=config.limit)
+    check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational, force)
 
 
 def calibrated_on(config: AnswerConfig, sha256: str | None) -> bool:

@@ -81,6 +81,21 @@ def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda k
                   and not (k not in current and (k in defaults or speed(k))))
 
 
+def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda key: False, force: bool = False) -> list[str]:
+    """The fields in which the run ``output`` holds differs from ``identity`` (none: a new output, or the same
+    run to resume); a different run is refused unless ``force`` (which discards it)."""
+    fs, root = filesystem(output)
+    if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.File:
+        return []
+    with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
+        previous = json.loads(f.read())
+    changed = changed_fields(previous, identity, defaults, speed)
+    if changed and not force:
+        raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {', '.join(changed)}); "
+                          "use another --output, or --force to discard it")
+    return changed
+
+
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
@@ -108,22 +123,14 @@ class ShardedOutput:
     def _prepare(self, force: bool) -> None:
         self.fs.create_dir(self.root, recursive=True)
         manifest = f"{self.root}/{MANIFEST}"
-        info = self.fs.get_file_info(manifest)
-        if info.type == pafs.FileType.File:
-            with self.fs.open_input_stream(manifest) as f:
-                previous = json.loads(f.read())
-            changed = changed_fields(previous, self.identity, self.defaults, self.speed)
-            if changed and not force:
-                raise ConfigError(
-                    f"{redact(self.output)} holds output of a different run (differs in: {', '.join(changed)}); "
-                    "use another --output, or --force to discard it")
-            if changed:
-                self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {', '.join(changed)})")
-                for strategy in self._strategy_dirs():
-                    self.fs.delete_dir(f"{self.root}/{strategy}")
-                for name in DESCRIBING:  # they would describe the discarded answers until this run ends
-                    if self.fs.get_file_info(f"{self.root}/{name}").type == pafs.FileType.File:
-                        self.fs.delete_file(f"{self.root}/{name}")
+        changed = check_resumable(self.output, self.identity, self.defaults, self.speed, force)
+        if changed:
+            self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {', '.join(changed)})")
+            for strategy in self._strategy_dirs():
+                self.fs.delete_dir(f"{self.root}/{strategy}")
+            for name in DESCRIBING:  # they would describe the discarded answers until this run ends
+                if self.fs.get_file_info(f"{self.root}/{name}").type == pafs.FileType.File:
+                    self.fs.delete_file(f"{self.root}/{name}")
         with self.fs.open_output_stream(manifest + ".tmp") as f:
             f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)

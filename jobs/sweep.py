@@ -14,17 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from jobs import answer as answer_job
+from jobs.answer import previous_metrics
 from jobs.evaluate import answer_files, evaluate, gold_columns
 from jobs.pools import build_stages, pool_plan, ray_request
+from jobs.questions import plan_input
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, join, read_table
 from schemas.config import ConfigError, parse_override
-from strategies.registry import make_strategy
+from strategies.registry import STRATEGIES, make_strategy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,12 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    import ray
+
     from jobs.ray_session import init_ray
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
     # refused before the base config converts the questions: `input` is read then, once for every value
-    if not args.param.strip():
-        raise ConfigError(f"sweep --param {args.param!r}: name the config field to vary, e.g. think_act.beta_threshold")
+    given = args.param
+    args.param = args.param.strip()  # as the values are: " retrieval.k" named a folder " retrieval.k=1"
+    if not args.param:
+        raise ConfigError(f"sweep --param {given!r}: name the config field to vary, e.g. think_act.beta_threshold")
+    if "=" in args.param:
+        raise ConfigError(f"sweep --param {given!r}: name the field alone; its values go in --values")
     key = f"{args.param}="
     try:
         section = parse_override(key)[0][0]  # as --set reads a key: a quoted part may hold "."
@@ -52,18 +61,29 @@ def run(args: argparse.Namespace) -> int:
     base = answer_job.config_from_args(args)
     if base.questions:  # scored against gold: checked before any value is answered, not after the first
         gold_columns(base.questions)
-    configs = [(v, with_value(base, args.param, v)) for v in distinct_values(args.param, args.values)]
+    check_read(base, args.param, section)
+    configs = distinct_values(base, args.param, args.values)
     needs = stages_needed(base)
     pools = pool_plan(base, needs)
+    plans = {}
     for value, config in configs:
         check_shared_pools(base, config, needs, pools, f"{args.param}={value}")
+        # an earlier run in a value's folder was refused when the sweep reached it, after the values before
+        if config.limit not in plans:
+            plans[config.limit] = plan_input(config.questions, limit=config.limit)
+        answer_job.check_output(config, force=args.force, plan=plans[config.limit])
     init_ray(base.ray, *ray_request(base, pools))
     stages = build_stages(base, needs, pools)
+    started = time.perf_counter()
+    # the first value to answer waited for the replicas to start (50 s of its 63 s), so times did not compare
+    ray.get([stage.probe(r) for stage in stages.values() for r in range(len(stage.replicas))])
+    log(f"the actor pools are ready ({time.perf_counter() - started:.1f} s, in no value's time)")
     # the values share the pools, so a request two values make alike is computed once for all of them
     cache = open_cache(base) if base.cache.enabled else None
     rows = []
     for value, config in configs:
         log(f"--- {args.param}={value}")
+        before = previous_metrics(config.output)
         metrics = answer_job.answer(config, log=log, force=args.force, stages=stages,
                                     cache=cache)
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
@@ -71,24 +91,61 @@ def run(args: argparse.Namespace) -> int:
             answers = [n for f in answer_files(join(config.output, strategy))
                        for n in read_table(f, ["n_retrievals"])["n_retrievals"].to_pylist()]
             overall = next(r for r in table if r["strategy"] == strategy and r["dataset"] == "ALL")
-            rows.append({"value": value, "strategy": strategy, "acc": overall["acc"], "F1": overall["F1"],
+            rows.append({"value": field_value(config, args.param), "strategy": strategy, "acc": overall["acc"],
+                         "F1": overall["F1"],
                          "retrieval ratio": round(100 * sum(n > 0 for n in answers) / len(answers), 1),
                          "LLM calls/q": overall["LLM calls/q"]})
-        log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
+        if metrics == before:  # nothing to answer: the figures are an earlier session's
+            log(f"{args.param}={value}: answered before ({metrics.get('wall_s')} s then)")
+        else:
+            log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
     return 0
 
 
-def distinct_values(param: str, values: str) -> list[str]:
-    """The comma-separated values, trimmed, each once ("0, 0.5" named a folder "= 0.5"; "0,0.0" answered
-    and listed one value twice)."""
-    seen, kept = [], []
+def distinct_values(base, param: str, values: str) -> list[tuple[str, object]]:
+    """Each comma-separated value (trimmed) with its config, once per value the config validates to: "0, 0.5"
+    named a folder "= 0.5", and "1,1e0" or "true,yes" answered the same setting twice, in two folders."""
+    kept, seen = [], []
     for value in (v.strip() for v in values.split(",")):
-        parsed = parse_override(f"{param}={value}")[1]
-        if parsed not in seen:
-            seen.append(parsed)
-            kept.append(value)
+        if not value:  # YAML reads it as null: a trailing comma swept a run of "none"
+            raise ConfigError(f"sweep --values {values!r}: an empty value (write null for none)")
+        config = with_value(base, param, value)
+        if field_value(config, param) not in seen:
+            seen.append(field_value(config, param))
+            kept.append((value, config))
     return kept
+
+
+def field_value(config, param: str):
+    """The value ``config`` holds at the dotted ``param``, as validated."""
+    node = config.model_dump(mode="json")
+    for key in parse_override(f"{param}=")[0]:
+        node = node[key]
+    return node
+
+
+def sections_read(config) -> set[str]:
+    """The config sections the run's strategies are built from, recorded as each reads them."""
+    read: set[str] = set()
+
+    class Recording:
+        def __getattr__(self, name):
+            read.add(name)
+            return getattr(config, name)
+
+    for name in config.strategies:
+        STRATEGIES[name].from_run(Recording())
+    return read
+
+
+def check_read(base, param: str, section: str) -> None:
+    """A strategy's own section (or ``label``, the label job's) that no strategy of the run reads would sweep N
+    identical runs and a flat table (think_act.beta_threshold with --strategy rag)."""
+    owned = {name for name, cls in STRATEGIES.items() if cls.Config} | {"label"}
+    if section in owned and section not in sections_read(base):
+        raise ConfigError(f"sweep --param {param}: no strategy of this run ({', '.join(base.strategies)}) reads "
+                          f"the {section} section, so every value would answer alike; add --strategy to run one that does")
 
 
 def stages_needed(config) -> set[str]:
@@ -146,7 +203,9 @@ def write(rows: list[dict], param: str, output: str) -> None:
         f.write(json.dumps(rows, indent=2).encode())
     fig, ax = plt.subplots(figsize=(6, 4))
     values = list(dict.fromkeys(r["value"] for r in rows))
-    numeric = all(_is_number(v) for v in values)
+    numeric = all(_is_number(v) and not isinstance(v, bool) for v in values)
+    if numeric:  # a line through "3,1,4,2" in the order given zig-zagged
+        rows = sorted(rows, key=lambda r: float(r["value"]))
     x = float if numeric else values.index  # true / false, model names: one tick each, in the order given
     for strategy in sorted({r["strategy"] for r in rows}):
         mine = [r for r in rows if r["strategy"] == strategy]

@@ -280,6 +280,22 @@ def test_self_reasoning_asks_its_short_answer_as_a_follow_up_turn_on_the_real_mo
         assert row["n_llm_calls"] == steps.count("trajectory") + 1  # the trajectory (and its retry), then the turn
 
 
+def test_a_sweep_with_the_real_model_answers_each_value_as_set_once_its_pools_are_up(ten_questions):
+    """No sweep ran on the real model: the first value answered also waited for the pools to start (50 of its
+    63 s), so the times it printed per value did not compare."""
+    tmp, picked = ten_questions
+    index_once(tmp)
+    pq.write_table(picked.slice(0, 2), tmp / "q2.parquet")
+    proc = ragsift("sweep", "--param", "retrieval.k", "--values", "2,1", "--questions", tmp / "q2.parquet",
+                   "--index-dir", tmp / "idx", "--output", tmp / "sweep", "--strategy", "rag",
+                   "--generator", "smollm2-135m-instruct", "--set", IN_BATCH, "--set", "sampling.max_tokens=16")
+    assert proc.stderr.index("the actor pools are ready") < proc.stderr.index("--- retrieval.k=2"), proc.stderr
+    for k in (1, 2):
+        rows = pq.read_table(tmp / "sweep" / f"retrieval.k={k}" / "rag").to_pylist()
+        assert len(rows) == 2 and all(len(r["retrieved_ids"]) == k and not r["error"] for r in rows)
+    assert [r["value"] for r in json.loads((tmp / "sweep" / "sweep.json").read_text())] == [2, 1]
+
+
 def test_label_job_and_report_with_the_real_model(ten_questions):
     """`ragsift label` on three questions: every kind of label file, chat JSONL, then `ragsift report`."""
     tmp, picked = ten_questions

@@ -101,10 +101,58 @@ def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 5_000
 
 
-def test_values_are_trimmed_and_each_swept_once():
+def test_values_are_trimmed_and_each_swept_once_by_the_setting_they_validate_to():
+    """"1,1e0" and "true,yes,on" each answered one setting in several folders, and a trailing comma swept none."""
     from jobs.sweep import distinct_values
 
-    assert distinct_values("think_act.beta_threshold", "0, 0.5,0.0,0.5 ,1") == ["0", "0.5", "1"]
+    base = AnswerConfig(questions="q.parquet", output="out", strategies=["think_act"])
+    swept = distinct_values(base, "think_act.beta_threshold", "0, 0.5,0.0,0.5 ,1,1e0")
+    assert [v for v, _ in swept] == ["0", "0.5", "1"] and [c.think_act.beta_threshold for _, c in swept] == [0, 0.5, 1]
+    assert [v for v, _ in distinct_values(base, "think_act.assess", "true,yes,on,false")] == ["true", "false"]
+    with pytest.raises(ConfigError, match="an empty value"):
+        distinct_values(base, "think_act.ambiguity_threshold", "0.5,")
+
+
+@pytest.mark.parametrize("param, strategy", [("think_act.beta_threshold", "rag"), ("label.match", "rag"),
+                                             ("raisf.know_threshold", "think_act")])
+def test_a_setting_no_strategy_of_the_run_reads_is_refused_before_anything_runs(tmp_path, capsys, param, strategy):
+    """think_act.beta_threshold with --strategy rag answered every value alike: a flat table, as if the
+    setting did nothing."""
+    from jobs.cli import main
+    from jobs.sweep import sections_read
+
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    code = main(["sweep", "--param", param, "--values", "exact,1", "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--strategy", strategy])
+    section = param.split(".")[0]
+    assert code == 2 and f"no strategy of this run ({strategy}) reads the {section} section" in capsys.readouterr().err
+    base = AnswerConfig(questions="q.parquet", output="out", strategies=["raisf_labels", "think_act"])
+    assert {"raisf", "label", "think_act"} <= sections_read(base)  # raisf_labels reads RA-ISF's section
+
+
+def test_a_sweep_parameter_is_the_field_alone(tmp_path, capsys):
+    """`--param retrieval.k=3` said "--param retrieval.k=3=1: Input should be a valid integer"."""
+    from jobs.cli import main
+
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    code = main(["sweep", "--param", "retrieval.k=3", "--values", "1", "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--strategy", "direct"])
+    assert code == 2 and "name the field alone; its values go in --values" in capsys.readouterr().err
+
+
+def test_a_value_folder_holding_another_run_is_refused_before_any_value_is_answered(tmp_path, capsys):
+    """Values 5,1 into a sweep of other questions answered k=5 into it, then stopped at k=1's folder."""
+    from jobs.cli import main
+    from jobs.output import MANIFEST
+
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    (tmp_path / "out" / "retrieval.k=1").mkdir(parents=True)
+    (tmp_path / "out" / "retrieval.k=1" / MANIFEST).write_text(json.dumps({"input.sha256": "0" * 64, "input.rows": 9}))
+    code = main(["sweep", "--param", "retrieval.k", "--values", "5,1", "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--strategy", "direct", "--generator", "smollm2-135m-instruct"])
+    err = capsys.readouterr().err
+    assert code == 2 and "retrieval.k=1 holds output of a different run" in err, err
+    assert not (tmp_path / "out" / "retrieval.k=5").exists()
 
 
 @pytest.mark.parametrize("param", ["cache.enabled", "ray.num_cpus", "output", "input.split", "input.columns",
