@@ -45,6 +45,10 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
     check_kept(config.output)
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
+    if plan.duplicate_rows:  # said only in metrics.json before: a label run's counts did not add up to the rows given
+        n = len(plan.duplicate_rows)
+        log(f"{n} question {'row repeats' if n == 1 else 'rows repeat'} an earlier row's id: each id is answered once, "
+            "for its first row (duplicate_ids_dropped in metrics.json)")
     if calibrated_on(config, plan.sha256):
         log(f"warning: these questions are the slice this config's thresholds were calibrated on "
             f"({config.calibration.questions}): its scores here are fitted, not measured")

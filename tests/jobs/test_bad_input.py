@@ -26,9 +26,11 @@ def test_bad_rows_follow_the_policy_and_nothing_is_lost(ray_session, tmp_path):
                                     [ray.remote(FakeShard).options(num_cpus=0).remote("a")], StageBatching()),
     }
     config = AnswerConfig(questions=str(BAD), output=str(tmp_path / "out"), strategies=["direct", "rag"])
-    metrics = answer(config, log=lambda *_: None, stages=stages)
+    said = []
+    metrics = answer(config, log=said.append, stages=stages)
 
     assert metrics["duplicate_ids_dropped"] == 1
+    assert "1 question row repeats an earlier row's id: each id is answered once, for its first row" in said[0]
     assert all(c["ok"] and c["rows"] == 11 for c in metrics["exactly_once"].values())
     expected = {r["id"] or "<row 1>": r["expected"] for r in pq.read_table(BAD, columns=["id", "expected"]).to_pylist()}
     for strategy in ("direct", "rag"):
