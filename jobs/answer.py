@@ -26,7 +26,7 @@ from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows
 from jobs.request_cache import open_cache
-from jobs.storage import check_kept, filesystem, redact
+from jobs.storage import check_kept, filesystem, redact, write_whole
 from schemas.config import load_config, validated
 from schemas.errors import UserError
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
@@ -195,9 +195,7 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     fs, root = filesystem(config.output)
     record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
     for name, data in record.items():
-        with fs.open_output_stream(f"{root}/{name}.tmp") as f:
-            f.write(data.encode())
-        fs.move(f"{root}/{name}.tmp", f"{root}/{name}")
+        write_whole(fs, f"{root}/{name}", data.encode())
 
 
 def absolute(uri: str) -> str:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from jobs.question_sources import sha256_of, source_sha256
-from jobs.storage import filesystem, redact
+from jobs.storage import filesystem, redact, write_whole
 from schemas.errors import UserError
 
 KINDS = ("self_knowledge", "relevance", "decomposition", "self_reasoning")
@@ -50,9 +50,7 @@ def write_dataset(output: str, summary: dict, config, source: str | None = None)
         fs.move(f"{target}/data/{kind}.parquet.tmp", f"{target}/data/{kind}.parquet")
         configs.append({"config_name": kind, "data_files": [{"split": "train", "path": f"data/{kind}.parquet"}]})
     card = card_text(configs, summary, config, source)
-    with fs.open_output_stream(f"{target}/README.md.tmp") as f:
-        f.write(card.encode())
-    fs.move(f"{target}/README.md.tmp", f"{target}/README.md")
+    write_whole(fs, f"{target}/README.md", card.encode())
     return target
 
 

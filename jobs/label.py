@@ -32,7 +32,7 @@ from jobs.dataset_card import KINDS, check_hub_repo, push_to_hub, write_dataset
 from jobs.evaluate import answer_files
 from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
-from jobs.storage import filesystem, join, read_table, redact
+from jobs.storage import filesystem, join, read_table, redact, write_whole
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
 from schemas.records import Passage
@@ -266,9 +266,7 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
         writer.publish()
     remove_unlabelled(config.output, summary, log)
     fs, root = filesystem(config.output)
-    with fs.open_output_stream(f"{root}/labels/summary.json.tmp") as f:
-        f.write(json.dumps(summary, indent=2).encode())
-    fs.move(f"{root}/labels/summary.json.tmp", f"{root}/labels/summary.json")
+    write_whole(fs, f"{root}/labels/summary.json", json.dumps(summary, indent=2).encode())
     log(f"dataset ready to publish: {redact(write_dataset(config.output, summary, config, source))} (card: README.md)")
     return summary
 

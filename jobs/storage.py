@@ -114,6 +114,14 @@ def open_parquet(uri: str) -> pq.ParquetFile:
         raise SchemaError(f"{redact(uri)}: cannot be read ({str(err).replace(uri, redact(uri))})") from None
 
 
+def write_whole(fs, path: str, data: bytes) -> None:
+    """``data`` as the file ``path``, written beside it and moved into place: a run killed while writing
+    leaves the earlier file whole, never a damaged one."""
+    with fs.open_output_stream(f"{path}.tmp") as f:
+        f.write(data)
+    fs.move(f"{path}.tmp", path)
+
+
 def file_sha256(fs, path: str) -> str:
     """sha256 of a file on any pyarrow filesystem, read a MiB at a time."""
     digest = hashlib.sha256()
