@@ -64,8 +64,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
 
 
 def check_output(config: AnswerConfig, force: bool = False, plan=None) -> None:
-    """Refuse, before anything runs, an output that holds a different run (unless ``force``): ``answer`` finds
-    it only once its pools are up, and a sweep only when it reaches that value, after the values before."""
+    """Refuse an output that holds a different run (unless ``force``), as ``answer`` does when it opens it, for a
+    job that runs several answers: a sweep found it only when it reached that value, after the values before."""
     plan = plan or plan_input(config.questions, limit=config.limit)
     check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational, force)
 

@@ -29,6 +29,8 @@ from jobs.storage import filesystem, join, read_table
 from schemas.config import ConfigError, parse_override
 from strategies.registry import STRATEGIES, make_strategy
 
+READY_WAIT_S = 600.0  # for the pools before the first value; a replica still starting after it is the engine's wait
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
@@ -76,8 +78,14 @@ def run(args: argparse.Namespace) -> int:
     stages = build_stages(base, needs, pools)
     started = time.perf_counter()
     # the first value to answer waited for the replicas to start (50 s of its 63 s), so times did not compare
-    ray.get([stage.probe(r) for stage in stages.values() for r in range(len(stage.replicas))])
-    log(f"the actor pools are ready ({time.perf_counter() - started:.1f} s, in no value's time)")
+    # waited on, not got: a replica that cannot start (or keeps dying as it starts) is the engine's to report
+    probes = [stage.probe(r) for stage in stages.values() for r in range(len(stage.replicas))]
+    done, _ = ray.wait(probes, num_returns=len(probes), timeout=READY_WAIT_S)
+    if len(done) == len(probes):
+        log(f"the actor pools are ready ({time.perf_counter() - started:.1f} s, in no value's time)")
+    else:
+        log(f"{len(probes) - len(done)} of {len(probes)} replicas not ready after {READY_WAIT_S:.0f} s: the first "
+            "value's time includes their start")
     # the values share the pools, so a request two values make alike is computed once for all of them
     cache = open_cache(base) if base.cache.enabled else None
     rows = []
@@ -111,8 +119,9 @@ def distinct_values(base, param: str, values: str) -> list[tuple[str, object]]:
         if not value:  # YAML reads it as null: a trailing comma swept a run of "none"
             raise ConfigError(f"sweep --values {values!r}: an empty value (write null for none)")
         config = with_value(base, param, value)
-        if field_value(config, param) not in seen:
-            seen.append(field_value(config, param))
+        setting = field_value(config, param)
+        if setting not in seen:
+            seen.append(setting)
             kept.append((value, config))
     return kept
 
