@@ -15,7 +15,7 @@ import sys
 from collections import Counter, defaultdict
 
 from jobs import metrics as M
-from jobs.output import PART
+from jobs.output import PART, unfinished
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
 from jobs.storage import check_kept, filesystem, join, open_parquet, read_table, redact, uri_of
@@ -337,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_kept(args.out, "--out")
     table, resolved = evaluate(args.answers, args.questions, args.k)
+    if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
+        print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
     write_reports(table, out, resolved)  # before the table is printed: a closed stdout (`| head`) ends the process
     print(f"wrote {redact(join(out, 'eval.json'))} and eval.md", file=sys.stderr)

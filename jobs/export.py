@@ -13,7 +13,10 @@ openai-batch  one line per (question, strategy) as vLLM's ``run-batch`` and the 
 rows          every column of the answer rows, one JSON object a line (lists stay lists).
 
 With several strategies in the run, ``--strategy`` picks one for openai-batch (one answer per
-custom_id); rows takes them all. Streamed a Parquet file at a time.
+custom_id); rows takes them all. Streamed a Parquet file at a time: parts in input order, and within a
+part in the order its questions were answered (as the OpenAI Batch API, which promises no order; vLLM's
+``run-batch`` keeps the input's): match lines by ``custom_id``. A run that is not finished (a part
+missing: killed, or still answering) is refused unless ``--partial``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pyarrow.parquet as pq
 from pyarrow.fs import FileType
 
 from jobs.evaluate import answer_files, one_run
+from jobs.output import unfinished
 from jobs.storage import check_kept, filesystem, open_parquet, redact
 from schemas.errors import UserError
 
@@ -85,24 +89,34 @@ def check_readable(files: list[str], to: str, form: str) -> None:
                             "export answers written by `ragsift answer` / `compare`")
 
 
-def export(answers: str, to: str, form: str, strategy: str | None = None) -> int:
+def export(answers: str, to: str, form: str, strategy: str | None = None, partial: bool = False, log=None) -> int:
     # an empty part (a shard with no question) names no strategy
     files = [f for f in one_run(answers, answer_files(answers), "export") if open_parquet(f).metadata.num_rows]
     if strategy:
         files = [f for f in files if strategy in strategies_of(f)]
         if not files:
-            raise UserError(f"no answers of strategy {strategy!r} in {redact(answers)}")
+            raise UserError(f"no answers of strategy {strategy!r} in {redact(answers)}"
+                            + (" (export takes one strategy, or every one without --strategy)" if "," in strategy else ""))
     elif form == "openai-batch" and len(set().union(*map(strategies_of, files))) > 1:
         raise UserError(f"{redact(answers)} holds several strategies: pick one with --strategy "
                         "(an OpenAI batch file has one response per custom_id)")
+    # a batch file of 2 answers for 16 requests reads as complete to whoever is handed it
+    if short := unfinished(answers, {strategy} if strategy else None):
+        if not partial:
+            raise UserError(f"{short}: finish it first (the same `ragsift answer` command resumes it), or pass "
+                            "--partial to export the questions answered so far")
+        (log or (lambda message: None))(f"--partial: {short}; exporting the questions answered so far")
     check_readable(files, to, form)
     fs, path = filesystem(to)
     if fs.get_file_info(path).type == FileType.Directory:
         raise UserError(f"--to {redact(to)} is a directory: name the file to write")
+    if fs.type_name == "local":  # as answer's --output: a folder named for the file is made
+        fs.create_dir(os.path.dirname(os.path.abspath(path)), recursive=True)
     # written beside ``to`` and moved over it at the end, so a failure leaves what ``to`` held; a pipe, a
-    # link or a device (/dev/stdout) is written as it is: moving a file over it would replace it
+    # link or a device (/dev/stdout) is written as it is: moving a file over it would replace it. The
+    # name beside it is this export's own: a fixed ``<to>.tmp`` was a file of the user's, or another export's
     special = fs.type_name == "local" and (os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)))
-    target = path if special else path + ".tmp"
+    target = path if special else f"{path}.ragsift-{uuid.uuid4().hex[:12]}.tmp"
     lines = 0
     try:
         with fs.open_output_stream(target) as out:
@@ -133,13 +147,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, help="the JSON Lines file to write (local, s3://, gs://)")
     p.add_argument("--format", choices=["openai-batch", "rows"], default="openai-batch")
     p.add_argument("--strategy", help="only this strategy's answers")
+    p.add_argument("--partial", action="store_true",
+                   help="export a run that is not finished (killed, or still answering): the questions answered so far")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.strategy is not None and not args.strategy.strip():
         raise UserError(f"--strategy {args.strategy!r}: names no strategy (leave it out for every strategy's answers)")
     check_kept(args.to, "--to")
-    lines = export(args.answers, args.to, args.format, args.strategy)
+    lines = export(args.answers, args.to, args.format, args.strategy, args.partial,
+                   log=lambda message: print(message, file=sys.stderr))
     print(f"wrote {lines} lines ({args.format}) to {redact(args.to)}", file=sys.stderr)
     return 0
 

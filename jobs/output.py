@@ -96,6 +96,34 @@ def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda ke
     return changed
 
 
+def unfinished(output: str, strategies: set[str] | None = None) -> str | None:
+    """Which strategies of the run in ``output`` (of ``strategies``, where given) lack parts of input shards
+    its manifest counts, in a sentence: a run killed, or one still answering. None for a finished run,
+    and where no manifest says (one file named, a folder written by hand)."""
+    fs, root = filesystem(output)
+    if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.File:
+        return None
+    try:
+        with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
+            manifest = json.loads(f.read())
+        shards = -(-int(manifest["input.rows"]) // int(manifest["commit.shard_rows"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    short = {}
+    for folder in fs.get_file_info(pafs.FileSelector(root)):
+        strategy = folder.path.rsplit("/", 1)[-1]
+        if folder.type != pafs.FileType.Directory or strategy.startswith("_") or strategy not in (strategies or {strategy}):
+            continue
+        committed = {int(m.group(1)) for e in fs.get_file_info(pafs.FileSelector(folder.path))
+                     if (m := PART.fullmatch(e.path.rsplit("/", 1)[-1]))}
+        if len(committed & set(range(shards))) < shards:
+            short[strategy] = len(committed & set(range(shards)))
+    if not short:
+        return None
+    return (f"{redact(output)} is not finished (its run stopped, or is still answering): "
+            + "; ".join(f"{s} has {n} of its {shards} parts" for s, n in sorted(short.items())))
+
+
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,

@@ -105,7 +105,7 @@ def test_export_refuses_to_write_over_the_answers_it_reads_and_keeps_the_old_fil
     old.write_text("kept\n")
     with pytest.raises(UserError, match=r"no column \['error', 'prompt_tokens', 'completion_tokens'\]"):
         export(str(bare), str(old), "openai-batch")
-    assert old.read_text() == "kept\n" and not (tmp_path / "old.jsonl.tmp").exists()
+    assert old.read_text() == "kept\n" and not list(tmp_path.glob("*.tmp"))
     assert export(str(bare), str(old), "rows") == 1 and json.loads(old.read_text())["id"] == 1
 
 
@@ -136,4 +136,64 @@ def test_export_writes_through_a_link_and_refuses_a_directory(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(UserError, match="is a directory"):
         export(str(part), str(tmp_path / "d"), "rows")
-    assert not (tmp_path / "d.tmp").exists()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def a_run(folder, rows: int, shard_rows: int, parts: dict[str, list[int]]):
+    """An answer output as ``answer`` leaves it: its manifest, and for each strategy the parts of ``parts``."""
+    import pyarrow as pa
+
+    from schemas.tables import ANSWERS
+    from tests.jobs.test_evaluate import answer_row
+
+    folder.mkdir()
+    (folder / "_manifest.json").write_text(json.dumps({"input.rows": rows, "commit.shard_rows": shard_rows}))
+    for strategy, shards in parts.items():
+        (folder / strategy).mkdir()
+        for shard in shards:
+            answered = [answer_row(f"q{shard * shard_rows + i}", "x", strategy) for i in range(shard_rows)]
+            pq.write_table(pa.Table.from_pylist(answered, schema=ANSWERS), folder / strategy / f"part-{shard:05d}.parquet")
+
+
+def test_a_run_not_finished_is_refused_unless_partial_which_exports_what_was_answered(tmp_path):
+    """A killed run's 2 answers of 16 were exported as a whole batch output file, exit 0, without a word."""
+    a_run(tmp_path / "out", rows=6, shard_rows=2, parts={"rag": [0, 2], "direct": [0, 1, 2]})
+    with pytest.raises(UserError, match=r"not finished .*rag has 2 of its 3 parts.*--partial"):
+        export(str(tmp_path / "out"), str(tmp_path / "rag.jsonl"), "openai-batch", strategy="rag")
+    assert not (tmp_path / "rag.jsonl").exists()
+    said = []
+    assert export(str(tmp_path / "out"), str(tmp_path / "rag.jsonl"), "openai-batch", strategy="rag", partial=True,
+                  log=said.append) == 4
+    assert "rag has 2 of its 3 parts" in said[0]
+    assert export(str(tmp_path / "out"), str(tmp_path / "direct.jsonl"), "openai-batch", strategy="direct") == 6
+    with pytest.raises(UserError, match="rag has 2 of its 3 parts"):  # rows takes every strategy
+        export(str(tmp_path / "out"), str(tmp_path / "rows.jsonl"), "rows")
+
+
+def test_export_makes_the_folder_of_to_and_leaves_a_file_of_the_users_beside_it_alone(tmp_path):
+    """``<to>.tmp`` was written over and removed (a file of the user's, or another export's), and a --to in a
+    folder not yet made failed naming that .tmp file."""
+    a_run(tmp_path / "out", rows=2, shard_rows=2, parts={"rag": [0]})
+    to = tmp_path / "new" / "folder" / "rag.jsonl"
+    assert export(str(tmp_path / "out"), str(to), "openai-batch") == 2
+    (tmp_path / "keep.jsonl.tmp").write_text("my notes\n")
+    assert export(str(tmp_path / "out"), str(tmp_path / "keep.jsonl"), "openai-batch") == 2
+    assert (tmp_path / "keep.jsonl.tmp").read_text() == "my notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl", "keep.jsonl.tmp", "new", "out"]
+
+
+def test_evaluate_says_when_the_run_it_scores_is_not_finished(tmp_path, capsys):
+    import argparse
+
+    import pyarrow as pa
+
+    from jobs.evaluate import run
+
+    a_run(tmp_path / "out", rows=4, shard_rows=2, parts={"rag": [1]})
+    pq.write_table(pa.Table.from_pylist(
+        [{"id": f"q{i}", "question": "?", "answers": ["x"]} for i in range(4)]), tmp_path / "q.parquet")
+    run(argparse.Namespace(answers=str(tmp_path / "out"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
+    assert "warning: " + str(tmp_path / "out") + " is not finished" in capsys.readouterr().err
+    a_run(tmp_path / "done", rows=4, shard_rows=2, parts={"rag": [0, 1]})
+    run(argparse.Namespace(answers=str(tmp_path / "done"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
+    assert "warning" not in capsys.readouterr().err
