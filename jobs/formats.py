@@ -16,6 +16,7 @@ corpus larger than memory converts to Parquet in bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -272,20 +273,24 @@ def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -
     have), as strings. Returns the rows written."""
     fs, path = filesystem(target)
     writer, rows = None, 0
-    with fs.open_output_stream(path + ".tmp") as out:
-        for batch in batches(uri):
-            missing = [c for c in required if c not in batch.schema.names]
-            if missing:
-                raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
-            batch = pa.RecordBatch.from_pydict(
-                {c: _as_text(batch[c], c, uri) for c in columns if c in batch.schema.names})
-            writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
-            writer.write_batch(batch)
-            rows += batch.num_rows
-        if writer:
-            writer.close()
-    if not rows:
-        fs.delete_file(path + ".tmp")
-        raise UserError(f"{redact(uri)}: no rows")
+    try:
+        with fs.open_output_stream(path + ".tmp") as out:
+            for batch in batches(uri):
+                missing = [c for c in required if c not in batch.schema.names]
+                if missing:
+                    raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
+                batch = pa.RecordBatch.from_pydict(
+                    {c: _as_text(batch[c], c, uri) for c in columns if c in batch.schema.names})
+                writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
+                writer.write_batch(batch)
+                rows += batch.num_rows
+            if writer:
+                writer.close()
+        if not rows:
+            raise UserError(f"{redact(uri)}: no rows")
+    except BaseException:  # a file that cannot be read leaves no half copy (nor, so, a folder made for it)
+        with contextlib.suppress(OSError):
+            fs.delete_file(path + ".tmp")
+        raise
     fs.move(path + ".tmp", path)
     return rows

@@ -160,7 +160,9 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # (corrected texts) resumed on its old shards
     corpus_sha = file_sha256(*filesystem(config.corpus))  # the file given: a JSONL's Parquet copy is rewritten
     build_key = _build_key(config, total_rows, bounds, corpus_sha)
-    done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), build_key))}
+    # shards committed before the key left out the corpus's path carry the key with it, as it was typed
+    keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
+    done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
 
@@ -176,16 +178,21 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
         encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
+    started = time.perf_counter()
+    first = _first_occurrences(corpus)
     # settings that cannot build a shard are refused now, before an index in place is touched or a row
-    # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped)
+    # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped),
+    # on the rows each shard keeps: its raw rows passed, and the rows without text or with a repeated id
+    # left it too small after the old index was gone
+    if not first.any():  # an index of nothing would answer every question from no passage
+        raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
+                        "not UTF-8, or a repeated id)")
     for s in range(n_shards):
         if s not in done:
-            factory_string(config.index, dims, bounds[s + 1] - bounds[s])
+            factory_string(config.index, dims, int(first[bounds[s]:bounds[s + 1]].sum()))
     if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
         (out / MANIFEST).unlink(missing_ok=True)
 
-    started = time.perf_counter()
-    first = _first_occurrences(corpus)
     builders: dict[int, _ShardBuilder] = {}
     in_flight: deque = deque()  # (end row of the batch, [(shard, record)], vectors ref), in corpus order
 
@@ -233,8 +240,6 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     skipped = Counter({"null_text": 0, "null_id": 0, "duplicate_id": 0, "invalid_utf8": 0})
     for s in shards:
         skipped.update(s["skipped"])
-    if not sum(s["count"] for s in shards):  # an index of nothing would answer every question from no passage
-        raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (skipped: {dict(skipped)})")
     manifest = {
         "format": FORMAT,
         "embedder": config.embedder.model,
@@ -243,7 +248,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "normalized": True,
         "index_type": config.index.index_type,
         "bm25": _bm25_settings(config.index),
-        "corpus": config.corpus,
+        "corpus": config.corpus if "://" in config.corpus else os.path.abspath(config.corpus),  # read from anywhere
         "corpus_sha256": corpus_sha,
         "count": sum(s["count"] for s in shards),
         "skipped": dict(skipped),
@@ -269,13 +274,18 @@ def _bm25_settings(index: IndexConfig) -> dict | None:
     return {"k1": index.bm25_k1, "b": index.bm25_b, "tokenization": TOKENIZATION} if index.bm25 else None
 
 
-def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpus_sha: str) -> str:
-    """What a committed shard was built from; a shard built from anything else is rebuilt."""
-    what = {"corpus": config.corpus, "corpus_sha256": corpus_sha, "rows": total_rows, "bounds": bounds,
+def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpus_sha: str,
+               corpus_path: str | None = None) -> str:
+    """What a committed shard was built from; a shard built from anything else is rebuilt. The corpus is
+    its bytes: its path as typed (``./c.parquet``, an absolute path, another working folder) rebuilt the
+    whole index, offline meanwhile; ``corpus_path`` gives the key shards built before that carry."""
+    what = {"corpus_sha256": corpus_sha, "rows": total_rows, "bounds": bounds,
             "embedder": config.embedder.model,
             "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search"})}
     if weights := _local_weights_sha256(config.embedder.model):
         what["embedder_sha256"] = weights
+    if corpus_path is not None:
+        what["corpus"] = corpus_path
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -293,12 +303,12 @@ def _local_weights_sha256(model: str) -> str | None:
     return digest.hexdigest()
 
 
-def _committed(shard_dir: Path, build_key: str) -> dict | None:
+def _committed(shard_dir: Path, build_keys: set[str]) -> dict | None:
     try:
         info = json.loads((shard_dir / "done.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return info if info.get("build_key") == build_key else None
+    return info if info.get("build_key") in build_keys else None
 
 
 def encoder_options(embedder) -> dict:

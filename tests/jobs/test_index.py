@@ -161,14 +161,76 @@ def test_settings_that_cannot_build_a_shard_leave_the_index_in_place_untouched_a
     assert ray.get(encoder.n_calls.remote()) == calls
 
 
-def test_a_corpus_with_no_usable_row_is_a_clear_error_not_an_empty_index(ray_session, tmp_path):
+def test_a_corpus_with_no_usable_row_is_a_clear_error_not_an_empty_index_and_the_index_in_place_stays(
+        ray_session, squad_slice, tmp_path):
+    """It was refused after the index in the folder was gone (its manifest removed, its shard wiped)."""
     import ray
 
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder)
+    before = {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")}
     corpus = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "text": pa.array([None, None], pa.string())}), corpus)
-    with pytest.raises(UserError, match=r"no row of its 2 can be indexed \(skipped: \{'null_text': 2"):
-        _build(corpus, tmp_path / "idx", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
-    assert not (tmp_path / "idx" / "manifest.json").exists()
+    pq.write_table(pa.table({"id": ["a", "b"], "text": pa.array([None, " "], pa.string())}), corpus)
+    with pytest.raises(UserError, match=r"no row of its 2 can be indexed"):
+        _build(corpus, tmp_path / "idx", 1, encoders=encoder)
+    assert {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")} == before
+
+
+def test_shards_too_small_once_their_unusable_rows_are_left_out_are_refused_before_the_index_in_place_is_touched(
+        ray_session, squad_slice, tmp_path):
+    """300 rows, 50 of them repeating an id: ivf_pq's 256-passage check counted the 300, removed the manifest
+    and wiped the shard, and refused only when the shard it built had 250."""
+    import ray
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder)
+    before = {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")}
+    table = pq.read_table(squad_slice[0])
+    ids = table["id"].to_pylist()
+    repeated = table.set_column(table.schema.get_field_index("id"), "id", pa.array(ids[:250] + ids[:50]))
+    pq.write_table(repeated, tmp_path / "dup.parquet")
+    calls = ray.get(encoder[0].n_calls.remote())
+    with pytest.raises(UserError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages per shard .*a shard has 250"):
+        _build(tmp_path / "dup.parquet", tmp_path / "idx", 1, "index.index_type=ivf_pq", "index.pq_m=8", encoders=encoder)
+    assert {p.relative_to(tmp_path): p.stat().st_mtime_ns for p in (tmp_path / "idx").rglob("*")} == before
+    assert ray.get(encoder[0].n_calls.remote()) == calls
+
+
+def test_the_same_corpus_named_by_another_path_resumes_every_shard(ray_session, squad_slice, tmp_path, monkeypatch):
+    """``./c.parquet``, an absolute path, or the file named from another folder rebuilt the whole index (the
+    key held the path as typed), offline meanwhile."""
+    import ray
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    shutil.copy(squad_slice[0], tmp_path / "c.parquet")
+    monkeypatch.chdir(tmp_path)
+    built = _build("c.parquet", tmp_path / "idx", 2, encoders=encoder)
+    assert built["corpus"] == str(tmp_path / "c.parquet")
+    calls = ray.get(encoder[0].n_calls.remote())
+    for spelling in ("./c.parquet", str(tmp_path / "c.parquet"), f"{tmp_path}/../{tmp_path.name}/c.parquet"):
+        lines = []
+        _build(spelling, tmp_path / "idx", 2, encoders=encoder, log=lines.append)
+        assert "resuming: 2 of 2 shards already built" in lines
+    assert ray.get(encoder[0].n_calls.remote()) == calls
+
+
+def test_shards_committed_under_the_key_that_held_the_corpus_path_are_kept(ray_session, squad_slice, tmp_path):
+    """An index built before the path left the key resumes (the same spelling), not rebuilt from nothing."""
+    import ray
+
+    from jobs import index
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder)
+    done = tmp_path / "idx" / "shard-000" / "done.json"
+    info = json.loads(done.read_text())
+    config = _config(squad_slice[0], tmp_path / "idx", 1)
+    info["build_key"] = index._build_key(config, 300, [0, 300], json.loads(
+        (tmp_path / "idx" / "manifest.json").read_text())["corpus_sha256"], str(squad_slice[0]))
+    done.write_text(json.dumps(info))
+    lines = []
+    _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder, log=lines.append)
+    assert "resuming: 1 of 1 shards already built" in lines
 
 
 def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_slice, tmp_path):
@@ -477,3 +539,12 @@ def test_the_build_logs_whole_lines_of_progress_that_a_job_log_can_read(ray_sess
     assert all(k.get("end", "\n") == "\n" for _, k in calls)
     progress = [line for line, _ in calls if line.startswith("read ")]
     assert progress[-1].startswith("read 300/300 rows (100%)") and len(progress) == 3
+
+
+def test_a_json_lines_corpus_that_cannot_be_read_leaves_no_half_copy_and_no_new_folder(tmp_path):
+    """Its 0-byte ``_corpus.parquet.tmp`` stayed, so the folder made for the index was not removed either."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "body": "x"}\n')
+    with pytest.raises(UserError, match="no column"):
+        build_index(_config(corpus, tmp_path / "new", 1))
+    assert not (tmp_path / "new").exists()
