@@ -20,7 +20,7 @@ from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
-from jobs.output import ShardedOutput, check_resumable, claimed
+from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
@@ -63,11 +63,11 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
 
 
-def check_output(config: AnswerConfig, force: bool = False, plan=None) -> None:
+def check_output(config: AnswerConfig, force: bool = False, plan=None, hint: str = REFUSED_HINT) -> None:
     """Refuse an output that holds a different run (unless ``force``), as ``answer`` does when it opens it, for a
     job that runs several answers: a sweep found it only when it reached that value, after the values before."""
     plan = plan or plan_input(config.questions, limit=config.limit)
-    check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational, force)
+    check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational, force, hint)
 
 
 def calibrated_on(config: AnswerConfig, sha256: str | None) -> bool:

@@ -108,7 +108,7 @@ class Session:
         strategy), strategies in the order given, questions in the input's order. ``output`` keeps the
         run (answers, metrics.json) there instead of in a temporary directory, and resumes it: a later
         call with the same questions adds strategies to it; one with other questions is refused."""
-        from jobs.answer import answer
+        from jobs.answer import answer, check_output
         from jobs.evaluate import answer_files
 
         table = to_arrow(questions, columns)
@@ -117,8 +117,11 @@ class Session:
         with tempfile.TemporaryDirectory(prefix="ragsift-") as tmp:
             # validated, as the command line's config is: an unknown strategy is a ConfigError naming the choices
             config = validated(type(self.config), {**self.config.model_dump(), "strategies": strategies,
-                                                   "questions": write_questions(table, output or tmp),
+                                                   "questions": write_questions(table, tmp),
                                                    "output": output or str(Path(tmp) / "answers")})
+            if output:  # refused before its questions are written there too (the folder then held two runs' inputs)
+                check_output(config, hint="pass another output=, or remove that folder to answer there afresh")
+                config = validated(type(config), {**config.model_dump(), "questions": write_questions(table, output)})
             self._start(config)
             answer(config, log=self.log, stages=self.stages, cache=self.cache)
             answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
@@ -154,12 +157,16 @@ class Session:
         if not ray.is_initialized():
             init_ray(config.ray, *ray_request(config, plan))
             self.started_ray, self.ray = True, ray_connection()  # closed by close(), even if no pool starts
-        elif self.started_ray:
+            SESSIONS_RAY.add(self.ray)
+        elif self.started_ray or ray_connection() in SESSIONS_RAY:
+            # a Ray a Session started is sized for that Session's first call: another Session's pools there
+            # waited for ever while the first one's held its CPUs
+            whose = "this Session" if self.started_ray else "another Session of this process"
             cpus, resources, gpus = ray_request(config, plan)
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
                 try:
-                    unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources())
+                    unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources(), whose)
                     break
                 except UserError:
                     if time.monotonic() > deadline:
@@ -212,18 +219,22 @@ def ray_connection() -> tuple[str, str] | None:
 
 
 FREED_WITHIN_S = 15.0
+SESSIONS_RAY: set = set()  # the Rays (ray_connection) Sessions of this process started
 
 
-def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: dict[str, float]) -> None:
+def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: dict[str, float],
+                whose: str = "this Session") -> None:
     """Refuse pools a Session's own Ray, sized for its first call, cannot place: Ray would leave them
     waiting, and the call with them, for ever."""
     cpus, resources = request
     short = {name: need for name, need in {"CPU": cpus, **resources}.items()
              if need and need > available.get(name, 0.0) + 1e-9}
     if short:
-        raise UserError(f"this Session started Ray for its first call, which cannot place the pools {sorted(plan)} "
+        advice = ("name every strategy in its first call" if whose == "this Session"
+                  else "use that Session for these calls too, or close it first (its pools hold them)")
+        raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} "
                         f"ask for now ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())}): "
-                        "name every strategy in its first call, or give it a Ray of your own with room for them (ray.address)")
+                        f"{advice}, or give it a Ray of your own with room for them (ray.address)")
 
 
 def wait_until_dead(actors: list, wait_s: float) -> None:

@@ -81,9 +81,13 @@ def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda k
                   and not (k not in current and (k in defaults or speed(k))))
 
 
-def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda key: False, force: bool = False) -> list[str]:
+REFUSED_HINT = "use another --output, or --force to discard it"
+
+
+def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda key: False, force: bool = False,
+                    hint: str = REFUSED_HINT) -> list[str]:
     """The fields in which the run ``output`` holds differs from ``identity`` (none: a new output, or the same
-    run to resume); a different run is refused unless ``force`` (which discards it)."""
+    run to resume); a different run is refused unless ``force`` (which discards it), saying ``hint``."""
     fs, root = filesystem(output)
     if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.File:
         return []
@@ -91,8 +95,7 @@ def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda ke
         previous = json.loads(f.read())
     changed = changed_fields(previous, identity, defaults, speed)
     if changed and not force:
-        raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {', '.join(changed)}); "
-                          "use another --output, or --force to discard it")
+        raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {', '.join(changed)}); {hint}")
     return changed
 
 

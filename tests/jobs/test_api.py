@@ -156,8 +156,11 @@ def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed
     both = session.answer(questions, ["least_to_most", "direct"], output=out)  # before: force discarded direct's
     assert both["strategy"].tolist() == ["least_to_most"] * 5 + ["direct"] * 5
     assert both[both["strategy"] == "direct"]["answer"].tolist() == first["answer"].tolist()
-    with pytest.raises(ConfigError, match="holds output of a different run"):
+    inputs = sorted((tmp_path / "kept" / "_input").iterdir())
+    # it named the CLI's --output / --force, and wrote the refused questions beside the run's first
+    with pytest.raises(ConfigError, match=r"holds output of a different run .*pass another output=, or remove"):
         session.answer(questions.head(2), "direct", output=out)
+    assert sorted((tmp_path / "kept" / "_input").iterdir()) == inputs
     assert len(session.answer(questions, "direct", output=out)) == 5  # the earlier answers are still there
 
 
@@ -262,6 +265,35 @@ def test_a_later_call_that_needs_the_ranker_ranks_on_the_sessions_running_encode
     config = validated(type(session.config), {**session.config.model_dump(), "strategies": ["think_act"]})
     session._start(config)
     assert session.stages["ranker"].replicas == encoders and set(session.stages) == {"generator", "retriever", "ranker"}
+
+
+def test_a_session_on_the_ray_another_session_started_is_refused_pools_it_cannot_place_not_left_waiting(monkeypatch):
+    """A second Session while the first, which started Ray for its own pools, was open: its call waited for
+    ever, without a word (the check ran only for the Session that started Ray)."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.api
+    import jobs.pools
+    from jobs.api import Session, ray_connection
+    from schemas.config import validated
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "the first Session's",
+                                                                           get_job_id=lambda: "01000000"))
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+    monkeypatch.setattr(jobs.api, "FREED_WITHIN_S", 0.0)
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda *args: pytest.fail("pools started that cannot be placed"))
+    monkeypatch.setattr(jobs.api, "SESSIONS_RAY", {ray_connection()})
+    second = Session(generator="smollm2-135m-instruct")
+    config = validated(type(second.config), {**second.config.model_dump(), "strategies": ["direct"]})
+    with pytest.raises(UserError, match=r"another Session of this process started Ray .*\['generator'\].*use that Session .* or close it"):
+        second._start(config)
+    monkeypatch.setattr(jobs.api, "SESSIONS_RAY", set())  # the user's own Ray: Ray's to place, as before
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": "a pool"})
+    second._start(config)
+    assert second.stages == {"generator": "a pool"}
 
 
 def test_a_session_whose_ray_was_shut_down_under_it_starts_its_pools_again(monkeypatch):
