@@ -259,6 +259,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # whole or not at all: a build killed while writing it left a damaged manifest no run could read
     (out / f"{MANIFEST}.tmp").write_text(json.dumps(manifest, indent=2))
     os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
+    for stale in sorted(out.glob("shard-*")):  # a rebuild into fewer shards left the old ones past them, unread
+        if stale.is_dir() and stale.name[6:].isdigit() and int(stale.name[6:]) >= n_shards:
+            shutil.rmtree(stale)
+            log(f"removed {stale.name}, a shard of the index this build replaced")
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     return manifest

@@ -548,3 +548,15 @@ def test_a_json_lines_corpus_that_cannot_be_read_leaves_no_half_copy_and_no_new_
     with pytest.raises(UserError, match="no column"):
         build_index(_config(corpus, tmp_path / "new", 1))
     assert not (tmp_path / "new").exists()
+
+
+def test_a_rebuild_into_fewer_shards_removes_the_old_shards_past_them(ray_session, squad_slice, tmp_path):
+    """4 shards, then 2: shard-002 and shard-003 stayed on disk (gigabytes on a large corpus) though nothing read them."""
+    import ray
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(squad_slice[0], tmp_path / "idx", 4, encoders=encoder)
+    (tmp_path / "idx" / "shard-notes").mkdir()  # not a shard of ours: left alone
+    manifest = _build(squad_slice[0], tmp_path / "idx", 2, encoders=encoder)
+    assert sorted(p.name for p in (tmp_path / "idx").glob("shard-*")) == ["shard-000", "shard-001", "shard-notes"]
+    assert manifest["count"] == 300
