@@ -112,13 +112,17 @@ def unfinished(output: str, strategies: set[str] | None = None) -> str | None:
         shards = -(-int(manifest["input.rows"]) // int(manifest["commit.shard_rows"]))
     except (KeyError, TypeError, ValueError):
         return None
+    from strategies.registry import STRATEGIES
+
     short = {}
     for folder in fs.get_file_info(pafs.FileSelector(root)):
         strategy = folder.path.rsplit("/", 1)[-1]
         if folder.type != pafs.FileType.Directory or strategy.startswith("_") or strategy not in (strategies or {strategy}):
             continue
-        committed = {int(m.group(1)) for e in fs.get_file_info(pafs.FileSelector(folder.path))
-                     if (m := PART.fullmatch(e.path.rsplit("/", 1)[-1]))}
+        names = [e.path.rsplit("/", 1)[-1] for e in fs.get_file_info(pafs.FileSelector(folder.path))]
+        if strategy not in STRATEGIES and not any(_OURS.fullmatch(n) for n in names):
+            continue  # not a strategy's answers: a label run's labels/, a folder of the user's
+        committed = {int(m.group(1)) for n in names if (m := PART.fullmatch(n))}
         if len(committed & set(range(shards))) < shards:
             short[strategy] = len(committed & set(range(shards)))
     if not short:

@@ -195,5 +195,7 @@ def test_evaluate_says_when_the_run_it_scores_is_not_finished(tmp_path, capsys):
     run(argparse.Namespace(answers=str(tmp_path / "out"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
     assert "warning: " + str(tmp_path / "out") + " is not finished" in capsys.readouterr().err
     a_run(tmp_path / "done", rows=4, shard_rows=2, parts={"rag": [0, 1]})
+    (tmp_path / "done" / "labels").mkdir()  # a label run's labels beside its answers are no strategy's parts
+    (tmp_path / "done" / "labels" / "relevance.parquet").write_bytes(b"")
     run(argparse.Namespace(answers=str(tmp_path / "done"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
     assert "warning" not in capsys.readouterr().err
