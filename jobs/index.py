@@ -163,6 +163,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
     keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
+    if len(done) == n_shards and (current := _current(out, [done[s] for s in range(n_shards)], extra)):
+        # nothing to build: no Ray, no encoder start, and the manifest's build_s stays the build's
+        log(f"{out} is up to date: {n_shards} shards built from this corpus with these settings")
+        return current
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
 
@@ -266,6 +270,17 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     return manifest
+
+
+def _current(out: Path, shards: list[dict], extra: dict | None) -> dict | None:
+    """The index's manifest, when it lists exactly ``shards`` (each built with this build's key: corpus,
+    embedder, settings) and holds ``extra``; None when it must be written again."""
+    try:
+        manifest = read_manifest(out)
+    except (FileNotFoundError, UserError):
+        return None
+    fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards
+    return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
 
 
 def _dir(shard: int) -> str:

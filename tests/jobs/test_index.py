@@ -210,7 +210,7 @@ def test_the_same_corpus_named_by_another_path_resumes_every_shard(ray_session, 
     for spelling in ("./c.parquet", str(tmp_path / "c.parquet"), f"{tmp_path}/../{tmp_path.name}/c.parquet"):
         lines = []
         _build(spelling, tmp_path / "idx", 2, encoders=encoder, log=lines.append)
-        assert "resuming: 2 of 2 shards already built" in lines
+        assert lines == [f"{tmp_path / 'idx'} is up to date: 2 shards built from this corpus with these settings"]
     assert ray.get(encoder[0].n_calls.remote()) == calls
 
 
@@ -230,7 +230,29 @@ def test_shards_committed_under_the_key_that_held_the_corpus_path_are_kept(ray_s
     done.write_text(json.dumps(info))
     lines = []
     _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder, log=lines.append)
-    assert "resuming: 1 of 1 shards already built" in lines
+    assert "resuming: 1 of 1 shards already built" in lines  # the manifest lists the shard's old key: written again
+    lines.clear()
+    _build(squad_slice[0], tmp_path / "idx", 1, encoders=encoder, log=lines.append)
+    assert lines[-1].endswith("is up to date: 1 shards built from this corpus with these settings")
+
+
+def test_a_rerun_over_an_index_up_to_date_starts_nothing_and_keeps_its_manifest(ray_session, squad_slice, tmp_path,
+                                                                                 monkeypatch):
+    """It started Ray and the encoders and wrote the manifest again, its build_s now the rerun's 0.02 s."""
+    import ray
+
+    import jobs.ray_session
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    built = _build(squad_slice[0], tmp_path / "idx", 2, encoders=encoder)
+    written = (tmp_path / "idx" / "manifest.json").stat().st_mtime_ns
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args: pytest.fail("Ray started for nothing to build"))
+    assert _build(squad_slice[0], tmp_path / "idx", 2, encoders=encoder) == built
+    assert (tmp_path / "idx" / "manifest.json").stat().st_mtime_ns == written
+    lines = []  # other settings: built again (each shard's key holds them)
+    monkeypatch.undo()
+    _build(squad_slice[0], tmp_path / "idx", 2, "index.bm25=false", encoders=encoder, log=lines.append)
+    assert not any("up to date" in line for line in lines) and (tmp_path / "idx" / "manifest.json").stat().st_mtime_ns != written
 
 
 def test_interrupted_build_redoes_only_the_unfinished_shard(ray_session, squad_slice, tmp_path):
@@ -418,7 +440,7 @@ def test_an_embedder_retrained_in_the_same_place_rebuilds_the_shards_it_encoded(
         lines = []
         manifest = _build(corpus, out, 2, f"embedder.model={model}", encoders=encoders,
                           log=lambda *a, **k: lines.append(" ".join(map(str, a))))
-        return manifest["shards"][0]["build_key"], any("resuming" in line for line in lines)
+        return manifest["shards"][0]["build_key"], any("resuming" in line or "up to date" in line for line in lines)
 
     first, _ = build()
     (model / ".cache" / "download.lock").write_bytes(b"a hub client's bookkeeping")
