@@ -26,6 +26,7 @@ from jobs.evaluate import (
     resolution_cells,
     score,
 )
+from jobs.output import unfinished
 from jobs.storage import check_kept, filesystem, join, path_of, redact
 from schemas.errors import UserError
 
@@ -258,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
     check_kept(args.out, "--out")
     labels = run_labels(args.runs) if len(args.runs) > 1 else [None]
     runs = [load_run(r, args.questions, label) for r, label in zip(args.runs, labels)]
+    for r in args.runs:  # its figures are of the questions answered so far (as evaluate warns)
+        if short := unfinished(r):
+            print(f"warning: {short}; reported are the questions answered so far", file=sys.stderr)
     page = render(runs)
     fs, where = filesystem(args.out)  # an s3:// --out made a local folder "s3:"
     if "/" in where:

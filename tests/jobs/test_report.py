@@ -173,3 +173,13 @@ def test_the_page_goes_where_out_says_on_any_filesystem_not_into_a_local_folder_
     monkeypatch.chdir(tmp_path)
     assert main(["--runs", str(run), "--questions", str(questions), "--out", f"file://{tmp_path}/pages/r.html"]) == 0
     assert (tmp_path / "pages" / "r.html").read_text().startswith("<!") and not (tmp_path / "file:").exists()
+
+
+def test_report_warns_of_a_run_not_finished(run_dir, tmp_path, capsys):
+    run, questions = run_dir
+    (run / "_manifest.json").write_text(json.dumps({"input.rows": 4, "commit.shard_rows": 2}))  # rag, raisf: 1 of 2 parts
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(tmp_path / "r.html")]) == 0
+    assert "rag has 1 of its 2 parts; raisf has 1 of its 2 parts" in capsys.readouterr().err
+    (run / "_manifest.json").write_text(json.dumps({"input.rows": 2, "commit.shard_rows": 2}))
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(tmp_path / "r.html")]) == 0
+    assert "warning" not in capsys.readouterr().err
