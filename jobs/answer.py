@@ -176,6 +176,8 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
     write_record(config, metrics)
+    if given_up := (metrics.get("request_cache") or {}).get("disk_error"):  # said only in metrics.json before
+        log(f"warning: this run gave up its request cache on disk: {given_up}")
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
     log(f"answered {roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "

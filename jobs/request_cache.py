@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from actors.generator import resolve_dtype
@@ -82,7 +83,7 @@ def know_embedder(model: str | None) -> str | None:
 def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
              if llm.endpoint else {"model": revision(llm.model), "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
-                                   "engine_kwargs": llm.engine_kwargs, "messages": MESSAGES_AS_TEXT})
+                                   "engine_kwargs": by_content(llm.engine_kwargs), "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
 
@@ -94,6 +95,22 @@ def on_gpu(llm: LLMConfig) -> bool:
     if llm.world_size > 1:
         return llm.placement_group.bundle_per_worker.get("GPU", 0) > 0
     return llm.num_gpus > 0
+
+
+def by_content(value):
+    """``engine_kwargs`` with each local path in it (a tokenizer, a chat template, an adapter) as its files'
+    revision: those files decide the prompt and the answer, and keyed by their name a template edited in
+    place served the answers of the old one."""
+    if isinstance(value, dict):
+        return {key: by_content(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [by_content(item) for item in value]
+    if not (isinstance(value, str) and value and os.path.exists(path := os.path.expanduser(value))):
+        return value
+    if os.path.isdir(path):
+        return revision(os.path.abspath(path))
+    stat = os.stat(path)
+    return f"{os.path.abspath(path)}@{digest([stat.st_size, stat.st_mtime_ns])}"
 
 
 def revision(model: str | None) -> str:

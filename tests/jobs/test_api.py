@@ -288,7 +288,8 @@ def test_a_session_on_the_ray_another_session_started_is_refused_pools_it_cannot
     monkeypatch.setattr(jobs.api, "SESSIONS_RAY", {ray_connection()})
     second = Session(generator="smollm2-135m-instruct")
     config = validated(type(second.config), {**second.config.model_dump(), "strategies": ["direct"]})
-    with pytest.raises(UserError, match=r"another Session of this process started Ray .*\['generator'\].*use that Session .* or close it"):
+    refused = r"another Session of this process started Ray .*\['generator'\].*use that Session .* or close it"
+    with pytest.raises(UserError, match=refused):
         second._start(config)
     monkeypatch.setattr(jobs.api, "SESSIONS_RAY", set())  # the user's own Ray: Ray's to place, as before
     monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": "a pool"})

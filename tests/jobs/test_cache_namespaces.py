@@ -56,3 +56,32 @@ def test_answers_a_local_replica_computed_before_it_tokenized_special_token_stri
     assert all(now[s] != before[s] for s in ("generator", "judge", "generator/Judge")) and now["ranker"] == before["ranker"]
     endpoint = AnswerConfig(generator={"model": "m", "endpoint": {"base_url": "http://127.0.0.1:1/v1"}})
     assert "messages" not in request_cache.llm_namespace(endpoint.generator, endpoint)
+
+
+def test_a_tokenizer_or_template_named_in_engine_kwargs_is_keyed_by_its_files(tmp_path, monkeypatch):
+    """A chat template edited in the tokenizer folder given as engine_kwargs.tokenizer: the rerun served the old
+    template's answers from disk (keyed by the folder's name); a relative path was keyed by its letters."""
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "chat_template.jinja").write_text("{{ messages }}")
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages }}")
+
+    def keys(**kwargs):
+        return request_cache.namespaces(AnswerConfig(generator={"engine_kwargs": kwargs}))["generator"]
+
+    before = keys(tokenizer=str(tokenizer), chat_template=str(template))
+    assert keys(tokenizer=str(tokenizer), chat_template=str(template)) == before
+    time.sleep(0.01)
+    (tokenizer / "chat_template.jinja").write_text("Reply in French. {{ messages }}")
+    edited = keys(tokenizer=str(tokenizer), chat_template=str(template))
+    assert edited != before
+    time.sleep(0.01)
+    template.write_text("Reply in one word. {{ messages }}")
+    assert keys(tokenizer=str(tokenizer), chat_template=str(template)) != edited
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    here = keys(tokenizer="tok")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert keys(tokenizer="tok") != here  # "tok" names no folder from here: another tokenizer (a hub name)
+    assert keys(enforce_eager=True) == keys(enforce_eager=True)  # settings that are not paths as they are

@@ -1,0 +1,31 @@
+"""A request cache file that cannot be read costs the run its disk cache, not its answers, and the run says so."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.cache import RequestCache
+from engine.stages import GeneratorStage
+from jobs.answer import answer
+from jobs.request_cache import namespaces
+from schemas.config import StageBatching
+from strategies.registry import AnswerConfig
+from tests.engine.fakes import FakeGenerator
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+
+
+def test_a_damaged_cache_file_is_said_in_the_log_and_the_questions_are_answered(ray_session, tmp_path):
+    """It was said only in metrics.json's request_cache.disk_error: every later run lost its cache unnoticed."""
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["question a", "question b"]}), tmp_path / "q.parquet")
+    damaged = tmp_path / "requests.sqlite"
+    damaged.write_bytes(b"not a database" * 100)
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"])
+    actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    lines = []
+    metrics = answer(config, log=lambda *a, **k: lines.append(" ".join(map(str, a))),
+                     stages={"generator": GeneratorStage([actor], StageBatching())},
+                     cache=RequestCache(10, damaged, namespaces(config)))
+    assert metrics["exactly_once"]["direct"]["ok"] and "requests.sqlite" in metrics["request_cache"]["disk_error"]
+    assert [line for line in lines if line.startswith("warning: this run gave up its request cache on disk: ")
+            and "delete the file" in line]
