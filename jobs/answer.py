@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from contextlib import suppress
+from pathlib import Path
 
 import yaml
 
@@ -54,6 +55,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
             f"({config.calibration.questions}): its scores here are fitted, not measured")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
+    if "know" in needs and (learned := know_labels_generator(config.know.model)) not in (None, config.generator.model):
+        log(f"warning: know.model {config.know.model} learned the closed-book answers of {learned} "
+            f"(its card), not of this run's generator {config.generator.model}: it predicts that model's")
     # a fresh output is claimed only after the index and the models are checked (pool_plan reads the
     # index manifest and resolves every model name): a mistyped --index-dir must not leave a manifest
     # behind, nor (with --force) discard an output it cannot replace. A finished output is left alone
@@ -61,6 +65,16 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
+
+
+def know_labels_generator(model: str | None) -> str | None:
+    """The generator whose labels a trained M_know learned, from its card (None: no card says)."""
+    from jobs.models import resolve
+
+    try:
+        return json.loads((Path(resolve(model)) / "card.json").read_text()).get("labels_generator") if model else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_output(config: AnswerConfig, force: bool = False, plan=None, hint: str = REFUSED_HINT) -> None:

@@ -118,8 +118,17 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
               "dataset_of": {str(r["id"]): r["dataset"] for r in rows},
               "mining": {"negatives": settings.negatives, "random_negatives": settings.random_negatives, "seed": settings.seed},
               "mine_s": round(time.perf_counter() - started, 1)}
+    # a gold id that names no passage of the index gives its question no positive: all of them, a wrong
+    # --index-dir or another corpus's ids, was found only when training refused the pairs, maybe elsewhere
+    with_gold = len({p["id"] for p in pairs if p["label"]})
+    source["questions_with_gold_in_index"] = with_gold
+    if not with_gold:
+        raise UserError(f"no gold passage id of the {len(rows)} questions names a passage of {settings.index_dir}: "
+                        "the index of another corpus, or ids of another? nothing was written")
+    missing = (f"; {len(rows) - with_gold} of the questions have no gold passage in the index (their gold ids name "
+               "none of its passages) and give negatives only" if with_gold < len(rows) else "")
     log(f"{len(rows)} questions -> {len(pairs)} pairs ({sum(p['label'] for p in pairs):.0f} positive) "
-        f"in {source['mine_s']:.0f} s")
+        f"in {source['mine_s']:.0f} s{missing}")
     return pairs, source
 
 

@@ -67,17 +67,6 @@ def check_output(output: str) -> None:
                         "give a new or empty folder")
 
 
-def clear_output(output: str, keep: tuple[str, ...] = ()) -> None:
-    """Empty a model directory an earlier training wrote before writing the new model: a cross-encoder
-    saved over a bi-encoder left its relevance_logit.json, and was served as a bi-encoder nobody trained."""
-    import shutil
-
-    out = Path(output)
-    for path in out.iterdir() if out.is_dir() else ():
-        if path.name not in keep:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
 @contextmanager
 def staged(output: str, keep: tuple[str, ...] = ()):
     """A new folder for a model, which takes the place of ``output`` only once whole: written beside it

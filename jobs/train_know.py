@@ -7,10 +7,22 @@ import json
 import time
 from pathlib import Path
 
+from jobs.relevance_pairs import PAIRS
 from jobs.storage import read_table
-from jobs.train_data import auc, check_output, clear_output, excluded_ids, held_out, write_card
+from jobs.train_data import auc, check_output, excluded_ids, held_out, staged, write_card
 from schemas.errors import UserError
 from schemas.training import KnowTraining
+
+
+def labels_generator(labels: str) -> str | None:
+    """The generator of the label run (its config.yaml), None where it does not say."""
+    import yaml
+
+    try:
+        recorded = yaml.safe_load((Path(labels) / "config.yaml").read_text())
+        return str(recorded["generator"]["model"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
 
 
 def train_know(settings: KnowTraining, log) -> dict:
@@ -58,18 +70,20 @@ def train_know(settings: KnowTraining, log) -> dict:
         metrics["held_out_auc_missing"] = (f"the held-out part ({len(test)} labels) does not hold both know and "
                                            "unknown examples")
     metrics.update(encode_questions_per_s=round(len(rows) / encode_s, 1), fit_s=round(fit_s, 2))
-    out = Path(settings.output)
-    clear_output(settings.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
-                                           "intercept": float(classifier.intercept_[0])}))
     card = {"model": "self-knowledge (M_know) classifier", "embedder": settings.embedder, "labels": source,
+            # whose closed-book answers the labels judged: M_know predicts that generator's, no other's
+            "labels_generator": labels_generator(settings.labels),
             "excluded": settings.exclude, "excluded_labels_dropped": len(labelled) - len(rows),
             "examples": len(rows), "train": len(train), "held_out": len(test),
             "know_share": round(sum(r["label"] == "know" for r in rows) / len(rows), 4),
             "settings": {"C": settings.c, "class_weight": "balanced", "held_out_share": settings.held_out},
             "metrics": metrics, "input": "question -> P(the generator answers it correctly closed-book)"}
-    write_card(settings.output, card)
+    # written beside the earlier model and renamed into place once whole (cleared first, a failed write left
+    # an empty folder), with the relevance pairs it may hold (they were deleted)
+    with staged(settings.output, keep=(PAIRS,)) as folder:
+        (folder / WEIGHTS).write_text(json.dumps({"embedder": settings.embedder, "coef": classifier.coef_[0].tolist(),
+                                                  "intercept": float(classifier.intercept_[0])}))
+        write_card(str(folder), card)
     known = sum(r["label"] == "know" for r in train)
     checked = (f"held-out AUC {metrics['held_out_auc']} on {len(test)}" if metrics["held_out_auc"] is not None
                 else f"no held-out AUC: {metrics['held_out_auc_missing']}")

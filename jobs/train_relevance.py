@@ -4,7 +4,10 @@ logit of relevant) or a cross-encoder, scored on held-out questions against the 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +39,16 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     # every core: OMP_NUM_THREADS=1, right for FAISS beside Ray actors, would leave training on one
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     bi = settings.architecture == "bi-encoder"
-    work = Path(settings.output) / "_checkpoints"
+    # the trainer's working folder, outside the model folder it replaces (a killed training left it there, empty)
+    work = Path(tempfile.mkdtemp(prefix="ragsift-train-"))
+    try:
+        return _train(settings, pairs, source, train, test, bi, device, work, log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _train(settings: RelevanceTraining, pairs: list[dict], source: dict, train: list[dict], test: list[dict], bi: bool,
+           device: str, work: Path, log) -> dict:
     model, trainer = (bi_encoder_trainer if bi else cross_encoder_trainer)(train, settings, device, work)
     examples = len(trainer.train_dataset)
     # the loss a full pass gives the same training examples before and after: a logged loss is one
@@ -56,6 +68,8 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
     two_classes = len({p["label"] for p in test}) == 2
     metrics = {"held_out_auc": round(auc([p["label"] for p in test], scores), 4) if two_classes else None,
                "held_out_auc_base_cosine": base_cosine_auc(settings.base, test) if two_classes else None,
+               **({} if two_classes else {"held_out_auc_missing": f"the held-out part ({len(test)} pairs) does not "
+                                                                  "hold both relevant and irrelevant pairs"}),
                "held_out_pairs": len(test), "train_loss_first": losses[0] if losses else None,
                "train_loss_last": losses[-1] if losses else None, "train_loss_logged": losses,
                "train_loss_before": loss_before, "train_loss_after": loss_after, "loss_probe_examples": len(probe),
@@ -71,7 +85,8 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
                             "it did not learn relevance; nothing was written")
     card = {"model": f"relevance (M_rel) {settings.architecture}", "architecture": settings.architecture, "base": settings.base,
             **{k: source[k] for k in ("questions", "index", "excluded", "excluded_questions", "questions_used",
-                                      "datasets", "mining", "excluded_when_training", "pairs_excluded") if k in source},
+                                      "questions_with_gold_in_index", "datasets", "mining", "excluded_when_training",
+                                      "pairs_excluded") if k in source},
             "pairs_file": settings.pairs, "pairs": len(pairs), "positives": int(sum(p["label"] for p in pairs)),
             "held_out_share": settings.held_out,
             "settings": settings.model_dump(include={"epochs", "batch_size", "learning_rate", "max_length", "seed",
@@ -87,8 +102,9 @@ def train_relevance(settings: RelevanceTraining, log) -> dict:
         if fit:
             (folder / LOGIT).write_text(json.dumps(fit))
         write_card(str(folder), card)
-    log(f"wrote {settings.output}: held-out AUC {metrics['held_out_auc']} (the base model's cosine: "
-        f"{metrics['held_out_auc_base_cosine']}), loss {loss_before} -> {loss_after} "
+    checked = (f"held-out AUC {metrics['held_out_auc']} (the base model's cosine: {metrics['held_out_auc_base_cosine']})"
+               if two_classes else f"no held-out AUC: {metrics['held_out_auc_missing']}")
+    log(f"wrote {settings.output}: {checked}, loss {loss_before} -> {loss_after} "
         f"(a pass over {len(probe)} training examples), {metrics['train_examples_per_s']} examples/s training")
     return card
 
@@ -125,13 +141,19 @@ def bi_encoder_trainer(train: list[dict], settings: RelevanceTraining, device: s
         raise UserError("no training question has both a gold passage and a negative to learn from")
     training = SentenceTransformerTrainingArguments(
         output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, len(data["anchor"]) // settings.batch_size // 20), use_cpu=device == "cpu", bf16=settings.bf16,
-        per_device_eval_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, warmup_steps=warmup(len(data["anchor"]), settings), seed=settings.seed,
+        save_strategy="no", report_to="none", logging_steps=max(1, len(data["anchor"]) // settings.batch_size // 20),
+        use_cpu=device == "cpu", bf16=settings.bf16, per_device_eval_batch_size=settings.batch_size,
         batch_sampler=BatchSamplers.NO_DUPLICATES)  # a question's own gold is never an in-batch "negative"
     trainer = SentenceTransformerTrainer(model=model, args=training, train_dataset=Dataset.from_dict(data),
                                          loss=MultipleNegativesRankingLoss(model))
     return model, trainer
+
+
+def warmup(examples: int, settings: RelevanceTraining) -> int:
+    """A tenth of the optimizer steps warm the learning rate up, none under ten: a share of 0.1 of one step
+    was that step, taken at learning rate 0, and the model written was the base model, unchanged."""
+    return int(0.1 * math.ceil(examples / settings.batch_size) * settings.epochs)
 
 
 def cross_encoder_trainer(train: list[dict], settings: RelevanceTraining, device: str, work: Path):
@@ -150,9 +172,9 @@ def cross_encoder_trainer(train: list[dict], settings: RelevanceTraining, device
                "label": [p["label"] for p in train]}
     training = CrossEncoderTrainingArguments(
         output_dir=str(work), num_train_epochs=settings.epochs, per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate, warmup_steps=0.1, seed=settings.seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, len(train) // settings.batch_size // 20), dataloader_drop_last=False, use_cpu=device == "cpu",
-        bf16=settings.bf16, per_device_eval_batch_size=settings.batch_size)
+        learning_rate=settings.learning_rate, warmup_steps=warmup(len(train), settings), seed=settings.seed,
+        save_strategy="no", report_to="none", logging_steps=max(1, len(train) // settings.batch_size // 20),
+        dataloader_drop_last=False, use_cpu=device == "cpu", bf16=settings.bf16, per_device_eval_batch_size=settings.batch_size)
     # positives are a minority: weigh them as the negatives per positive, so the loss is balanced
     ratio = (len(train) - sum(columns["label"])) / max(1.0, sum(columns["label"]))
     loss = BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(ratio))

@@ -158,7 +158,7 @@ def test_a_question_whose_gold_passage_ids_are_null_or_empty_has_no_gold_to_mine
 def test_a_model_folder_is_written_only_where_train_may_replace_what_is_there_and_is_emptied_first(tmp_path, capsys):
     """A cross-encoder trained into a bi-encoder's folder kept its relevance_logit.json and pooling
     modules, and was served as a bi-encoder nobody trained (held-out AUC 0.84 served, 0.64 on its card)."""
-    from jobs.train_data import check_output, clear_output
+    from jobs.train_data import check_output, staged
     from schemas.errors import UserError
 
     old = tmp_path / "m_rel"
@@ -166,9 +166,10 @@ def test_a_model_folder_is_written_only_where_train_may_replace_what_is_there_an
     for name in ("card.json", "relevance_logit.json", "modules.json"):
         (old / name).write_text("{}")
     (old / "_checkpoints").mkdir()
-    check_output(str(old))  # an earlier training's folder: replaced
-    clear_output(str(old), keep=("_checkpoints",))
-    assert [p.name for p in old.iterdir()] == ["_checkpoints"]
+    check_output(str(old))  # an earlier training's folder: replaced whole
+    with staged(str(old)) as folder:
+        (folder / "model.safetensors").write_text("new")
+    assert [p.name for p in old.iterdir()] == ["model.safetensors"]
     killed = tmp_path / "killed"  # a training killed before it wrote: its rerun was refused
     (killed / "_checkpoints").mkdir(parents=True)
     check_output(str(killed))
@@ -311,3 +312,92 @@ def test_a_folder_that_is_no_self_knowledge_classifier_given_as_know_model_says_
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(UserError, match=r"not a self-knowledge classifier.*M_rel belongs in reranker.model"):
         embedder_of(str(tmp_path))
+
+
+def test_gold_ids_that_name_no_passage_of_the_index_are_said_when_mining_and_none_at_all_is_refused(tmp_path,
+                                                                                                   monkeypatch):
+    """Gold ids missing from the index gave their questions negatives only, without a word; all missing (a wrong
+    --index-dir), `--mine-only` wrote pairs with 0 positives and the training, maybe elsewhere, refused them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.relevance_pairs as mining
+    from schemas.errors import UserError
+    from schemas.training import RelevanceTraining
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "question": ["Who?", "What?", "When?"],
+                             "gold_passage_ids": [["p1"], ["zz2"], ["zz3"]]}), questions)
+    in_index = {"p1"}
+    monkeypatch.setattr(mining, "mine_pairs", lambda rows, *a, **k: [
+        {"id": r["id"], "question": r["question"], "passage": "x", "label": float(g in in_index)}
+        for r in rows for g in r["gold_passage_ids"]])
+    settings = RelevanceTraining(questions=str(questions), index_dir=str(tmp_path), output=str(tmp_path / "m"))
+    said = []
+    pairs, source = mining.collect_pairs(settings, log=said.append)
+    assert source["questions_with_gold_in_index"] == 1 and "2 of the questions have no gold passage in the index" in said[0]
+    in_index.clear()
+    with pytest.raises(UserError, match=r"no gold passage id of the 3 questions names a passage of"):
+        mining.collect_pairs(settings, log=said.append)
+
+
+def test_a_training_of_a_few_steps_takes_them_at_its_learning_rate():
+    """warmup_steps=0.1 of one step was that step at learning rate 0: the model written was the base model."""
+    from jobs.train_relevance import warmup
+    from schemas.training import RelevanceTraining
+
+    settings = RelevanceTraining(pairs="p.parquet", output="m", batch_size=32, epochs=1)
+    assert [warmup(n, settings) for n in (16, 32 * 9, 32 * 10, 3200)] == [0, 0, 1, 10]
+
+
+@pytest.mark.model
+def test_train_know_keeps_the_pairs_in_its_folder_writes_whole_and_names_the_generator_of_its_labels(tmp_path):
+    """It cleared the folder first (a mined pairs.parquet was deleted; a failed write left it empty), and its card did
+    not say whose closed-book answers the labels judged."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.train_know import train_know
+    from schemas.training import KnowTraining
+
+    labels = tmp_path / "lab"
+    (labels / "labels").mkdir(parents=True)
+    (labels / "config.yaml").write_text("generator:\n  model: smollm2-135m-instruct\n")
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(40)], "question": [f"Who wrote book {i}?" for i in range(40)],
+                             "label": ["know" if i % 3 == 0 else "unknown" for i in range(40)]}),
+                   labels / "labels" / "self_knowledge.parquet")
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "card.json").write_text("{}")
+    (out / "pairs.parquet").write_bytes(b"mined elsewhere")
+    card = train_know(KnowTraining(labels=str(labels), output=str(out), held_out=0.0), log=lambda *a: None)
+    assert card["labels_generator"] == "smollm2-135m-instruct"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "card.json", "know.json", "pairs.parquet"]
+    assert (out / "pairs.parquet").read_bytes() == b"mined elsewhere"
+    assert json.loads((out / "card.json").read_text())["labels_generator"] == "smollm2-135m-instruct"
+
+
+def test_a_run_whose_m_know_learned_another_generators_answers_says_so(tmp_path, monkeypatch):
+    """M_know trained on SmolLM2's labels judged for Qwen without a word: it predicts SmolLM2's closed-book answers."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.answer
+    from strategies.registry import AnswerConfig
+
+    know = tmp_path / "m_know"
+    know.mkdir()
+    (know / "card.json").write_text(json.dumps({"labels_generator": "smollm2-135m-instruct"}))
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), tmp_path / "q.parquet")
+    monkeypatch.setattr(jobs.answer, "_answer", lambda *args: {})
+    for generator, warned in (("qwen2.5-coder-0.5b-instruct", True), ("smollm2-135m-instruct", False)):
+        config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / f"out-{generator}"),
+                              strategies=["raisf"], generator={"model": generator}, know={"model": str(know)},
+                              raisf={"know_judge": "trained"})
+        said = []
+        jobs.answer.answer(config, log=said.append, stages={})
+        assert any("learned the closed-book answers of smollm2-135m-instruct" in line for line in said) is warned
