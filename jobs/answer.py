@@ -208,6 +208,9 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     resolved.update(questions=redact(absolute(config.questions)), output=redact(absolute(config.output)))
     if resolved["index"]["path"]:
         resolved["index"]["path"] = absolute(resolved["index"]["path"])
+    # whether a rerun uses the disk cache is the rerun's to say (--no-cache, RAGSIFT_NO_CACHE): recorded, the
+    # default `enabled: true` read back with `--config` outweighed RAGSIFT_NO_CACHE=1
+    resolved["cache"].pop("enabled")
     fs, root = filesystem(config.output)
     record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
     for name, data in record.items():

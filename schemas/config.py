@@ -426,18 +426,12 @@ class CacheConfig(Section):
     weights (the server's; a changed server under the same name needs --no-cache or another path)."""
 
     changes_answers = False
-    enabled: bool = Field(True, validate_default=True,
+    enabled: bool = Field(default_factory=lambda: os.environ.get("RAGSIFT_NO_CACHE", "").strip().lower()
+                          in ("", "0", "false", "no", "off"),
                           description="False (or --no-cache, or RAGSIFT_NO_CACHE=1) = this run neither reads nor "
                           "writes the disk cache (it still shares identical requests within itself)")
     path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
                              "(~/.cache/ragsift). On a cluster it is on the driver's machine")
-
-    @field_validator("enabled", mode="after")
-    @classmethod
-    def _environment_turns_it_off(cls, enabled: bool) -> bool:
-        # over a config file's `enabled: true` too: a run's own config.yaml records it, and
-        # `--config <run>/config.yaml` with RAGSIFT_NO_CACHE=1 read and wrote the cache
-        return enabled and os.environ.get("RAGSIFT_NO_CACHE", "").strip().lower() in ("", "0", "false", "no", "off")
 
 
 class RayConfig(Section):

@@ -29,3 +29,20 @@ def test_a_damaged_cache_file_is_said_in_the_log_and_the_questions_are_answered(
     assert metrics["exactly_once"]["direct"]["ok"] and "requests.sqlite" in metrics["request_cache"]["disk_error"]
     assert [line for line in lines if line.startswith("warning: this run gave up its request cache on disk: ")
             and "delete the file" in line]
+
+
+def test_a_runs_recorded_config_leaves_the_cache_to_the_rerun(tmp_path, monkeypatch):
+    """config.yaml recorded `cache: {enabled: true}`: rerun with `--config` under RAGSIFT_NO_CACHE=1, it read and
+    wrote the cache all the same."""
+    from jobs.answer import write_record
+    from schemas.config import load_config
+
+    (tmp_path / "out").mkdir()
+    monkeypatch.setenv("RAGSIFT_NO_CACHE", "")
+    write_record(AnswerConfig(questions="q.parquet", output=str(tmp_path / "out")), {})
+    recorded = tmp_path / "out" / "config.yaml"
+    assert "enabled" not in recorded.read_text().split("cache:")[1].split("\n\S")[0]
+    assert load_config(AnswerConfig, recorded).cache.enabled is True
+    monkeypatch.setenv("RAGSIFT_NO_CACHE", "1")
+    assert load_config(AnswerConfig, recorded).cache.enabled is False
+    assert load_config(AnswerConfig, recorded, ["cache.enabled=true"]).cache.enabled is True  # said for this run

@@ -64,18 +64,6 @@ def test_the_no_cache_variable_reads_false_as_false(monkeypatch, value, enabled)
     assert AnswerConfig().cache.enabled is enabled
 
 
-def test_the_no_cache_variable_turns_off_a_cache_a_config_file_enables(monkeypatch, tmp_path):
-    """A run's own config.yaml records `cache: {enabled: true}`: rerun with `--config` under RAGSIFT_NO_CACHE=1,
-    it read and wrote the cache all the same."""
-    recorded = tmp_path / "config.yaml"
-    recorded.write_text("cache:\n  enabled: true\n")
-    monkeypatch.setenv("RAGSIFT_NO_CACHE", "1")
-    assert load_config(AnswerConfig, recorded).cache.enabled is False
-    monkeypatch.setenv("RAGSIFT_NO_CACHE", "")
-    assert load_config(AnswerConfig, recorded).cache.enabled is True
-    assert load_config(AnswerConfig, recorded, ["cache.enabled=false"]).cache.enabled is False  # --no-cache
-
-
 @pytest.mark.parametrize(
     "override, field",
     [
