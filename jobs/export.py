@@ -144,7 +144,7 @@ def export(answers: str, to: str, form: str, strategy: str | None = None, partia
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", required=True, help="an answer / compare output directory (or one Parquet file)")
-    p.add_argument("--to", required=True, help="the JSON Lines file to write (local, s3://, gs://)")
+    p.add_argument("--to", required=True, help="the JSON Lines file to write (local, s3://, gs://; - for stdout)")
     p.add_argument("--format", choices=["openai-batch", "rows"], default="openai-batch")
     p.add_argument("--strategy", help="only this strategy's answers")
     p.add_argument("--partial", action="store_true",
@@ -154,10 +154,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.strategy is not None and not args.strategy.strip():
         raise UserError(f"--strategy {args.strategy!r}: names no strategy (leave it out for every strategy's answers)")
-    check_kept(args.to, "--to")
-    lines = export(args.answers, args.to, args.format, args.strategy, args.partial,
+    to = "/dev/stdout" if args.to == "-" else args.to  # as other tools' "-": it wrote a file named "-"
+    check_kept(to, "--to")
+    lines = export(args.answers, to, args.format, args.strategy, args.partial,
                    log=lambda message: print(message, file=sys.stderr))
-    print(f"wrote {lines} lines ({args.format}) to {redact(args.to)}", file=sys.stderr)
+    print(f"wrote {lines} lines ({args.format}) to {redact(to)}", file=sys.stderr)
     return 0
 
 

@@ -199,3 +199,14 @@ def test_evaluate_says_when_the_run_it_scores_is_not_finished(tmp_path, capsys):
     (tmp_path / "done" / "labels" / "relevance.parquet").write_bytes(b"")
     run(argparse.Namespace(answers=str(tmp_path / "done"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
     assert "warning" not in capsys.readouterr().err
+
+
+def test_to_dash_writes_the_lines_to_stdout(tmp_path, capfd, monkeypatch):
+    """`--to -` wrote a file named "-"."""
+    from jobs.cli import main
+
+    a_run(tmp_path / "out", rows=2, shard_rows=2, parts={"rag": [0]})
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--answers", str(tmp_path / "out"), "--to", "-"]) == 0
+    out = capfd.readouterr().out.splitlines()
+    assert [json.loads(line)["custom_id"] for line in out] == ["q0", "q1"] and not (tmp_path / "-").exists()
