@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from actors.judge_folders import card_of
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_names
 from jobs.engine_actors import Todo, run_engines
@@ -72,8 +73,8 @@ def know_labels_generator(model: str | None) -> str | None:
     from jobs.models import resolve
 
     try:
-        return json.loads((Path(resolve(model)) / "card.json").read_text()).get("labels_generator") if model else None
-    except (OSError, ValueError, AttributeError):
+        return card_of(Path(resolve(model))).get("labels_generator") if model else None
+    except FileNotFoundError:  # an alias not prepared: the pools say so
         return None
 
 

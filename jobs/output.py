@@ -122,9 +122,9 @@ def unfinished(output: str, strategies: set[str] | None = None) -> str | None:
         names = [e.path.rsplit("/", 1)[-1] for e in fs.get_file_info(pafs.FileSelector(folder.path))]
         if strategy not in STRATEGIES and not any(_OURS.fullmatch(n) for n in names):
             continue  # not a strategy's answers: a label run's labels/, a folder of the user's
-        committed = {int(m.group(1)) for n in names if (m := PART.fullmatch(n))}
-        if len(committed & set(range(shards))) < shards:
-            short[strategy] = len(committed & set(range(shards)))
+        committed = len({int(m.group(1)) for n in names if (m := PART.fullmatch(n))} & set(range(shards)))
+        if committed < shards:
+            short[strategy] = committed
     if not short:
         return None
     return (f"{redact(output)} is not finished (its run stopped, or is still answering): "
