@@ -161,7 +161,9 @@ def number_texts(texts: list[str]) -> str:
     return "\n\n".join(f"[{i}] {t}" for i, t in enumerate(texts, 1))
 
 
-_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+# "Answer:", "Final answer -", "**Answer:**", "The answer is:", "The answer to the question is:"
+_PREFIX = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:final\s+)?answer(?:\s+to\s+(?:the|this)\s+question)?(?:\s+is)?"
+                     r"\s*[*_]*\s*[:\-]\s*[*_]*\s*", re.IGNORECASE)
 
 
 _FENCE = re.compile(r"^\s*```[\w-]*\s*$")
@@ -169,12 +171,12 @@ _FENCE = re.compile(r"^\s*```[\w-]*\s*$")
 
 def clean_answer(text: str) -> str:
     """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes; a code
-    fence's own lines ("```", "```json") are not the answer, the line inside is."""
-    for line in text.strip().splitlines():
-        if _FENCE.match(line):
-            continue
+    fence's own lines ("```", "```json") are not the answer, the line inside is, and so is a lead-in
+    line ending in ':' ("Sure! Here is the answer:") that has a line after it."""
+    lines = [line for line in text.strip().splitlines() if not _FENCE.match(line)]
+    for i, line in enumerate(lines):
         line = _PREFIX.sub("", line.strip().strip('"')).strip().strip('"').strip()
-        if line:
+        if line and not (line.endswith(":") and any(rest.strip() for rest in lines[i + 1:])):
             return line
     return ""
 

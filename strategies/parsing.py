@@ -12,6 +12,7 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
 _MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 _WORDS = re.compile(r"\w+")
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 
 
 def same_question(a: str, b: str) -> bool:
@@ -49,7 +50,7 @@ def parse_json_object(text: str) -> dict | None:
 
 
 def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]:
-    """A list of non-empty, distinct strings under ``key``; falls back to numbered/bulleted lines."""
+    """A list of distinct strings with words in them under ``key``; falls back to numbered/bulleted lines."""
     obj = parse_json_object(text)
     items, ok = None, False
     if obj is not None and isinstance(obj.get(key), list):
@@ -59,8 +60,12 @@ def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]
     seen, out = set(), []
     # "1. Who ...?" inside the JSON list is the same item as "Who ...?"
     for item in (" ".join(_MARKER.sub("", x).split()) for x in items):
-        if item and item.lower() not in seen:
-            seen.add(item.lower())
+        words = tuple(_WORDS.findall(item.lower()))
+        # an item without a letter or digit is the prompt's "..." placeholder copied, or a stray ",": no
+        # question (asked, it was answered with an echo of the system prompt); repeats differ at most in
+        # case, punctuation or spacing (the test `same_question` applies)
+        if _LETTER_OR_DIGIT.search(item) and words not in seen:
+            seen.add(words)
             out.append(item)
     return out[:limit], ok and bool(out)
 

@@ -48,6 +48,24 @@ DECISIONS = ("RETRIEVAL", "NO RETRIEVAL")
 REFERENCE = re.compile(r"(?<![\w#])#(\d+)\b")  # a sub-query naming an earlier one's answer ("#1", not "C#1")
 
 
+_LEAD_IN = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:rewritten|completed?|clear)\s+(?:and\s+complete\s+)?question"
+                      r"\s*[*_]*\s*:\s*[*_]*\s*", re.IGNORECASE)
+
+
+def rewritten(output: str, question: str) -> str:
+    """q_comp from the rewrite's ``output``: its first line that is a question when ``question`` is one
+    (the model also answers it instead, "The answer is: The Bellas.", or comments on it, "The question is
+    incomplete."; either took the user's question's place in retrieval and the answer prompt); the
+    question as it was when no such line exists."""
+    if not question.rstrip().endswith("?"):  # a claim or an instruction: its rewrite need not be a question
+        return clean_answer(output) or question
+    for line in output.splitlines():
+        line = clean_answer(_LEAD_IN.sub("", line))
+        if line.endswith("?") and not same_question(line, ""):
+            return line
+    return question
+
+
 class ThinkActConfig(Section):
     """Think-then-Act (Shen et al.): query assessment and rewriting, then a capability check that
     gates retrieval. Defaults are the paper's."""
@@ -97,12 +115,14 @@ class ThinkThenAct(Routine):
         if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries
             judgment = yield assess_request(item.question)
             label = assessment(judgment, self.config.ambiguity_threshold)
-            item.trace.append({"step": "assess", "label": judgment.label, "probs": judgment.probs, "taken": label})
+            probs = judgment.probs and {k: round(v, 4) for k, v in judgment.probs.items()}
+            item.trace.append({"step": "assess", "label": judgment.label, "probs": probs, "taken": label})
             if label == "INCOMPLETE":  # q_final = q_comp
                 rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
                                                          system=None), max_tokens=64, step="rewrite")
-                query = clean_answer(rewrite.text) or item.question
-                item.trace.append({"step": "rewrite", "query": query})
+                query = rewritten(rewrite.text, item.question)
+                item.trace.append({"step": "rewrite", "query": query, "output": rewrite.text[:300],
+                                   "taken": query != item.question})
             if label == "AMBIGUOUS":  # q_group = {q^1, ..., q^k}
                 done = yield from self.by_sub_queries(item)
                 if done:
@@ -138,7 +158,8 @@ class ThinkThenAct(Routine):
         else:
             children = yield Spawn(subs)
         if all(c.error or not c.answer for c in children):  # nothing to aggregate
-            item.trace.append({"step": "sub_queries_failed", "errors": [c.error for c in children]})
+            # each child's error, or "empty answer" where it answered nothing (null read as a failure none had)
+            item.trace.append({"step": "sub_queries_failed", "errors": [c.error or "empty answer" for c in children]})
             return None
         # a sub-query that failed, or that the engine did not run (its node cap), is unknown (as in RA-ISF)
         answers = [c.answer if c.answer and not c.error else "unknown" for c in children]

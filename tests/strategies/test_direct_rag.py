@@ -66,6 +66,17 @@ def test_an_answer_in_a_code_fence_is_the_line_inside_not_the_fence():
     assert clean_answer("```json\nParis\n```") == "Paris"
 
 
+def test_an_answer_loses_the_lead_ins_small_models_write_before_it():
+    """Seen on the real stack: "The answer to the question is: Lois McMaster Bujold" scored no EM, and
+    "Sure! Here is the answer:" stood as the answer to a question answered on the next line."""
+    assert clean_answer("The answer to the question is: Lois McMaster Bujold") == "Lois McMaster Bujold"
+    assert clean_answer("The answer is: The Bellas") == "The Bellas"
+    assert clean_answer("**Answer:** Paris") == "Paris"
+    assert clean_answer("Sure! Here is the answer:\n\nParis\n") == "Paris"
+    assert clean_answer("Bora Bora: 10,605") == "Bora Bora: 10,605"  # a colon inside an answer stays
+    assert clean_answer("Note:") == "Note:"  # a last line ending in ':' is all there is
+
+
 def test_prompts_are_read_once_per_process():
     """A decorator moved onto the function above it left prompt() reading its file on every call."""
     from strategies.base import prompt

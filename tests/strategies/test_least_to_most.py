@@ -54,3 +54,12 @@ def test_a_decomposition_that_only_repeats_the_question_is_no_decomposition():
     """It was answered as its own sub-question and reported as resolved by decomposition."""
     done, item = drive(LeastToMost(LeastToMostConfig()), "Who wrote Hamlet?", script(["who wrote hamlet"]))
     assert (done.resolved_by, item.counts["subquestions"]) == ("closed_book", 0)
+
+
+def test_the_prompts_placeholder_copied_as_a_sub_question_is_no_decomposition():
+    """SmolLM2 copies the prompt's {"sub_questions": ["...", "..."]}: "..." was asked as a sub-question,
+    answered with an echo of the system prompt, and that echo became the final answer."""
+    log = []
+    done, item = drive(LeastToMost(LeastToMostConfig()), "Q", script(["...", ",", "…"]), log=log)
+    assert done.resolved_by == "closed_book" and done.answer == "ans(Q)|seen=0"
+    assert item.counts["parse_failures"] == 2 and not item.counts.get("subquestions")

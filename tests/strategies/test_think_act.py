@@ -96,6 +96,21 @@ def test_incomplete_query_is_rewritten_and_the_rewrite_is_used_downstream():
     assert "Question: Q full?" in log[-1][1].messages[-1][1]
 
 
+@pytest.mark.parametrize("output, query", [
+    ("The answer is: The Bellas.", "Q?"),  # answered instead of rewritten (SmolLM2, real stack)
+    ("The question is incomplete. The answer to this question is:", "Q?"),
+    ("Sure! Here is the rewritten question:\n\nWho wrote Dune?", "Who wrote Dune?"),
+    ("**Rewritten question:** Who wrote Dune?", "Who wrote Dune?"),
+])
+def test_a_rewrite_that_is_no_question_leaves_the_users_question_in_place(output, query):
+    log = []
+    _, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", Script(assess="INCOMPLETE", beta=0.1, rewrite=output), log=log)
+    rewrite = next(t for t in item.trace if t["step"] == "rewrite")
+    assert rewrite["query"] == query and rewrite["taken"] is (query != "Q?") and rewrite["output"] == output
+    assert [r.query for _, r in log if isinstance(r, Retrieve)] == [query]
+    assert f"Question: {query}" in log[-1][1].messages[-1][1]
+
+
 def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggregated():
     log = []
     script = Script(assess="AMBIGUOUS", subs=["A?", "B?"], beta=lambda q: 0.9 if q == "A?" else 0.1)
