@@ -180,6 +180,7 @@ class Engine:
                 except Exception as err:  # noqa: BLE001 - a dead actor must not end the run
                     self._batch_failed(stage, replica, batch, attempts, err)
                     continue
+                stage.stats.batch_started(replica, time.perf_counter(), stage.inflight[replica])
                 stage.inflight[replica] += 1
                 stage.sent(replica, batch)
                 launched = Launched(stage, replica, batch, refs, attempts, pending=len(refs))
@@ -287,6 +288,7 @@ class Engine:
         stage.last_result[launched.replica] = time.perf_counter()
         requests = [launched.batch[i] for i, _ in chunk]
         responses = [response for _, response in chunk]
+        stage.stats.requests += len(requests)  # live, not only when the stream ends
         stage.answered_ok(launched.replica, requests, responses)
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
@@ -302,10 +304,10 @@ class Engine:
     def _account(self, launched: Launched) -> None:
         stats = launched.stage.stats
         stats.calls += 1
-        stats.requests += len(launched.batch)
+        stats.requests += len(launched.remaining())  # a stream's answered ones counted as they came
         stats.batch_sizes.append(len(launched.batch))
         finished = time.perf_counter()
-        stats.busy_s += finished - launched.started
+        stats.batch_ended(launched.replica, launched.started, finished)
         stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,

@@ -49,6 +49,20 @@ class StageStats:
     bytes_in_by_reference: int = 0
     # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
     spans: list[tuple[int, float, float]] = field(default_factory=list)
+    # per replica, the time from which its busy time is not counted yet: batches on one replica overlap
+    # (streams, max_inflight_per_replica), and summed per batch they made busy_s exceed the wall time
+    busy_from: dict[int, float] = field(default_factory=dict)
+
+    def batch_started(self, replica: int, now: float, inflight_before: int) -> None:
+        if inflight_before == 0:
+            self.busy_from[replica] = now
+
+    def batch_ended(self, replica: int, started: float, finished: float) -> None:
+        """Adds the time since the replica's busy time was last counted: busy_s is the union of its batches'
+        spans (the replica is busy while it has one in flight), counted as each batch ends."""
+        since = self.busy_from.get(replica, started)
+        self.busy_s += max(0.0, finished - since)
+        self.busy_from[replica] = max(since, finished)
 
     def summary(self, wall_s: float = 0.0, replicas: int = 1) -> dict[str, Any]:
         sizes = sorted(self.batch_sizes)
@@ -124,7 +138,8 @@ class Stage:
         self.queue: deque[tuple[Request, float]] = deque()
         # batches being retried after a failure: (requests, failures of that batch on its own)
         self.retry: deque[tuple[list[Request], int]] = deque()
-        self.inflight = [0] * len(replicas)
+        self.inflight = [0] * len(replicas)  # batches (calls, streams) on each replica
+        self.running = 0  # requests sent to replicas and not back yet
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
         self.retired: set[int] = set()  # replicas whose actor can never start
         # replicas waiting on a readiness call (engine/supervision.py), each of them at first: Ray holds the
@@ -252,9 +267,11 @@ class Stage:
 
     def sent(self, replica: int, batch: list[Request]) -> None:
         """``batch`` went to ``replica``."""
+        self.running += len(batch)
 
     def returned(self, replica: int, requests: list[Request]) -> None:
         """``requests`` sent to ``replica`` were answered or failed."""
+        self.running -= len(requests)
 
     def ray_restarts(self, replica: int) -> int | None:
         """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
@@ -353,11 +370,13 @@ class StreamingGeneratorStage(GeneratorStage):
         return deadline
 
     def sent(self, replica, batch):
+        super().sent(replica, batch)
         self.last_sent[replica] = time.perf_counter()
         self.tokens_in_flight[replica] += sum(map(self.cost, batch))
         self.stats.peak_tokens_in_flight = max(self.stats.peak_tokens_in_flight, self.tokens_in_flight[replica])
 
     def returned(self, replica, requests):
+        super().returned(replica, requests)
         self.tokens_in_flight[replica] -= sum(map(self.cost, requests))
 
     def free_replica(self, now=None):

@@ -140,8 +140,12 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                    "exactly_once": {**checked, **check}, "files": {**files, **{s: out.files(s) for s in check}}}
         write_record(config.model_copy(update={"strategies": list(dict.fromkeys([*files, *config.strategies]))}), metrics)
         return metrics
-    if skip:
-        log(f"resuming: {len(skip)} of {len(sizes)} input shards already committed")
+    # a killed run leaves parts of some strategies only: the shards no strategy needs are skipped, and
+    # what each strategy has is said too (those parts are not this session's work, nor in its counts)
+    resumed = {s: sum(1 for st, shard in out.committed if st == s and shard in sizes) for s in config.strategies}
+    if any(resumed.values()):
+        log(f"resuming: {len(skip)} of {len(sizes)} input shards committed for every strategy; parts committed "
+            "before: " + ", ".join(f"{s} {n}/{len(sizes)}" for s, n in resumed.items()))
     # how the questions still to answer are read: here, or by each engine actor (every n-th of them)
     read = dict(uri=config.questions, batch_rows=config.input.read_batch_rows, limit=config.limit,
                 shard_rows=shard_rows, skip_shards=skip, drop_rows=plan.duplicate_rows,
@@ -188,7 +192,8 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",
                **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
-               "shards_resumed": len(skip), "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
+               "shards_resumed": len(skip), "parts_resumed": resumed,
+               "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
                "files": {s: out.files(s) for s in config.strategies}}
     write_record(config, metrics)
     if given_up := (metrics.get("request_cache") or {}).get("disk_error"):  # said only in metrics.json before

@@ -47,7 +47,7 @@ class RayMetrics:
         for name, stage in engine.stages.items():
             tags = {**self.tags, "stage": name}
             self.gauges["stage_queued"].set(len(stage.queue), tags=tags)
-            self.gauges["stage_running"].set(sum(stage.inflight), tags=tags)
+            self.gauges["stage_running"].set(stage.running, tags=tags)
             self.gauges["stage_replicas_ready"].set(
                 len(stage.replicas) - len(stage.restarting | stage.retired), tags=tags)
             self._add("stage_requests", stage.stats.requests, name)

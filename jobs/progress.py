@@ -58,7 +58,7 @@ class Progress:
             head = f"{done}/{self.total} pairs ({100 * done / self.total:.0f}%) ETA {eta}"
         else:
             head = f"{done} pairs"
-        stages = " ".join(f"{name}[queued={len(s.queue)} running={sum(s.inflight)}"
+        stages = " ".join(f"{name}[queued={len(s.queue)} running={s.running}"
                           + "".join(f" {what}={n}" for what, n in _starting(s).items() if n) + "]"
                           for name, s in engine.stages.items())
         return (f"{head} | {pairs_s * 60:.0f} pairs/min, {tok_s:.0f} tok/s over the last {min(span, RECENT_S):.0f} s"

@@ -348,6 +348,40 @@ def test_async_replicas_keep_the_tokens_in_flight_within_twice_their_kv_cache(ra
     assert stage.stats.calls > 8  # no replica took the whole queue at once
 
 
+def test_busy_seconds_are_the_union_of_a_replicas_overlapping_streams_and_running_counts_requests(ray_session):
+    """Summed per stream, busy_s read 136 s for one replica in a 109 s run; "running" counted streams
+    ("queued=0 running=1" with 30 requests out)."""
+    import time
+
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+    from tests.engine.fakes import SlowGenerator, streaming
+
+    small = type("SmallCache", (streaming(SlowGenerator),), {"capacity": 100})
+    stage = StreamingGeneratorStage([ray_session.remote(small).options(num_cpus=0).remote(0.3)],
+                                    LLMBatching(max_batch=3, max_wait_s=0.0))
+    seen = []
+
+    def report(engine):
+        launched = {id(b): b for b in engine.launched.values()}.values()
+        seen.append((stage.running, sum(len(b.remaining()) for b in launched), sum(stage.inflight)))
+
+    rows = []
+    engine = Engine({"generator": stage}, {"direct": STRATEGIES["direct"](StrategySettings())}, EngineConfig(window=32),
+                    rows.append, on_progress=report, progress_every_s=0.0)
+    began = time.perf_counter()
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(12)], ["direct"])
+    wall = time.perf_counter() - began
+    assert len(rows) == 12 and stage.running == 0 and stage.stats.requests == 12
+    assert all(running == out for running, out, _ in seen) and any(running > streams for running, _, streams in seen)
+    union, end = 0.0, 0.0
+    for _, a, b in sorted(stage.stats.spans):
+        union += max(0.0, b - max(a, end))
+        end = max(end, b)
+    assert sum(b - a for _, a, b in stage.stats.spans) > 1.5 * union  # the streams did overlap
+    assert stage.stats.busy_s == pytest.approx(union, abs=0.05) and stage.stats.busy_s <= wall
+
+
 def test_equally_loaded_async_replicas_take_turns_so_work_spreads_over_all_of_them():
     """When the driver cannot keep every replica busy, a replica that finishes quickly must not get
     every next batch while the last replicas of the pool get none (the simulated 64-replica cluster

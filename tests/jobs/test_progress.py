@@ -7,7 +7,7 @@ from jobs.progress import Progress
 
 
 def engine(done, tokens, in_flight=8, restarting=(), deaths=(0, 0)):
-    stage = SimpleNamespace(queue=[1, 2, 3], inflight=[1, 0], restarting=set(restarting), deaths=list(deaths))
+    stage = SimpleNamespace(queue=[1, 2, 3], inflight=[1, 0], running=1, restarting=set(restarting), deaths=list(deaths))
     return SimpleNamespace(roots_done=done, tokens=tokens, roots_in_flight=in_flight, stages={"generator": stage})
 
 

@@ -94,3 +94,21 @@ def test_a_retry_whose_start_fails_leaves_no_reopened_part_open_and_the_old_part
         run(ray_session, questions, out, Healed, retry_errors=True)
     assert len(outputs) == 1 and outputs[0].retrying and outputs[0].open == {}  # reopened, then closed
     assert (out / "direct" / "part-00000.parquet").read_bytes() == committed
+
+
+def test_a_resume_says_what_each_strategy_had_committed_though_no_shard_is_done_for_all(ray_session, tmp_path):
+    """A killed run leaves parts of some strategies only: the resume said nothing of them and recorded
+    shards_resumed 0, as if the run had started afresh."""
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(25)], "question": [f"question {i}" for i in range(25)]}),
+                   questions)
+    run(ray_session, questions, out, FakeGenerator)  # direct: parts 0-2
+    actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct", "least_to_most"],
+                          commit={"shard_rows": 10}, engine={"window": 8})
+    lines = []
+    metrics = answer(config, log=lines.append, stages={"generator": GeneratorStage([actor], StageBatching())})
+    assert "resuming: 0 of 3 input shards committed for every strategy; parts committed before: direct 3/3, " \
+           "least_to_most 0/3" in lines
+    assert metrics["shards_resumed"] == 0 and metrics["parts_resumed"] == {"direct": 3, "least_to_most": 0}
+    assert metrics["roots_done"] == 25  # least_to_most's only
