@@ -548,6 +548,8 @@ class Engine:
         node.root.counters["n_parse_failures"] += node.item.counts.get("parse_failures", 0)
         # sub-questions a strategy solved inline (least-to-most), besides the children it spawned
         node.root.counters["n_subquestions"] += node.item.counts.get("subquestions", 0)
+        if node.item.counts.get("subquestions"):  # one level below the node that solved them (a row's depth)
+            node.root.counters["depth"] = max(node.root.counters["depth"], node.item.depth + 1)
         self.parse_failures += node.item.counts.get("parse_failures", 0)
         if node.parent is not None:
             parent = node.parent

@@ -22,6 +22,7 @@ from jobs.engine_actors import Todo, run_engines
 from jobs.identity import identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
+from jobs.models import pinned
 from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
@@ -46,6 +47,7 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     if not config.questions or not config.output:
         raise UserError("answer needs `questions` and `output` (pass --questions and --output)")
     check_kept(config.output)
+    config = with_models_pinned(config)  # a Session's config too
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     if plan.duplicate_rows:  # said only in metrics.json before: a label run's counts did not add up to the rows given
         n = len(plan.duplicate_rows)
@@ -164,7 +166,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     metadata = run_metadata(config, identity)
     total = out.pairs_todo(sizes)
     progress = Progress(log, total)
-    live = RayMetrics(redact(config.output), total)  # the same counters for Prometheus / the Ray dashboard
+    live = RayMetrics(redact(absolute(config.output)), total)  # the same counters for Prometheus / the Ray dashboard
 
     def report(engine: Engine) -> None:
         progress(engine)
@@ -214,6 +216,8 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     resolved.update(questions=redact(absolute(config.questions)), output=redact(absolute(config.output)))
     if resolved["index"]["path"]:
         resolved["index"]["path"] = absolute(resolved["index"]["path"])
+    if resolved["cache"]["path"]:
+        resolved["cache"]["path"] = absolute(resolved["cache"]["path"])
     # whether a rerun uses the disk cache is the rerun's to say (--no-cache, RAGSIFT_NO_CACHE): recorded, the
     # default `enabled: true` read back with `--config` outweighed RAGSIFT_NO_CACHE=1
     resolved["cache"].pop("enabled")
@@ -283,7 +287,21 @@ def given_config(args: argparse.Namespace, default_strategies: tuple[str, ...] =
         raise UserError("needs questions and an output: pass --questions and --output (or set `questions` and "
                         "`output` in the config)")
     check_kept(config.output)  # before with_questions_read converts the questions into it
-    return config
+    return with_models_pinned(config)
+
+
+MODEL_SECTIONS = ("generator", "judge", "embedder", "reranker", "nli", "know")
+
+
+def with_models_pinned(config: AnswerConfig) -> AnswerConfig:
+    """``config`` with every model named by a relative local path made absolute (jobs/models.py ``pinned``):
+    the run's identity and its recorded config.yaml then name the folder it loaded."""
+    updates = {}
+    for name in MODEL_SECTIONS:
+        section = getattr(config, name)
+        if section is not None and (path := pinned(section.model)) != section.model:
+            updates[name] = section.model_copy(update={"model": path})
+    return config.model_copy(update=updates) if updates else config
 
 
 def with_questions_read(config: AnswerConfig) -> AnswerConfig:

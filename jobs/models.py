@@ -128,6 +128,16 @@ def resolve(name_or_path: str) -> str:
     return os.path.expanduser(name_or_path) if os.path.exists(os.path.expanduser(name_or_path)) else name_or_path
 
 
+def pinned(name_or_path: str | None) -> str | None:
+    """A model setting naming a local folder by a relative path, as an absolute one (an alias, a hub name
+    or an absolute path as it is): recorded relative, ``--config config.yaml`` run from another folder
+    loaded whatever model that folder held under the same name, and resumed the run with it."""
+    if not name_or_path or name_or_path in REGISTRY or "://" in name_or_path:
+        return name_or_path
+    path = os.path.expanduser(name_or_path)
+    return os.path.abspath(path) if os.path.exists(path) else name_or_path
+
+
 def loadable(name_or_path: str) -> str:
     """``resolve``, and when the Hugging Face hub is offline, a clear error now for a model that is neither
     a local path nor in the hub cache: its actors would otherwise fail at start, deep inside a library."""

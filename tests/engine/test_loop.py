@@ -7,7 +7,7 @@ import pytest
 from engine.loop import Engine
 from engine.stages import GeneratorStage, RetrieverStage
 from schemas.config import EngineConfig, StageBatching
-from schemas.records import Generate, Question, Rank, Retrieval, Retrieve
+from schemas.records import Generate, Generation, Question, Rank, Retrieval, Retrieve
 from strategies.base import Ask, Done, Spawn, StrategySettings, prompt
 from strategies.registry import STRATEGIES
 from tests.engine.fakes import FakeEncoder, FakeGenerator, FakeShard, SlowGenerator
@@ -285,6 +285,27 @@ def test_a_strategy_may_spawn_again_once_its_first_children_answered(ray_session
                     rows.append)
     engine.run([Question("a", "q")], ["chain"])
     assert rows[0]["answer"] == "echo:q.first / echo:then echo:q.first" and rows[0]["n_subquestions"] == 2
+
+
+class Decomposing(FakeGenerator):
+    """Decomposes every question into one sub-question (a JSON-constrained request), echoes the rest."""
+
+    def generate(self, batch):
+        return [Generation('{"sub_questions": ["Who is A?"]}', 3, 2) if r.json_schema else echo
+                for r, echo in zip(batch, super().generate(batch))]
+
+
+def test_a_row_whose_strategy_solved_sub_questions_inline_is_one_level_deep(ray_session):
+    """least_to_most's rows with sub-questions said depth 0 (Think-then-Act's, spawned, said 1), so the
+    report's depth chart showed none for it."""
+    from strategies.least_to_most import LeastToMost, LeastToMostConfig
+
+    rows = []
+    gen = [ray_session.remote(Decomposing).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())},
+                    {"least_to_most": LeastToMost(LeastToMostConfig())}, EngineConfig(), rows.append)
+    engine.run([Question("a", "Who is B?")], ["least_to_most"])
+    assert rows[0]["resolved_by"] == "decomposition" and rows[0]["n_subquestions"] == 1 and rows[0]["depth"] == 1
 
 
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):

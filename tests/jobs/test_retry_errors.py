@@ -112,3 +112,30 @@ def test_a_resume_says_what_each_strategy_had_committed_though_no_shard_is_done_
            "least_to_most 0/3" in lines
     assert metrics["shards_resumed"] == 0 and metrics["parts_resumed"] == {"direct": 3, "least_to_most": 0}
     assert metrics["roots_done"] == 25  # least_to_most's only
+
+
+def test_a_model_named_by_a_relative_path_is_the_folder_it_named_in_the_record_and_on_resume(ray_session, tmp_path,
+                                                                                             monkeypatch):
+    """config.yaml said `model: ./m`: `--config config.yaml` from another folder loaded that folder's ./m and
+    resumed the run with it, two models' answers in one output."""
+    import yaml
+
+    from schemas.config import load_config
+    from schemas.errors import UserError
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["question 0", "question 1"]}), questions)
+    for folder in ("a", "b"):
+        (tmp_path / folder / "m").mkdir(parents=True)
+    stages = lambda: {"generator": GeneratorStage([ray_session.remote(FakeGenerator).options(num_cpus=0).remote()],  # noqa: E731
+                                                  StageBatching())}
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct"], generator={"model": "./m"})
+    monkeypatch.chdir(tmp_path / "a")
+    answer(config, log=lambda *_: None, stages=stages())
+    assert yaml.safe_load((out / "config.yaml").read_text())["generator"]["model"] == str(tmp_path / "a" / "m")
+    monkeypatch.chdir(tmp_path / "b")
+    lines = []
+    answer(load_config(AnswerConfig, str(out / "config.yaml")), log=lines.append, stages=stages())
+    assert "nothing to do" in lines[-1]  # the record names a/m: the same run
+    with pytest.raises(UserError, match="generator.model"):  # ./m here is b/m: another model
+        answer(config, log=lambda *_: None, stages=stages())
