@@ -134,7 +134,7 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         # read / follow_up the row's answer is a later read of it, which can differ either way
         form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
         said = str(trajectory.get("answer") or "")
-        if not _correct(verdict(said) if form == VERDICT else clean_answer(said), golds, config.match):
+        if not _correct(verdict(said, forms.verdicts) if form == VERDICT else clean_answer(said), golds, config.match):
             dropped["wrong answer"] += 1
             continue
         gold_pids, cited = set(gold_ids(g.get("gold_passage_ids"))), set(row["citations"] or [])

@@ -177,6 +177,8 @@ def with_value(base, param: str, value: str):
     data = base.model_dump()
     node = data
     for k in keys[:-1]:
+        if k in node and node[k] is None:  # a section left out (judge: null) is set as `--set judge.x` sets it
+            node[k] = {}
         if not isinstance(node.get(k), dict):
             raise ConfigError(f"--param {param}: {k} is not a config section")
         node = node[k]

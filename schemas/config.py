@@ -41,6 +41,22 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     changes_answers: ClassVar[bool] = True
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value, info):
+        # pydantic takes true as 1 and false as 0: `--set retrieval.k=true` ran with k = 1
+        if isinstance(value, bool) and _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"a number, not {str(value).lower()}")
+        return value
+
+
+def _numbers_only(annotation) -> bool:
+    """An int / float field (or one that may be None): where a boolean is no value."""
+    if isinstance(annotation, str):  # postponed annotations: "int", "float | None"
+        return set(annotation.replace(" ", "").split("|")) - {"None"} <= {"int", "float"}
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_args(annotation) else [annotation]
+    return bool(args) and all(a in (int, float) for a in args)
+
 
 class EndpointConfig(Section):
     """An OpenAI-compatible server (a `vllm serve`, a hosted API, a teacher model) that a generator or judge
@@ -362,6 +378,16 @@ class AnswerFormConfig(Section):
     verdicts: list[str] = Field(
         default_factory=lambda: ["SUPPORTS", "REFUTES"],
         description="the choices of a verdict (FEVER's labels); add 'NOT ENOUGH INFO' for three-way claims")
+
+    @field_validator("verdicts")
+    @classmethod
+    def _distinct_labels(cls, value):
+        # an empty list passed here and failed after Ray and vLLM had started (a choice among nothing)
+        if not value or any(not v.strip() for v in value):
+            raise ValueError("at least one label, none empty")
+        if len({v.strip().upper() for v in value}) < len(value):
+            raise ValueError(f"labels repeat (case aside): {value}")
+        return value
 
     @field_validator("by_kind", mode="before")
     @classmethod

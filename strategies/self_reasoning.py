@@ -80,19 +80,31 @@ _PAPER_WORD = {label: word for word, label in VERDICTS.items()}
 _CITE = re.compile(r"\[(\d+(?:\s*[,\-–]\s*\d+)*)\]")  # [2], [1, 3], [1-3]
 
 
-def verdict(said: str) -> str:
-    """The model's SUPPORT / REFUTE / NOT ENOUGH INFO as FEVER's label (unknown text is kept as said)."""
-    return VERDICTS.get(said.strip().upper(), said)
+def paper_word(label: str) -> str:
+    """The word a trajectory writes for a verdict label (FEVER's SUPPORTS -> the paper's SUPPORT)."""
+    return _PAPER_WORD.get(label.upper(), label)
+
+
+def verdict(said: str, labels: list[str] | tuple[str, ...] = tuple(VERDICTS.values())) -> str:
+    """The verdict ``said`` (a paper word or a label, any case) as the one of ``labels`` (the configured
+    ``answer_form.verdicts``) it names; text that names none is kept as said. FEVER's labels were written
+    whatever the labels were: a SciFact run's SUPPORT came back as SUPPORTS and scored 0."""
+    word = said.strip().upper()
+    for label in labels:
+        if word in (label.upper(), paper_word(label).upper()):
+            return label
+    return said
 
 
 def trajectory_prompt(question: str, passages, form: str, forms: AnswerFormConfig,
                       short_answer: str = "no more than 10 words") -> str:
     """The instruction a trajectory is written to (also the prompt of its training label)."""
     if form == VERDICT:
-        words = [_PAPER_WORD.get(v, v) for v in forms.verdicts]
+        words = [paper_word(v) for v in forms.verdicts]
+        nei = any(w.upper() == "NOT ENOUGH INFO" for w in words)
         return prompt("self_reasoning/fever").format(passages=format_passages(passages), question=question,
                                                  verdicts=" / ".join(words),
-                                                 not_enough=prompt("self_reasoning/fever_nei" if "NOT ENOUGH INFO" in words
+                                                 not_enough=prompt("self_reasoning/fever_nei" if nei
                                                                    else "self_reasoning/fever_decide"))
     answer = "yes or no" if form in YES_NO_FORMS else short_answer
     return prompt("self_reasoning/qa").format(passages=format_passages(passages), question=question, answer=answer)
@@ -148,7 +160,7 @@ class SelfReasoning(Routine):
             return Done(final_answer(read, form), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
         item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
-        answer = verdict(t.answer) if form == VERDICT else clean_answer(t.answer)
+        answer = verdict(t.answer, self.forms.verdicts) if form == VERDICT else clean_answer(t.answer)
         if self.config.answer_step == "read" and choices(form, self.forms) is None:
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
@@ -167,7 +179,7 @@ class SelfReasoning(Routine):
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
         answers = choices(form, self.forms)
         if form == VERDICT:
-            answers = tuple(_PAPER_WORD.get(v, v) for v in answers)
+            answers = tuple(paper_word(v) for v in answers)
         key = (max(1, len(item.passages)), answers)
         if key not in self._models:
             model = trajectory_model(*key, self.config)

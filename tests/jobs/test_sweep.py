@@ -18,6 +18,13 @@ def test_each_value_gets_its_own_validated_config_and_folder():
         with_value(base, "questions.x", "1")
 
 
+def test_a_value_in_a_section_left_out_sets_that_section_as_set_does():
+    """`--param judge.seed` said "judge is not a config section" (judge is null unless set); `--set judge.seed=5`
+    sets it."""
+    base = AnswerConfig(questions="q.parquet", output="out", strategies=["raisf"])
+    assert base.judge is None and with_value(base, "judge.seed", "5").judge.seed == 5
+
+
 def test_sweep_table_and_chart(tmp_path):
     rows = [{"value": v, "strategy": "think_act", "acc": 10.0 + i, "F1": 5.0, "retrieval ratio": 100.0 * i / 2,
              "LLM calls/q": 3.0} for i, v in enumerate(["0", "0.5", "1"])]

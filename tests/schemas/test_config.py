@@ -150,3 +150,18 @@ def test_an_override_with_an_empty_name_in_its_key_is_refused_saying_so(override
     """``--set =0`` said "Extra inputs are not permitted": the empty name was taken as a field."""
     with pytest.raises(ConfigError, match="an empty name in its dotted key"):
         load_config(AnswerConfig, None, [override])
+
+
+@pytest.mark.parametrize("override", ["retrieval.k=true", "sampling.max_tokens=true", "engine.max_depth=false",
+                                      "sampling.temperature=true", "limit=true"])
+def test_a_boolean_is_no_number(override):
+    """pydantic took true as 1: `--set retrieval.k=true` ran with k = 1 and said nothing."""
+    with pytest.raises(ConfigError, match=rf"{override.split('=')[0]}: .*a number, not (true|false)"):
+        load_config(AnswerConfig, None, [override])
+
+
+@pytest.mark.parametrize("verdicts", ["[]", '[""]', "[SUPPORTS, supports]"])
+def test_verdicts_are_distinct_labels_at_least_one(verdicts):
+    """`answer_form.verdicts=[]` passed, then failed after Ray and vLLM had started, the output claimed."""
+    with pytest.raises(ConfigError, match="answer_form.verdicts"):
+        load_config(AnswerConfig, None, [f"answer_form.verdicts={verdicts}"])

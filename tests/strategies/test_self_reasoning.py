@@ -153,6 +153,22 @@ def test_not_enough_info_is_a_verdict_only_when_configured():
     assert s.resume(item, [Generation(json.dumps(trajectory(answer="NOT ENOUGH INFO")))]).answer == "NOT ENOUGH INFO"
 
 
+@pytest.mark.parametrize("verdicts, said, answer, nei", [
+    (["SUPPORT", "CONTRADICT"], "SUPPORT", "SUPPORT", False),  # SciFact's labels: SUPPORTS before, scored 0
+    (["SUPPORT", "REFUTE"], "REFUTE", "REFUTE", False),
+    (["supports", "refutes", "not enough info"], "NOT ENOUGH INFO", "not enough info", True),
+    (["supports", "refutes"], "SUPPORT", "supports", False),
+])
+def test_a_claims_verdict_is_one_of_the_configured_labels_as_they_are_spelt(verdicts, said, answer, nei):
+    s = SelfReasoning(SelfReasoningConfig(answer_step="trajectory"), AnswerFormConfig(verdicts=verdicts))
+    item = Item("The Eiffel Tower is in Rome.", kind="claim")
+    s.start(item)
+    step = s.resume(item, [Retrieval(PASSAGES)])
+    assert ("output NOT ENOUGH INFO" in step.requests[0].messages[-1][1]) is nei
+    assert said in json.loads(step.requests[0].json_schema)["properties"]["answer"]["enum"]
+    assert s.resume(item, [Generation(json.dumps(trajectory(answer=said)))]).answer == answer
+
+
 def test_an_unparseable_trajectory_is_retried_once_then_falls_back_to_a_plain_read():
     log = []
     done, item = drive(SelfReasoning(SelfReasoningConfig(max_tokens=100)), "Q",
