@@ -82,6 +82,12 @@ def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda k
 
 
 REFUSED_HINT = "use another --output, or --force to discard it"
+# identity fields whose name does not say which setting they come from
+SAID_AS = {"input.rows": "input.rows (how many questions: --limit, or another questions file)"}
+
+
+def said(fields: list[str]) -> str:
+    return ", ".join(SAID_AS.get(f, f) for f in fields)
 
 
 def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda key: False, force: bool = False,
@@ -95,7 +101,7 @@ def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda ke
         previous = json.loads(f.read())
     changed = changed_fields(previous, identity, defaults, speed)
     if changed and not force:
-        raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {', '.join(changed)}); {hint}")
+        raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {said(changed)}); {hint}")
     return changed
 
 
@@ -160,7 +166,7 @@ class ShardedOutput:
         manifest = f"{self.root}/{MANIFEST}"
         changed = check_resumable(self.output, self.identity, self.defaults, self.speed, force)
         if changed:
-            self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {', '.join(changed)})")
+            self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {said(changed)})")
             for strategy in self._strategy_dirs():
                 self.fs.delete_dir(f"{self.root}/{strategy}")
             for name in DESCRIBING:  # they would describe the discarded answers until this run ends

@@ -121,7 +121,10 @@ class LLMConfig(Section):
     cpu_threads_bind: str = Field(
         "all", json_schema_extra=SPEED, description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
                            "faster than vLLM's default on an otherwise idle 2-core box), 'auto' = vLLM's "
-                           "default (one core left for other work), or a list like '0-7'")
+                           "default (one core left for other work), 'nobind', or a list like '0-7' / '0,2,4' "
+                           "('|' between the lists of several ranks)",
+        # anything else passed here and failed the replicas at start, in vLLM's words, naming no field
+        pattern=r"^(all|auto|nobind|\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*)$")
     engine_in_process: bool = Field(
         True, json_schema_extra=SPEED,
         description="batch replicas: run vLLM's engine core inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0), "

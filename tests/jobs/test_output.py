@@ -97,6 +97,13 @@ def test_a_storage_error_while_checking_a_part_stops_the_resume_and_deletes_noth
     assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3).committed == {("rag", 0)}
 
 
+def test_a_different_number_of_questions_is_refused_naming_the_limit(tmp_path):
+    """`ragsift demo --limit 4` into a `--limit 3` demo said "differs in: input.rows", naming no setting."""
+    ShardedOutput(str(tmp_path), {**IDENTITY, "input.rows": 3}, ["rag"], shard_rows=3).sealed(0, 1)
+    with pytest.raises(ConfigError, match=r"differs in: input.rows \(how many questions: --limit"):
+        ShardedOutput(str(tmp_path), {**IDENTITY, "input.rows": 4}, ["rag"], shard_rows=3)
+
+
 def test_a_different_run_is_refused_unless_forced(tmp_path):
     out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     out.sealed(0, 1)

@@ -165,3 +165,14 @@ def test_verdicts_are_distinct_labels_at_least_one(verdicts):
     """`answer_form.verdicts=[]` passed, then failed after Ray and vLLM had started, the output claimed."""
     with pytest.raises(ConfigError, match="answer_form.verdicts"):
         load_config(AnswerConfig, None, [f"answer_form.verdicts={verdicts}"])
+
+
+@pytest.mark.parametrize("bind, ok", [("abc", False), ("0-", False), ("all", True), ("nobind", True),
+                                      ("0-7", True), ("0,2,4-5|6-7", True)])
+def test_a_thread_binding_vllm_cannot_read_fails_naming_the_field(bind, ok):
+    """'abc' passed and failed the replicas at start: "Engine core initialization failed", no field named."""
+    if ok:
+        assert load_config(AnswerConfig, None, [f"generator.cpu_threads_bind={bind}"]).generator.cpu_threads_bind == bind
+    else:
+        with pytest.raises(ConfigError, match="generator.cpu_threads_bind"):
+            load_config(AnswerConfig, None, [f"generator.cpu_threads_bind={bind}"])
