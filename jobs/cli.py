@@ -11,6 +11,7 @@ import select
 import signal
 import sys
 
+from jobs.storage import redact_text
 from schemas.config import as_override
 from schemas.errors import StageDown, UserError
 
@@ -97,7 +98,7 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             raise
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
-        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(err)).split())
+        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())
         print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

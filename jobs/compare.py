@@ -13,6 +13,7 @@ import sys
 
 from jobs import answer as answer_job
 from jobs.evaluate import evaluate, gold_columns, print_tables, write_reports
+from jobs.storage import redact
 from strategies.registry import ANSWERING
 
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     # earlier, interrupted run would sit in the same table scored on other questions
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k, strategies=config.strategies)
     write_reports(table, config.output, resolved)
-    print(f"wrote {config.output}/eval.md, eval.json and eval.png", file=sys.stderr)
+    print(f"wrote eval.md, eval.json and eval.png into {redact(config.output)}", file=sys.stderr)
     print_tables(table, resolved)
     return 0
 

@@ -252,7 +252,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "normalized": True,
         "index_type": config.index.index_type,
         "bm25": _bm25_settings(config.index),
-        "corpus": config.corpus if "://" in config.corpus else os.path.abspath(config.corpus),  # read from anywhere
+        # read from anywhere; an index folder is copied and shared: no credentials in it
+        "corpus": redact(config.corpus) if "://" in config.corpus else os.path.abspath(config.corpus),
         "corpus_sha256": corpus_sha,
         "count": sum(s["count"] for s in shards),
         "skipped": dict(skipped),

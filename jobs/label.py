@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         check_hub_repo(args.push_to_hub)
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force, source=given.questions)
     print(json.dumps(summary, indent=2))
-    print(f"wrote {config.output}/labels/<kind>.parquet and .jsonl, and labels/dataset/", file=sys.stderr)
+    print(f"wrote {redact(join(config.output, 'labels'))}: <kind>.parquet and .jsonl, and dataset/", file=sys.stderr)
     if args.push_to_hub:
         push_to_hub(str(Path(filesystem(config.output)[1]) / "labels" / "dataset"), args.push_to_hub)
         print(f"pushed labels/dataset to the hub as {args.push_to_hub}", file=sys.stderr)

@@ -20,6 +20,10 @@ from schemas.tables import SchemaError
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if re.match(r"^[A-Za-z][\w+.-]*://\*\*\*@", uri):  # redact()'s placeholder, read back from a recorded config
+        raise UserError(f"{uri}: its credentials were left out where it was recorded (config.yaml, a manifest): "
+                        "give the URI with them again, or without the '***@' and with credentials in the "
+                        "environment (AWS_ACCESS_KEY_ID, ...)")
     try:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, ValueError) as err:
@@ -100,6 +104,15 @@ def redact(uri: str) -> str:
     if ":" in parts.netloc and "@" in uri.split("?", 1)[0]:
         return re.sub(r"^([A-Za-z][\w+.-]*://)[^?#@]*@", r"\1***@", uri)
     return uri
+
+
+_CREDENTIALS = re.compile(r"\b([A-Za-z][\w+.-]*://)[^/\s?#@:]*:[^\s@]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the credentials of every URI in it replaced (``s3://key:secret@b`` -> ``s3://***@b``):
+    an error message may quote a URI anywhere in its words, or a library's."""
+    return _CREDENTIALS.sub(r"\1***@", text)
 
 
 def open_parquet(uri: str) -> pq.ParquetFile:

@@ -190,7 +190,18 @@ class IndexConfig(Section):
 
     search_time: ClassVar[tuple[str, ...]] = ("nprobe", "hnsw_ef_search")  # the rest is how the index is built
     path: str = Field(".ragsift/index", json_schema_extra=SPEED,  # a location: a run's identity holds its manifest's digest
-                      description="directory holding manifest.json and shard-*/")
+                      description="directory holding manifest.json and shard-*/; a local folder or a shared file "
+                                  "system's mount (each retriever replica memory-maps its shards)")
+
+    @field_validator("path")
+    @classmethod
+    def _a_folder(cls, value):
+        # an s3:// folder failed in a traceback that printed its credentials (building) or asked to build
+        # the index that was there (answering); the value is not repeated here: it may hold a secret
+        if "://" in value:
+            raise ValueError("an index is a local folder or a shared file system's mount (e.g. /shared/idx), "
+                             "not a URI: copy it from object storage to where the retriever replicas run")
+        return value
     shards: int = Field(2, json_schema_extra=SPEED, ge=1)
     index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
         "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")

@@ -170,11 +170,13 @@ def question_file(tmp_path):
 @pytest.mark.parametrize("path", ["/data/idx #2", "2024", "2024-06-01", "~", "*idx", "[v2]idx", "true"])
 def test_a_path_or_model_flag_is_taken_as_it_stands_not_read_as_yaml(path, question_file, tmp_path):
     from jobs.answer import config_from_args
+    from jobs.models import pinned
 
     # "/data/idx #2" was /data/idx (a comment), silently another index; the others were refused
     config = config_from_args(_args("answer", ["--questions", question_file, "--output", str(tmp_path / "o"),
                                                 "--index-dir", path, "--generator", path]))
-    assert config.index.path == path and config.generator.model == path
+    # a model named by a local path is pinned to the folder it names ("~" is one: the home folder)
+    assert config.index.path == path and config.generator.model == pinned(path)
 
 
 def test_jobs_that_pick_their_own_strategies_run_the_strategies_checks_and_need_questions(question_file, tmp_path,
@@ -330,3 +332,21 @@ def test_every_job_refuses_a_relative_output_in_a_ray_jobs_working_dir_before_it
         err = capsys.readouterr().err
         assert f"{said}: a relative path in a Ray job" in err and err.count("\n") == 1, err
     assert not (package / "out").exists()
+
+
+def test_a_uri_with_credentials_in_an_error_is_said_without_them(capsys):
+    """evaluate / calibrate / index / train errors quoted `s3://KEY:SECRET@bucket/...` as given."""
+    error = UserError("s3://KEY:SECRET@bucket/nope?endpoint_override=127.0.0.1:5055 does not exist; "
+                      "nor does gs://K:S/ECRET@b/x")
+    assert _execute("evaluate", job_that_raises(error), argparse.Namespace(debug=False)) == 2
+    assert capsys.readouterr().err == ("ragsift evaluate: error: s3://***@bucket/nope?endpoint_override=127.0.0.1:5055 "
+                                       "does not exist; nor does gs://***@b/x\n")
+
+
+def test_a_uri_whose_credentials_were_left_out_when_recorded_is_refused_saying_so():
+    """`--config config.yaml` of a run whose URIs held credentials: pyarrow sent '***' as the key
+    (ACCESS_DENIED), whatever the environment held."""
+    from jobs.storage import filesystem
+
+    with pytest.raises(UserError, match=r"s3://\*\*\*@b/out: its credentials were left out where it was recorded"):
+        filesystem("s3://***@b/out")

@@ -240,3 +240,17 @@ def test_a_push_that_fails_after_labelling_is_one_line_saying_where_the_labels_a
     with pytest.raises(UserError, match=rf"the labels are in {tmp_path}, but pushing them to the hub as me/labels failed "
                                         r"\(ConnectionError: \[Errno 101\] Network is unreachable\); rerun"):
         push_to_hub(str(tmp_path), "me/labels")
+
+
+def test_compare_says_where_it_wrote_without_the_outputs_credentials(tmp_path, monkeypatch, capsys):
+    """It printed `wrote s3://KEY:SECRET@bucket/out?endpoint_override=.../eval.md`: the secret, and a path
+    after the query string."""
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["A?"], "answers": [["x"]]}), questions)
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)
+    for name in ("evaluate", "write_reports", "print_tables"):
+        monkeypatch.setattr(compare, name, lambda *a, **k: (None, None))
+    output = "s3://KEY:SECRET@bucket/out?endpoint_override=127.0.0.1:1&scheme=http"
+    compare.run(args_for(compare, "--questions", str(questions), "--output", output, "--strategy", "direct"))
+    err = capsys.readouterr().err
+    assert "SECRET" not in err and "into s3://***@bucket/out?endpoint_override" in err

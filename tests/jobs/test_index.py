@@ -582,3 +582,37 @@ def test_a_rebuild_into_fewer_shards_removes_the_old_shards_past_them(ray_sessio
     manifest = _build(squad_slice[0], tmp_path / "idx", 2, encoders=encoder)
     assert sorted(p.name for p in (tmp_path / "idx").glob("shard-*")) == ["shard-000", "shard-001", "shard-notes"]
     assert manifest["count"] == 300
+
+
+def test_an_index_built_from_a_corpus_uri_with_credentials_keeps_none_in_its_manifest(
+        ray_session, squad_slice, tmp_path, monkeypatch):
+    """The manifest held `s3://KEY:SECRET@bucket/...` as given; an index folder is copied and shared."""
+    from urllib.parse import urlsplit
+
+    import pyarrow.fs as pafs
+    import ray
+
+    import jobs.index
+    import jobs.storage
+
+    store = pafs._MockFileSystem()  # an object store of this process, which mock:// URIs name
+    with store.open_output_stream("c.parquet") as f:
+        f.write(squad_slice[0].read_bytes())
+    real = jobs.storage.filesystem
+    stored = lambda uri: (store, urlsplit(uri).path.lstrip("/")) if uri.startswith("mock://") else real(uri)  # noqa: E731
+    monkeypatch.setattr(jobs.storage, "filesystem", stored)
+    monkeypatch.setattr(jobs.index, "filesystem", stored)
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build("mock://KEY:SECRET@bucket/c.parquet", tmp_path / "idx", 1, encoders=encoder)
+    manifest = (tmp_path / "idx" / "manifest.json").read_text()
+    assert json.loads(manifest)["corpus"] == "mock://***@bucket/c.parquet" and "SECRET" not in manifest
+
+
+def test_an_index_folder_is_no_uri_and_the_refusal_repeats_no_credentials():
+    """`--index-dir s3://KEY:SECRET@b/idx` failed in a traceback that printed the secret (build) or said
+    "no index at s3://KEY:SECRET@... run `ragsift index` first" (answer)."""
+    from schemas.config import ConfigError
+
+    with pytest.raises(ConfigError, match="index.path: .*not a URI") as refused:
+        _config(SAMPLE_CORPUS, "s3://KEY:SECRET@b/idx?endpoint_override=x", 1)
+    assert "SECRET" not in str(refused.value)
