@@ -45,7 +45,8 @@ class Todo:
 def status(engine: Engine) -> dict:
     """What the job's progress line and live metrics read from an engine, as plain data."""
     return {"roots_done": engine.roots_done, "tokens": engine.tokens, "roots_in_flight": engine.roots_in_flight,
-            "stages": {name: {"queued": len(s.queue), "inflight": list(s.inflight), "restarting": sorted(s.restarting),
+            "stages": {name: {"queued": len(s.queue), "inflight": list(s.inflight), "running": s.running,
+                              "restarting": sorted(s.restarting),
                               "deaths": list(s.deaths), "retired": sorted(s.retired), "replicas": len(s.replicas),
                               "requests": s.stats.requests, "errors": s.stats.errors, "busy_s": s.stats.busy_s}
                        for name, s in engine.stages.items()}}
@@ -128,6 +129,7 @@ class _StageView:
     def __init__(self, parts: list[dict]):
         self.queue = range(sum(p["queued"] for p in parts))
         self.inflight = [sum(column) for column in zip(*(p["inflight"] for p in parts))]
+        self.running = sum(p["running"] for p in parts)
         self.restarting = set().union(*(p["restarting"] for p in parts))
         self.retired = set().union(*(p["retired"] for p in parts))
         self.deaths = [max(column) for column in zip(*(p["deaths"] for p in parts))]
