@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from strategies.base import clean_answer
 from strategies.parsing import same_question
 from tests.conftest import IN_BATCH, REPO, SAMPLE_CORPUS, SAMPLE_QUESTIONS
 from tests.listeners import non_loopback_listeners
@@ -73,7 +74,11 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     ids = sorted(picked["id"].to_pylist())
     assert sorted(r["id"] for r in direct) == ids and sorted(r["id"] for r in rag) == ids
     for row in direct + rag:
-        assert row["error"] is None and row["answer"].strip()
+        # the answer is the model's output cleaned; only an output that is all lead-in ("The answer is:", as
+        # SmolLM2 wrote once on CI) answers nothing
+        said = json.loads(row["trace"])[-1]["output"]
+        assert row["error"] is None and row["answer"] == clean_answer(said)
+        assert row["answer"].strip() or said.rstrip().endswith(":")
         assert row["prompt_tokens"] > 0 and 0 < row["completion_tokens"] <= 48 and row["latency_s"] > 0
     assert all(len(r["retrieved_ids"]) == 5 and r["n_retrievals"] == 1 for r in rag)
     assert all(r["retrieved_ids"] == [] and r["n_retrievals"] == 0 for r in direct)
