@@ -134,7 +134,7 @@ def pinned(name_or_path: str | None) -> str | None:
     loaded whatever model that folder held under the same name, and resumed the run with it."""
     if not name_or_path or name_or_path in REGISTRY or "://" in name_or_path:
         return name_or_path
-    path = os.path.expanduser(name_or_path)
+    path = resolve(name_or_path)  # the local folder it names, the name itself when none
     return os.path.abspath(path) if os.path.exists(path) else name_or_path
 
 

@@ -15,9 +15,18 @@ _WORDS = re.compile(r"\w+")
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 
 
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(_WORDS.findall(text.lower()))
+
+
 def same_question(a: str, b: str) -> bool:
     """Equal up to case, punctuation and spacing (a sub-question that merely repeats its parent)."""
-    return _WORDS.findall(a.lower()) == _WORDS.findall(b.lower())
+    return _words(a) == _words(b)
+
+
+def has_words(text: str) -> bool:
+    """A letter or digit in it: "...", "," or "?" alone (a prompt's placeholder copied) says nothing."""
+    return bool(_LETTER_OR_DIGIT.search(text))
 
 
 def _json_candidates(text: str):
@@ -60,11 +69,11 @@ def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]
     seen, out = set(), []
     # "1. Who ...?" inside the JSON list is the same item as "Who ...?"
     for item in (" ".join(_MARKER.sub("", x).split()) for x in items):
-        words = tuple(_WORDS.findall(item.lower()))
+        words = _words(item)
         # an item without a letter or digit is the prompt's "..." placeholder copied, or a stray ",": no
         # question (asked, it was answered with an echo of the system prompt); repeats differ at most in
         # case, punctuation or spacing (the test `same_question` applies)
-        if _LETTER_OR_DIGIT.search(item) and words not in seen:
+        if has_words(item) and words not in seen:
             seen.add(words)
             out.append(item)
     return out[:limit], ok and bool(out)

@@ -38,7 +38,7 @@ from strategies.base import (
 )
 from strategies.filtering import sentences
 from strategies.forms import final_answer, final_request, form_of, traced
-from strategies.parsing import parse_string_list, same_question, string_list_schema
+from strategies.parsing import has_words, parse_string_list, same_question, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
 CONTEXTS = ("sentences", "passages")
@@ -61,7 +61,7 @@ def rewritten(output: str, question: str) -> str:
         return clean_answer(output) or question
     for line in output.splitlines():
         line = clean_answer(_LEAD_IN.sub("", line))
-        if line.endswith("?") and not same_question(line, ""):
+        if line.endswith("?") and has_words(line):
             return line
     return question
 
