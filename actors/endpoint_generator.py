@@ -190,7 +190,7 @@ class EndpointGenerator(StreamingReplica):
                 return Judgment("", error=f"the endpoint answered {text.strip()[:100]!r}, none of {list(req.choices)}, "
                                           "with no log-probs of them")
             return Judgment(label, probs, n_prompt, n_completion, cached_tokens=cached)
-        return Generation(text, n_prompt, n_completion, cached_tokens=cached)
+        return Generation(text, n_prompt, n_completion, cached_tokens=cached, finish_reason=choice.finish_reason)
 
 
 class Pace:

@@ -145,7 +145,8 @@ class Prompts:
             fragments = [(c, first[ids[0]].logprob) for c, ids in starts.items() if ids and ids[0] in blank]
             return Judgment(completion.text.strip(), choice_probs(top, req.choices, fragments), n_prompt, n_completion,
                             cached_tokens=cached)
-        return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached)
+        return Generation(completion.text, n_prompt, n_completion, cached_tokens=cached,
+                          finish_reason=completion.finish_reason)
 
 
 class Generator:

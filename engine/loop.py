@@ -36,7 +36,8 @@ class Root:
     started: float = field(default_factory=time.perf_counter)
     counters: dict[str, int] = field(
         default_factory=lambda: dict(n_llm_calls=0, n_retrievals=0, prompt_tokens=0, completion_tokens=0,
-                                     n_subquestions=0, depth=0, n_parse_failures=0)
+                                     n_subquestions=0, depth=0, n_parse_failures=0,
+                                     n_truncated=0)
     )
     nodes: int = 1
     step_tokens: dict[str, int] = field(default_factory=dict)  # prompt + completion tokens by request step
@@ -98,6 +99,7 @@ class Engine:
         self.empty_answers = 0
         self.trees_capped = 0
         self.parse_failures = 0
+        self.truncated: dict[str, dict[str, int]] = {}  # generations cut off at max_tokens, by strategy and step
         self.resolved: dict[str, dict[str, int]] = {}
         self.tokens = 0  # computed by the stages (a deduplicated request counts once)
         self.started = time.perf_counter()
@@ -497,6 +499,10 @@ class Engine:
                 node.root.counters["completion_tokens"] += r.completion_tokens
                 tokens = node.root.step_tokens
                 tokens[request.step] = tokens.get(request.step, 0) + r.prompt_tokens + r.completion_tokens
+                if getattr(r, "finish_reason", None) == "length":  # cut off: a step that may have lost its end
+                    node.root.counters["n_truncated"] += 1
+                    steps = self.truncated.setdefault(node.root.strategy.name, {})
+                    steps[request.step] = steps.get(request.step, 0) + 1
         return self._call_strategy(node, "resume", responses)
 
     def _call_strategy(self, node: Node, method: str, *args):
@@ -604,6 +610,7 @@ class Engine:
             "empty_answers": self.empty_answers,
             "trees_capped": self.trees_capped,
             "parse_failures": self.parse_failures,
+            "truncated": self.truncated,
             "stages": {name: {**s.stats.summary(wall, len(s.replicas)),
                               **({"vllm": s.engine_stats()} if hasattr(s, "engine_stats") else {})}
                        for name, s in self.stages.items()},

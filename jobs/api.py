@@ -33,6 +33,7 @@ from jobs.questions import check_questions as check_columns
 from jobs.questions import stand_in_row
 from schemas.config import validated
 from schemas.errors import UserError
+from schemas.tables import ANSWERS, conformed
 
 
 def write_questions(table: pa.Table, folder: str) -> str:
@@ -124,7 +125,7 @@ class Session:
                 config = validated(type(config), {**config.model_dump(), "questions": write_questions(table, output)})
             self._start(config)
             answer(config, log=self.log, stages=self.stages, cache=self.cache)
-            answers = pa.concat_tables([pq.read_table(f) for f in answer_files(config.output)])
+            answers = pa.concat_tables([conformed(pq.read_table(f), ANSWERS) for f in answer_files(config.output)])
         self.calls += 1
         answers = in_input_order(answers, table, strategies)
         return as_dataframe(answers) if type(questions).__module__.startswith("pandas") else answers

@@ -235,7 +235,7 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
     lookups = sum(c["lookups"] for c in caches)
     hits = {w: sum(c["hits"][w] for c in caches) for w in ("memory", "disk")}
     by_stage = summed([c["by_stage"] for c in caches])
-    merged.update(stages=stages, resolved_by=resolved,
+    merged.update(stages=stages, resolved_by=resolved, truncated=summed([p.get("truncated", {}) for p in parts]),
                   request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
                                  "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,

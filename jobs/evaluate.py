@@ -106,6 +106,8 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
                  "retrievals/q": round(sum(r["n_retrievals"] for r in rows) / n, 2),
                  "sub-questions/q": round(sum(r["n_subquestions"] for r in rows) / n, 2),
                  "max depth": max(r["depth"] for r in rows), "parse failures": sum(r["n_parse_failures"] for r in rows),
+                 # rows written before ragsift counted them have no such column: counted as none
+                 "cut off": sum(r.get("n_truncated") or 0 for r in rows),
                  "modules": {}}
         for module in sorted({r["resolved_by"] for r in rows}):
             mine = [r for r in rows if r["resolved_by"] == module]
@@ -225,11 +227,12 @@ def resolution_cells(table: list[dict]) -> tuple[list[str], list[list]]:
     """The resolution table as a header and rows of cells (markdown here, HTML in the report)."""
     modules = sorted({m for row in table for m in row["modules"]})
     head = ["strategy", "dataset", "n", *(f"{m} WR% / Corr" for m in modules),
-            "retrievals/q", "sub-questions/q", "max depth", "parse failures"]
+            "retrievals/q", "sub-questions/q", "max depth", "parse failures", "cut off"]
     rows = [[row["strategy"], row["dataset"], row["n"],
              *(f"{row['modules'][m]['WR']} / {row['modules'][m]['Corr']}" if m in row["modules"] else ""
                for m in modules),
-             row["retrievals/q"], row["sub-questions/q"], row["max depth"], row["parse failures"]] for row in table]
+             row["retrievals/q"], row["sub-questions/q"], row["max depth"], row["parse failures"],
+             row.get("cut off", 0)] for row in table]
     return head, rows
 
 

@@ -7,9 +7,12 @@ openai-batch  one line per (question, strategy) as vLLM's ``run-batch`` and the 
               "request_id", "body": <a chat.completion whose message is the answer>}, "error": null}``;
               an error row has status 500, no body, and its error. ``custom_id`` is the question id,
               so the lines match an OpenAI batch input file read as questions (jobs/formats.py).
-              ``finish_reason`` is always "stop": the answer is a strategy's final answer, cleaned (a short
-              answer is its first line), not one generation's text, and a row does not record whether its
-              last generation reached ``sampling.max_tokens`` (vLLM would say "length" for that one).
+              ``finish_reason`` is "length" when a generation of the row stopped at its max_tokens
+              (``n_truncated`` > 0: for direct and rag, whose one generation is the answer, the answer was
+              cut off; for the other strategies a step was, which may or may not have cost the answer),
+              else "stop" (also for rows written before ragsift counted cut-off generations). The answer
+              is a strategy's final answer, cleaned (a short answer is its first line), not one
+              generation's text.
 rows          every column of the answer rows, one JSON object a line (lists stay lists).
 
 With several strategies in the run, ``--strategy`` picks one for openai-batch (one answer per
@@ -51,7 +54,7 @@ def batch_line(row: dict, model: str) -> dict:
     prompt, completion = row["prompt_tokens"] or 0, row["completion_tokens"] or 0
     body = {"id": request_id, "object": "chat.completion", "created": 0, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": row["answer"]},
-                         "finish_reason": "stop", "logprobs": None}],
+                         "finish_reason": "length" if row.get("n_truncated") else "stop", "logprobs": None}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
     return {"id": f"ragsift-{uuid.uuid4().hex}", "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}

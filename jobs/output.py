@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from jobs.questions import InputPlan, question_rows
 from jobs.storage import file_sha256, filesystem, hash_ids, redact
 from schemas.config import ConfigError
-from schemas.tables import ANSWERS
+from schemas.tables import ANSWERS, conformed
 
 MANIFEST = "_manifest.json"
 # what answer writes at a run's end (metrics, resolved config) and evaluate / compare beside it
@@ -273,7 +273,7 @@ class ShardedOutput:
                 continue
             kept = table.filter(pc.invert(failed))
             part = self._open(strategy, shard)
-            part.writer.write_table(kept.cast(self.schema))
+            part.writer.write_table(conformed(kept, self.schema))
             part.written = kept.num_rows
             self.committed.discard((strategy, shard))
             self.retrying[(strategy, shard)] = frozenset(table.filter(failed)["id"].to_pylist())

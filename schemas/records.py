@@ -120,6 +120,9 @@ class Generation:
     completion_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens vLLM found in its prefix cache
+    # why it stopped: "stop" (an end token or stop string) or "length" (its max_tokens reached, the text
+    # cut off); None where not known (a response cached before this field)
+    finish_reason: str | None = None
 
 
 @dataclass

@@ -37,6 +37,7 @@ ANSWERS = pa.schema(
         ("n_subquestions", pa.int32()),
         ("depth", pa.int32()),
         ("n_parse_failures", pa.int32()),
+        ("n_truncated", pa.int32()),  # generations that stopped at their max_tokens (finish_reason "length")
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
         ("step_tokens", pa.map_(pa.string(), pa.int64())),  # prompt + completion tokens by the strategy's step
@@ -59,6 +60,13 @@ LABELS = {
                                  ("gold_answers", pa.list_(pa.string())), ("citation_precision", pa.float64()),
                                  ("citation_recall", pa.float64())]),
 }
+
+
+def conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s columns: a part written by an earlier ragsift lacks the columns added
+    since (``n_truncated``), which its rows do not know: null there."""
+    columns = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
 
 class SchemaError(UserError):

@@ -80,12 +80,16 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
         assert row["error"] is None and row["answer"] == clean_answer(said)
         assert row["answer"].strip() or said.rstrip().endswith(":")
         assert row["prompt_tokens"] > 0 and 0 < row["completion_tokens"] <= 48 and row["latency_s"] > 0
+        # cut off only at the 48-token budget (one that ends in the end token there stops all the same)
+        assert row["n_truncated"] in (0, 1) and (row["completion_tokens"] == 48 or not row["n_truncated"])
     assert all(len(r["retrieved_ids"]) == 5 and r["n_retrievals"] == 1 for r in rag)
     assert all(r["retrieved_ids"] == [] and r["n_retrievals"] == 0 for r in direct)
     # rag prompts carry five passages, closed-book prompts none
     assert min(r["prompt_tokens"] for r in rag) > 3 * max(r["prompt_tokens"] for r in direct)
     metrics = json.loads((tmp / "out" / "metrics.json").read_text())
     assert all(c["ok"] and c["rows"] == 10 for c in metrics["exactly_once"].values())
+    for strategy, rows in (("direct", direct), ("rag", rag)):
+        assert sum(metrics["truncated"].get(strategy, {}).values()) == sum(r["n_truncated"] for r in rows)
     assert metrics["roots_done"] == 30 and max(metrics["stages"]["generator"]["batch_size"].values()) <= 6
     generator = metrics["stages"]["generator"]  # async replicas (the default) served the run, results streamed back
     assert generator["peak_tokens_in_flight"] > 0 and 0 < metrics["first_row_s"] < metrics["wall_s"]
@@ -207,6 +211,20 @@ def test_a_reasoned_yes_no_answer_is_written_reasoning_first_on_the_real_model(t
             said = json.loads(output)
             assert list(said) == ["reasoning", "answer"] and said["reasoning"]
             assert row["answer"] == said["answer"] and row["answer"] in ("yes", "no")
+
+
+def test_an_answer_cut_off_at_max_tokens_is_counted_and_exported_as_such_on_the_real_model(ten_questions):
+    """vLLM says why a generation stopped; a row said nothing of it and export wrote "stop" for every answer."""
+    tmp, picked = ten_questions
+    pq.write_table(picked.slice(0, 2), tmp / "q_cut.parquet")  # nq: short answers, one free generation each
+    ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q_cut.parquet", "--output", tmp / "cut",
+            "--strategy", "direct", "--generator", "smollm2-135m-instruct", "--no-cache", "--set", "sampling.max_tokens=1")
+    rows = pq.read_table(tmp / "cut" / "direct").to_pylist()
+    assert [(r["completion_tokens"], r["n_truncated"]) for r in rows] == [(1, 1), (1, 1)]
+    assert json.loads((tmp / "cut" / "metrics.json").read_text())["truncated"] == {"direct": {"answer": 2}}
+    ragsift("export", "--answers", tmp / "cut", "--to", tmp / "cut.jsonl")
+    lines = [json.loads(line) for line in (tmp / "cut.jsonl").read_text().splitlines()]
+    assert [line["response"]["body"]["choices"][0]["finish_reason"] for line in lines] == ["length", "length"]
 
 
 def test_paper_strategies_compare_with_the_real_model(ten_questions):

@@ -194,6 +194,15 @@ def test_a_run_whose_generator_is_an_endpoint_answers_every_row_in_its_form(serv
     assert client["endpoint"] == server and client["http_status"]["200"] >= 6
 
 
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_generation_says_why_the_endpoint_stopped_it(finish):
+    from types import SimpleNamespace
+
+    response = SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="Par"), finish_reason=finish,
+                                                        logprobs=None)], usage=None)
+    assert EndpointGenerator.result(Generate(chat("Q")), response).finish_reason == finish
+
+
 @pytest.mark.parametrize("content, finish", [(None, "stop"), ("", "content_filter")])
 def test_a_completion_without_content_is_an_error_not_an_empty_answer(content, finish):
     """An empty completion (a content filter) was a Generation("") without error: cached and replayed."""

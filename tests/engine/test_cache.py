@@ -29,7 +29,7 @@ from tests.engine.fakes import CountingGenerator, FakeEncoder, FakeShard
 
 NAMESPACES = {"generator": "model-a", "judge": "model-a", "retriever": "index-1", "ranker": "r", "nli": "n"}
 PAIRS = [
-    (Generate((("user", "q"),), max_tokens=8), Generation("an answer", 12, 3, cached_tokens=4)),
+    (Generate((("user", "q"),), max_tokens=8), Generation("an answer", 12, 3, cached_tokens=4, finish_reason="length")),
     (Judge((("user", "ok?"),)), Judgment("yes", {"yes": 0.8, "no": 0.2}, 9, 1)),
     (Retrieve("who", 2), Retrieval([Passage("p1", "T", "text", 0.5), Passage("p2", "U", "more", 0.25)])),
     (Rank("q", ("a", "b"), 1), Ranking([1], [0.9])),
@@ -181,3 +181,10 @@ def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_ru
     holder.rollback()
     shared.flush()
     assert not shared.pending and RequestCache(0, path, NAMESPACES).get(other) == (other_response, "disk")
+
+
+def test_a_generation_cached_before_finish_reasons_were_kept_reads_back_with_none_known():
+    from engine.cache import decode
+
+    old = '["Generation", {"text": "an answer", "prompt_tokens": 12, "completion_tokens": 3, "error": null, "cached_tokens": 0}]'
+    assert decode(old) == Generation("an answer", 12, 3) and decode(old).finish_reason is None

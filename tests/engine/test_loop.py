@@ -308,6 +308,32 @@ def test_a_row_whose_strategy_solved_sub_questions_inline_is_one_level_deep(ray_
     assert rows[0]["resolved_by"] == "decomposition" and rows[0]["n_subquestions"] == 1 and rows[0]["depth"] == 1
 
 
+class CutOff(FakeGenerator):
+    """Stops every generation about a sub-question (a JSON-constrained request) at its max_tokens."""
+
+    def generate(self, batch):
+        return [Generation('{"sub_questions": ["Who', 3, 2, finish_reason="length") if r.json_schema
+                else Generation(echo.text, 3, 2, finish_reason="stop") for r, echo in zip(batch, super().generate(batch))]
+
+
+def test_a_row_counts_its_generations_cut_off_at_max_tokens_and_the_run_counts_them_by_step(ray_session):
+    """A generation that reached its max_tokens lost its end: vLLM says so (finish_reason "length"),
+    and a row and metrics.json say how many of the row's generations it happened to (it was not recorded)."""
+    from strategies.least_to_most import LeastToMost, LeastToMostConfig
+
+    rows = []
+    gen = [ray_session.remote(CutOff).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching())},
+                    {"least_to_most": LeastToMost(LeastToMostConfig()), "direct": STRATEGIES["direct"](StrategySettings())},
+                    EngineConfig(), rows.append)
+    engine.run([Question("a", "Who is B?")], ["least_to_most", "direct"])
+    by = {r["strategy"]: r for r in rows}
+    decompositions = by["least_to_most"]["step_tokens"]["decompose"] // 5  # 3 + 2 tokens a generation
+    assert decompositions >= 1 and by["least_to_most"]["n_truncated"] == decompositions
+    assert by["direct"]["n_truncated"] == 0
+    assert engine.metrics()["truncated"] == {"least_to_most": {"decompose": decompositions}}
+
+
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
     from engine.stages import utilisation
 

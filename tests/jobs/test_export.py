@@ -117,6 +117,17 @@ def test_a_batch_line_names_its_custom_id_as_a_string():
     assert line["custom_id"] == "7"
 
 
+def test_a_batch_lines_finish_reason_is_length_where_a_generation_of_the_row_was_cut_off():
+    """It was always "stop", also for an answer cut off at sampling.max_tokens."""
+    from jobs.export import batch_line
+
+    row = {"id": "q", "strategy": "direct", "answer": "The capital of France is Par", "error": None,
+           "prompt_tokens": 9, "completion_tokens": 8}
+    finish = lambda **extra: batch_line({**row, **extra}, "m")["response"]["body"]["choices"][0]["finish_reason"]  # noqa: E731
+    assert finish(n_truncated=1) == "length"
+    assert finish(n_truncated=0) == "stop" and finish() == "stop"  # a row written before the column: not known
+
+
 def test_export_writes_through_a_link_and_refuses_a_directory(tmp_path):
     """Moving the finished file over --to replaced a link (its target kept the old text) and, for a
     directory, failed after all the work, leaving <to>.tmp behind."""

@@ -69,6 +69,28 @@ def test_retry_errors_answers_only_the_error_rows_again_and_keeps_every_other_ro
     assert "nothing to do" in log[-1]
 
 
+def test_a_part_written_before_a_column_was_added_is_retried_with_that_column_null(ray_session, tmp_path):
+    """Reopening a part cast its rows to today's schema, which failed for a part without n_truncated."""
+    import hashlib
+    import json
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    texts = [f"question {i}" + (" POISON" if i == 3 else "") for i in range(10)]
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(10)], "question": texts}), questions)
+    run(ray_session, questions, out, FakeGenerator)
+    part = out / "direct" / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.drop_columns(["n_truncated"]), part)  # as an earlier ragsift wrote it, metadata kept
+    (out / "direct" / "_part-00000.parquet.sha256").write_text(
+        json.dumps({"sha256": hashlib.sha256(part.read_bytes()).hexdigest(), "rows": 10}))
+
+    metrics, _ = run(ray_session, questions, out, Healed, retry_errors=True)
+    after = {r["id"]: r for r in pq.read_table(part).to_pylist()}
+    assert metrics["errors_retried"] == 1 and after["q3"]["error"] is None and after["q3"]["n_truncated"] == 0
+    before = {r["id"]: r for r in table.to_pylist()}
+    assert after["q0"]["n_truncated"] is None and after["q0"]["answer"] == before["q0"]["answer"]
+
+
 def test_a_retry_whose_start_fails_leaves_no_reopened_part_open_and_the_old_parts_as_they_were(
         ray_session, tmp_path, monkeypatch):
     import jobs.answer as answer_job
