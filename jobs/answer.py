@@ -27,11 +27,12 @@ from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
-from jobs.questions import plan_input, question_rows
+from jobs.questions import plan_input, question_rows, value_counts
 from jobs.request_cache import open_cache
 from jobs.storage import check_kept, filesystem, redact, write_whole
 from schemas.config import load_config, validated
 from schemas.errors import UserError
+from strategies.forms import misnamed
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
@@ -53,6 +54,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         n = len(plan.duplicate_rows)
         log(f"{n} question {'row repeats' if n == 1 else 'rows repeat'} an earlier row's id: each id is answered once, "
             "for its first row (duplicate_ids_dropped in metrics.json)")
+    for said in misnamed(value_counts(config.questions, "kind", plan.rows),
+                         value_counts(config.questions, "dataset", plan.rows), config.answer_form):
+        log(f"warning: {said}")
     if calibrated_on(config, plan.sha256):
         log(f"warning: these questions are the slice this config's thresholds were calibrated on "
             f"({config.calibration.questions}): its scores here are fitted, not measured")

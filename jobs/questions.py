@@ -119,6 +119,23 @@ def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
     return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
 
 
+def value_counts(uri: str, column: str, rows: int, batch_rows: int = 65536) -> dict[str, int]:
+    """How many of the first ``rows`` questions hold each value of ``column`` (none without the column;
+    nulls left out), read a batch at a time."""
+    pf = open_parquet(uri)
+    counts: Counter = Counter()
+    if column not in pf.schema_arrow.names:
+        return {}
+    seen = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[column]):
+        values = batch.column(0).slice(0, max(0, rows - seen))
+        counts.update({v["values"]: v["counts"] for v in pc.value_counts(values.drop_null()).to_pylist()})
+        seen += batch.num_rows
+        if seen >= rows:
+            break
+    return dict(counts)
+
+
 def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> InputPlan:
     """Validate the schema and find duplicate ids (8 bytes per row, transient)."""
     pf, total = _open_questions(uri, limit)

@@ -71,6 +71,38 @@ def detected_form(question: str, kind: str | None, config: AnswerFormConfig) -> 
     return SHORT
 
 
+def _spelling(name: str) -> str:
+    return re.sub(r"[\s_/]+", "-", name.strip().lower())
+
+
+def misnamed(kinds: dict[str, int], datasets: dict[str, int], config: AnswerFormConfig) -> list[str]:
+    """What in ``answer_form`` the input names otherwise, from the counts of its ``kind`` and ``dataset``
+    values: a kind spelt "yes_no" or "Yes-No" is not by_kind's "yes-no" and gets a short answer (names
+    are matched exactly: a kind of the user's own may be anything), and a ``by_dataset`` name no question
+    has sets no form."""
+    said = []
+    known = {*config.by_kind, *config.detect_yes_no}
+    for kind, n in sorted(kinds.items()):
+        like = sorted(k for k in known if _spelling(k) == _spelling(kind))
+        if kind in known or not like:
+            continue
+        if like[0] in config.by_kind:
+            form = config.by_kind[like[0]]
+            said.append(f"{n} questions of kind {kind!r}, which answer_form.by_kind does not name (it names "
+                        f"{like[0]!r}): they get short answers, not {form!r} ones; rename the kind in the input, "
+                        f"or map it: --set 'answer_form.by_kind.{kind}={form}'")
+        else:
+            said.append(f"{n} questions of kind {kind!r}, which answer_form.detect_yes_no does not name (it names "
+                        f"{like[0]!r}): those phrased as yes/no questions get short answers, not yes or no; rename "
+                        "the kind in the input, or add it to answer_form.detect_yes_no")
+    for name in sorted(config.by_dataset):
+        if name not in datasets:
+            like = sorted(d for d in datasets if _spelling(d) == _spelling(name))
+            said.append(f"answer_form.by_dataset names {name!r}, which no question's dataset is"
+                        + (f" (the input has {like[0]!r})" if like else "") + ": it sets no answer form")
+    return said
+
+
 def choices(form: str, config: AnswerFormConfig) -> tuple[str, ...] | None:
     """The closed set of answers of a choice form; None for a short answer."""
     if form in YES_NO_FORMS:

@@ -45,3 +45,23 @@ def test_bad_rows_follow_the_policy_and_nothing_is_lost(ray_session, tmp_path):
         assert rows["dup"]["question"] == "Which river flows through Paris?"
         assert len(rows["huge"]["question"]) == 200  # the output keeps the start of a too-long question
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["roots_done"] == 22
+
+
+def test_a_run_says_which_kinds_its_answer_forms_name_otherwise_within_its_limit(ray_session, tmp_path):
+    import pyarrow as pa
+
+    from jobs.questions import value_counts
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(5)], "question": [f"Is {i} odd?" for i in range(5)],
+                             "kind": ["yes_no", "yes_no", None, "yes-no", "Yes-No"]}), questions)
+    assert value_counts(str(questions), "kind", 3, batch_rows=2) == {"yes_no": 2}
+    assert value_counts(str(questions), "dataset", 5) == {}
+    stages = {"generator": GeneratorStage([ray_session.remote(FakeGenerator).options(num_cpus=0).remote()],
+                                          StageBatching())}
+    said = []
+    answer(AnswerConfig(questions=str(questions), output=str(tmp_path / "out"), strategies=["direct"], limit=4),
+           log=said.append, stages=stages)
+    warned = [line for line in said if line.startswith("warning: ")]
+    assert len(warned) == 1 and warned[0].startswith("warning: 2 questions of kind 'yes_no'")  # row 5 is past the limit
+

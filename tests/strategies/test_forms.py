@@ -7,7 +7,7 @@ import pytest
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
 from strategies.base import Item, clean_answer
-from strategies.forms import final_answer, final_request, form_of, is_yes_no_question
+from strategies.forms import final_answer, final_request, form_of, is_yes_no_question, misnamed
 from strategies.registry import AnswerConfig, make_strategy
 
 
@@ -35,6 +35,21 @@ def test_the_form_comes_from_dataset_then_kind_then_phrasing():
     # a sub-question has no kind or dataset of its own: its phrasing decides
     assert form_of(Item("Is Paris in France?", depth=1, kind=None), forms) == "yes_no"
     assert form_of(Item("Who founded Paris?", depth=1), AnswerFormConfig(by_kind={"": "yes_no"})) == "short"
+
+
+def test_a_kind_or_dataset_named_otherwise_than_in_answer_form_is_said_and_an_exact_or_own_name_is_not():
+    """A kind spelt "yes_no" got short answers without a word, and so did a by_dataset entry no question had."""
+    forms = AnswerFormConfig(by_dataset={"StrategyQA": "yes_no", "mine": "short"})
+    said = misnamed({"yes_no": 3, "yes-no": 2, "Claim": 1, "multi_hop": 4, "single-hop": 5, "trivia": 6},
+                    {"strategyqa": 7, "mine": 1}, forms)
+    assert len(said) == 4
+    assert said[0].startswith("1 questions of kind 'Claim', which answer_form.by_kind does not name (it names 'claim')")
+    assert "--set 'answer_form.by_kind.Claim=verdict'" in said[0]
+    assert "kind 'multi_hop', which answer_form.detect_yes_no does not name (it names 'multi-hop')" in said[1]
+    assert said[2].startswith("3 questions of kind 'yes_no'") and "not 'yes_no' ones" in said[2]
+    assert said[3] == ("answer_form.by_dataset names 'StrategyQA', which no question's dataset is (the input has "
+                       "'strategyqa'): it sets no answer form")
+    assert misnamed({"yes-no": 2, "trivia": 1}, {"mine": 1}, AnswerFormConfig(by_dataset={"mine": "short"})) == []
 
 
 def test_choice_forms_are_guided_choices_on_the_generator_and_pick_the_likelier_answer():
