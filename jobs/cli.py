@@ -10,6 +10,7 @@ import re
 import select
 import signal
 import sys
+import threading
 
 from jobs.storage import redact_text
 from schemas.config import as_override
@@ -85,7 +86,28 @@ def _stdout_closed() -> bool:
         return False
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, `timeout`, `ray job stop`, a container's stop), taken as Ctrl-C is: the
+    job stops where it is, keeps what it committed and says so. Under Ray's own handler it ended as
+    aborted (exit 134, a stack dump, no word of what was kept)."""
+
+
+def _terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not cut the clean-up short
+    raise Terminated
+
+
 def _execute(name: str, module, args: argparse.Namespace) -> int:
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main else None  # kept over Ray's by jobs/ray_session.py
+    try:
+        return _run(name, module, args)
+    finally:
+        if main and before is not None:  # a caller's own (run_job from Python) again
+            signal.signal(signal.SIGTERM, before)
+
+
+def _run(name: str, module, args: argparse.Namespace) -> int:
     try:
         return module.run(args)
     except USER_ERRORS as err:
@@ -101,13 +123,14 @@ def _execute(name: str, module, args: argparse.Namespace) -> int:
         line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())
         print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if getattr(args, "debug", False):
             raise
         # Ctrl-C is how a long run is paused: say what survives instead of a traceback from Ray's wait
         resumes = "; what was committed is kept, and the same command resumes from it" if name in RESUMABLE else ""
-        print(f"ragsift {name}: interrupted{resumes}", file=sys.stderr)
-        return 130
+        how, status = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(stop, Terminated) else ("interrupted", 130)
+        print(f"ragsift {name}: {how}{resumes}", file=sys.stderr)
+        return status
 
 
 def run_job(name: str, argv: list[str] | None = None) -> int:

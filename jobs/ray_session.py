@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from schemas.config import RayConfig
 from schemas.errors import UserError
@@ -30,6 +33,26 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return ray
+    with _sigterm_handler_kept():
+        _init(ray, config, cpus_requested, resources, gpus_requested)
+    return ray
+
+
+@contextmanager
+def _sigterm_handler_kept():
+    """ray.init replaces the process's SIGTERM handler with its own (``sys.exit``; its core worker's dumps a
+    stack and the process ends as aborted): a handler the process had set before (the CLI's, which ends a
+    job as Ctrl-C does) is set again after it. One with none keeps Ray's."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(before):
+            signal.signal(signal.SIGTERM, before)
+
+
+def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, float] | None, gpus_requested: float):
     address = config.address or os.environ.get("RAY_ADDRESS")
     env = {k: os.environ[k] for k in [*DEFAULT_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                        "RAGSIFT_HOME", "VLLM_CPU_KVCACHE_SPACE"] if k in os.environ}
@@ -74,7 +97,6 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
             ray.shutdown()
             raise UserError(f"the actor pools request {gpus_requested:g} GPUs and this machine has {have:g}: set the "
                             "pools' num_gpus to 0 to run on CPUs, or join a cluster with GPUs (ray.address or RAY_ADDRESS)")
-    return ray
 
 
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

@@ -29,6 +29,28 @@ def test_ctrl_c_of_a_job_that_does_not_resume_says_only_that_it_was_interrupted(
     assert capsys.readouterr().err == "ragsift evaluate: interrupted\n"
 
 
+def test_sigterm_ends_a_job_as_ctrl_c_does_with_status_143_and_gives_the_caller_its_handler_back(capsys):
+    import os
+    import signal
+    import time
+
+    mine = []
+    before = signal.signal(signal.SIGTERM, lambda *_: mine.append("caller's"))
+    try:
+        def run(args):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises in here
+            return 0
+
+        assert _execute("answer", types.SimpleNamespace(run=run), argparse.Namespace(debug=False)) == 143
+        assert capsys.readouterr().err == ("ragsift answer: terminated (SIGTERM); what was committed is kept, and the "
+                                           "same command resumes from it\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert mine == ["caller's"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_ctrl_c_with_debug_keeps_the_traceback():
     with pytest.raises(KeyboardInterrupt):
         _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=True))

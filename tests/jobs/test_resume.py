@@ -17,9 +17,9 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 
-def start(questions, output):
+def start(questions, output, *flags):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.Popen([sys.executable, "-m", "tests.jobs.resume_run", str(questions), str(output)],
+    return subprocess.Popen([sys.executable, "-m", "tests.jobs.resume_run", str(questions), str(output), *flags],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -62,6 +62,33 @@ def test_killed_driver_resumes_exactly_once(tmp_path):
     assert metrics["roots_done"] < 2 * 60  # committed shards were not answered again
     assert rows(out) == rows(calm) and len(rows(out)) == 120
     assert not list(out.rglob("*.tmp"))
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_same_command_resumes_it(tmp_path):
+    """SIGTERM (a scheduler's stop, `timeout`, `ray job stop`) went to Ray's handler: a stack dump and exit
+    134, as if the job had crashed, without a word of what was kept."""
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(60)], "question": [f"question {i}" for i in range(60)]}),
+                   questions, row_group_size=16)
+    out = tmp_path / "out"
+    proc = start(questions, out, "--as-cli")
+    deadline = time.time() + 120
+    while len(list((out / "rag").glob("part-*.parquet"))) < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    said, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, said[-3000:]
+    assert said.rstrip().endswith("ragsift answer: terminated (SIGTERM); what was committed is kept, and the same "
+                                  "command resumes from it"), said[-3000:]
+    assert "SIGTERM received" not in said and not (out / "_lease.json").exists()
+    committed = len(list((out / "rag").glob("part-*.parquet")))
+    assert 1 <= committed < 6
+
+    log = finish(start(questions, out, "--as-cli"))
+    assert "resuming" in log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert all(c["ok"] and c["rows"] == 60 for c in metrics["exactly_once"].values())
 
 
 def test_a_resume_with_nothing_to_do_starts_nothing_and_keeps_the_runs_metrics(tmp_path, monkeypatch):
