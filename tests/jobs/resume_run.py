@@ -13,6 +13,7 @@ from schemas.config import StageBatching
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeEncoder, FakeShard, SlowGenerator
 
+
 def run(questions: str, output: str) -> int:
     config = AnswerConfig(questions=questions, output=output, strategies=["direct", "rag"],
                           commit={"shard_rows": 10}, engine={"window": 8})
