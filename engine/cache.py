@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import sqlite3
 import time
 from collections import OrderedDict
@@ -46,6 +47,7 @@ class RequestCache:
         self.flushed_at = time.monotonic()
         self._db: sqlite3.Connection | None = None
         self.disk_error: str | None = None  # why the disk part was given up for this run
+        self.pruned = 0  # responses deleted when the run opened it, the oldest first, to keep it under its bound
         self.undecodable = 0  # stored rows that could not be read back: looked up as misses
 
     def get(self, request: Request) -> tuple[Response | None, str | None]:
@@ -102,6 +104,31 @@ class RequestCache:
                     return
                 self._give_up_disk(err)
         self.pending.clear()
+
+    def prune(self, max_bytes: int, keep: float = 0.8) -> int:
+        """Where the stored responses take more than ``max_bytes``, delete the oldest written until they take
+        about ``keep`` x ``max_bytes``; returns how many. SQLite reuses the freed pages, so the file stops
+        growing, though it does not shrink. Without it the file grew by every response any run computed."""
+        if self.path is None or self.disk_error is not None or not self.path.exists():
+            return 0
+        try:
+            db = self.db
+            pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
+                                                                                    "page_size"))
+            used = (pages - free) * size
+            if used <= max_bytes:
+                return 0
+            rows = db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+            drop = min(rows, math.ceil(rows * (1 - keep * max_bytes / used)))
+            with db:
+                db.execute("DELETE FROM responses WHERE key IN (SELECT key FROM responses ORDER BY created, rowid LIMIT ?)",
+                           (drop,))
+        except (sqlite3.DatabaseError, OSError) as err:
+            if not locked(err):  # another writer holds it past the busy timeout: pruned by a later run
+                self._give_up_disk(err)
+            return 0
+        self.pruned += drop
+        return drop
 
     def _on_disk(self, request: Request) -> bool:
         return self.path is not None and self.disk_error is None and request.stage in self.namespaces

@@ -193,8 +193,10 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
         for e in engines:
             ray.kill(e)
     done = [m for m in metrics if m is not None]
-    return merge_metrics(done, time.perf_counter() - started, first_row,
-                         last=done.index(metrics[last]) if last is not None else None)
+    merged = merge_metrics(done, time.perf_counter() - started, first_row,
+                           last=done.index(metrics[last]) if last is not None else None)
+    merged["request_cache"]["pruned"] = cache.pruned if cache is not None else 0  # the driver's open, not the engines'
+    return merged
 
 
 SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "stage_tests",
@@ -238,7 +240,7 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
     merged.update(stages=stages, resolved_by=resolved, truncated=summed([p.get("truncated", {}) for p in parts]),
                   request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
-                                 "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
+                                 "pruned": 0, "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
                                  "hits": hits, "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                                  "by_stage": dict(sorted(by_stage.items()))},
                   driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())

@@ -25,7 +25,10 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
     if not (disk and config.cache.enabled):
         return RequestCache(config.engine.cache_size)
     path = config.cache.path or ragsift_home() / "cache" / "requests.sqlite"
-    return RequestCache(config.engine.cache_size, path, namespaces(config))
+    cache = RequestCache(config.engine.cache_size, path, namespaces(config))
+    if config.cache.max_mb is not None:
+        cache.prune(config.cache.max_mb * 2**20)
+    return cache
 
 
 # Per stage, bumped when ragsift changes how its pool computes a response for the same request and

@@ -472,6 +472,9 @@ class CacheConfig(Section):
                           "writes the disk cache (it still shares identical requests within itself)")
     path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
                              "(~/.cache/ragsift). On a cluster it is on the driver's machine")
+    max_mb: int | None = Field(4096, ge=1, description="a run that opens the file holding more responses than "
+                               "this deletes the oldest written until they take 80% of it (the file keeps its size "
+                               "and reuses the space; delete the file to give it back); None = never")
 
 
 class RayConfig(Section):

@@ -188,3 +188,42 @@ def test_a_generation_cached_before_finish_reasons_were_kept_reads_back_with_non
 
     old = '["Generation", {"text": "an answer", "prompt_tokens": 12, "completion_tokens": 3, "error": null, "cached_tokens": 0}]'
     assert decode(old) == Generation("an answer", 12, 3) and decode(old).finish_reason is None
+
+
+def test_a_cache_over_its_bound_loses_its_oldest_responses_when_a_run_opens_it_and_stops_growing(tmp_path):
+    """Nothing was ever deleted: the file grew by every response any run computed (0.5 MB per 100 questions
+    of direct + rag)."""
+    path = tmp_path / "c.sqlite"
+    cache = RequestCache(10, path, NAMESPACES)
+    for i in range(2000):
+        cache.put(Generate((("user", f"q{i}"),)), Generation("x" * 500, 1, 1))
+    cache.flush()
+    cache.db.close()
+    full = path.stat().st_size
+    reopened = RequestCache(10, path, NAMESPACES)
+    assert reopened.prune(10 * full) == 0  # under its bound: nothing goes
+    dropped = reopened.prune(full // 2)
+    assert 1000 <= dropped < 2000 and reopened.pruned == dropped
+    kept = [i for i in range(2000) if RequestCache(0, path, NAMESPACES).get(Generate((("user", f"q{i}"),)))[0]]
+    assert kept == list(range(dropped, 2000))  # the oldest went
+    for i in range(2000, 2000 + dropped // 2):  # what the next responses fill is the space freed
+        reopened.put(Generate((("user", f"q{i}"),)), Generation("x" * 500, 1, 1))
+    reopened.flush()
+    reopened.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert path.stat().st_size <= full
+
+
+def test_a_run_opens_its_disk_cache_pruned_to_cache_max_mb_and_says_how_many_went(tmp_path):
+    from jobs.request_cache import open_cache
+    from strategies.registry import AnswerConfig
+
+    path = tmp_path / "c.sqlite"
+    config = AnswerConfig(cache={"path": str(path), "enabled": True, "max_mb": 1})
+    cache = open_cache(config)
+    for i in range(4000):
+        cache.put(Generate((("user", f"q{i}"),)), Generation("y" * 600, 1, 1))
+    cache.flush()
+    assert path.stat().st_size > 2**20
+    assert open_cache(config).pruned > 0 and open_cache(config).pruned == 0  # once under 1 MiB, it stays there
+    assert open_cache(AnswerConfig(cache={"path": str(path), "enabled": True, "max_mb": None})).pruned == 0
+
