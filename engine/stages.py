@@ -275,15 +275,7 @@ class Stage:
 
     def ray_restarts(self, replica: int) -> int | None:
         """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
-        actor_id = getattr(self.replicas[replica], "_actor_id", None)
-        if actor_id is None:
-            return None
-        from ray._private import state  # Ray's GCS actor table; ray.util.state needs the dashboard
-
-        try:
-            return int(state.actors(actor_id.hex()).get("NumRestarts", 0))
-        except Exception:  # noqa: BLE001 - only a diagnosis: without it the run goes on unchanged
-            return None
+        return actor_restarts(self.replicas[replica])
 
     def restart(self, replica: int) -> None:
         """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
@@ -492,6 +484,19 @@ class NLIStage(Stage):
         return [Entailment(error=error) for _ in batch]
 
 
+def actor_restarts(actor) -> int | None:
+    """How often Ray restarted ``actor``, or None where Ray cannot say (not a Ray actor)."""
+    actor_id = getattr(actor, "_actor_id", None)
+    if actor_id is None:
+        return None
+    from ray._private import state  # Ray's GCS actor table; ray.util.state needs the dashboard
+
+    try:
+        return int(state.actors(actor_id.hex()).get("NumRestarts", 0))
+    except Exception:  # noqa: BLE001 - only a diagnosis: without it the run goes on unchanged
+        return None
+
+
 class RetrieverStage(Stage):
     """Replicas are query encoders; a batch is searched on every shard and the hits merged.
 
@@ -506,6 +511,10 @@ class RetrieverStage(Stage):
                  retrieval: RetrievalConfig | None = None):
         super().__init__(encoders, batching)
         self.shards, self.bm25, self.retrieval = shards, bm25, retrieval or RetrievalConfig()
+        self.shard_deaths = [0] * len(shards)  # Ray's restart count of each shard actor, as last seen
+
+    def shard_restarts(self, shard: int) -> int | None:
+        return actor_restarts(self.shards[shard])
 
     def _plan(self, batch: list[Retrieve]):
         methods = [r.method or self.retrieval.method for r in batch]

@@ -100,6 +100,20 @@ class Supervisor:
         for stage in self.stages.values():
             for replica in range(len(stage.replicas)):
                 self._count_deaths(stage, replica)
+            for shard in range(len(getattr(stage, "shards", ()))):
+                self._count_shard_deaths(stage, shard)
+
+    def _count_shard_deaths(self, stage, shard: int) -> None:
+        """A retriever shard actor (its FAISS and BM25 indexes) is no replica of the stage, but it dies as one
+        does (out of memory: it holds its index) and Ray restarts it: said and counted as a replica's death."""
+        restarts = stage.shard_restarts(shard)
+        if restarts is None or restarts <= stage.shard_deaths[shard]:
+            return
+        self.restarts += restarts - stage.shard_deaths[shard]
+        stage.shard_deaths[shard] = restarts
+        self.log(f"{stage.name} shard {shard} died (death {restarts} of this shard in this run); Ray restarts it and it "
+                 "loads its index again, calls to it wait meanwhile. Ray gave no reason: its raylet.out says whether "
+                 "it killed the shard for memory")
 
     def _count_deaths(self, stage: Stage, replica: int) -> None:
         """Ray holds the calls to an actor that dies while it starts and runs them once it is back, so a

@@ -134,6 +134,30 @@ def test_a_shared_encoder_that_died_while_idle_counts_one_restart(monkeypatch):
     assert supervisor.restarts == 1 and retriever.deaths == ranker.deaths == [0, 1]
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_a_retriever_shard_that_died_is_said_and_counted_as_a_replicas_death_is(ray_session):
+    """Ray's memory monitor killed a shard actor and the run said nothing of it (only its encoders were watched)."""
+    from engine.stages import RetrieverStage, actor_restarts
+    from engine.supervision import Supervisor
+    from tests.engine.fakes import FakeEncoder, FakeShard
+
+    shards = [ray_session.remote(FakeShard).options(num_cpus=0, max_restarts=1).remote(n) for n in ("a", "b")]
+    stage = RetrieverStage([ray_session.remote(FakeEncoder).options(num_cpus=0).remote()], shards, StageBatching())
+    said = []
+    supervisor = Supervisor({"retriever": stage}, log=said.append)
+    supervisor.watch(0.0, force=True)
+    assert said == [] and supervisor.restarts == 0
+    ray_session.kill(shards[1], no_restart=False)
+    deadline = time.time() + 60
+    while actor_restarts(shards[1]) != 1 and time.time() < deadline:
+        time.sleep(0.2)
+    supervisor.watch(0.0, force=True)
+    supervisor.watch(0.0, force=True)  # one death, said once
+    assert supervisor.restarts == 1 and stage.shard_deaths == [0, 1]
+    assert len(said) == 1 and said[0].startswith("retriever shard 1 died (death 1 of this shard in this run)")
+
+
 def test_a_second_death_makes_every_stage_on_that_actor_wait_for_a_new_readiness_call(monkeypatch):
     retriever, ranker, supervisor = shared_encoders(monkeypatch)
     supervisor.died(retriever, 1, "killed")
