@@ -42,6 +42,8 @@ RESUMABLE = {"demo", "index", "answer", "compare", "calibrate", "sweep", "label"
 # else is a bug and keeps its traceback: a KeyError or ValueError from ragsift's own code printed as
 # one line would read as the user's fault.
 USER_ERRORS = (UserError, StageDown, OSError)
+# a path the user gave, or a pipe: not storage that stopped answering
+NOT_STORAGE = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError, BrokenPipeError)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,8 +122,12 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             raise
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
-        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())
-        print(f"ragsift {name}: error: {line[:1000]}", file=sys.stderr)
+        line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())[:1000]
+        if name in RESUMABLE and isinstance(err, OSError) and not isinstance(err, NOT_STORAGE):
+            # storage that stopped answering mid-run (an S3 server gone, a network file system): not the
+            # user's path, and nothing committed is lost
+            line += "; what was committed before it is kept: the same command resumes once the storage answers again"
+        print(f"ragsift {name}: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         if getattr(args, "debug", False):

@@ -51,6 +51,20 @@ def test_sigterm_ends_a_job_as_ctrl_c_does_with_status_143_and_gives_the_caller_
         signal.signal(signal.SIGTERM, before)
 
 
+def test_storage_that_stops_answering_mid_run_says_the_committed_parts_are_kept_and_a_bad_path_does_not(capsys):
+    """An S3 server gone mid-run ended the job with pyarrow's message alone, not a word of resuming."""
+    gone = OSError("When uploading part for key 'out/rag/part-00003.parquet.tmp': AWS Error NETWORK_CONNECTION "
+                   "during UploadPart operation: curlCode: 7, Couldn't connect to server")
+    assert _execute("answer", job_that_raises(gone), argparse.Namespace(debug=False)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Couldn't connect to server" in err and "the same command resumes" in err
+    missing = FileNotFoundError(2, "No such file or directory", "q.parquet")
+    assert _execute("answer", job_that_raises(missing), argparse.Namespace(debug=False)) == 2
+    assert "resumes" not in capsys.readouterr().err
+    assert _execute("evaluate", job_that_raises(gone), argparse.Namespace(debug=False)) == 2
+    assert "resumes" not in capsys.readouterr().err
+
+
 def test_ctrl_c_with_debug_keeps_the_traceback():
     with pytest.raises(KeyboardInterrupt):
         _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=True))
