@@ -80,10 +80,10 @@ def checked(files: list[str]) -> list[str]:
         if missing:
             raise SchemaError(f"{path} has answers but not the columns {missing} that evaluate reads: "
                               "evaluate answers written by `ragsift answer` / `compare`")
-        counts = pf.read(columns=list(SCORED_COLUMNS[3:]))  # the counts it sums, read once
+        counts = pf.read(columns=list(SCORED_COLUMNS[1:2] + SCORED_COLUMNS[3:]))  # resolutions and counts, read once
         empty = [c for c in counts.column_names if counts[c].null_count]
         if empty:
-            raise SchemaError(f"{path} has null values in {empty}, which evaluate sums: "
+            raise SchemaError(f"{path} has null values in {empty}, which evaluate sums and groups by: "
                               "evaluate answers written by `ragsift answer` / `compare`")
     return files
 
@@ -204,6 +204,7 @@ def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
         "EM": pct(em, scored), "F1": pct(f1, scored), "acc": pct(acc, scored),
         "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
         "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
+        "k": k,  # the recall cut-off; None: all retrieved
         "cite P / R (n)": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)} ({cite_n})" if cite_n else None,
         "errors": errors,
         "LLM calls/q": round(calls / n, 2), "retrievals/q": round(retrievals / n, 2),
@@ -322,6 +323,22 @@ def chart(table: list[dict], path) -> None:
     plt.close(fig)
 
 
+def retrieval_k(run: str) -> int | None:
+    """The recall@k cut-off compare scores a run at, and evaluate and report by default: its config.yaml's
+    retrieval.k (a strategy that retrieves more than k, MIGRES over its iterations, is not credited with
+    what it read past k); all retrieved for a run without one (a single answer file)."""
+    import yaml
+
+    fs, where = filesystem(join(run, "config.yaml"))
+    try:
+        with fs.open_input_stream(where) as f:
+            config = yaml.safe_load(f.read().decode())
+    except (OSError, ValueError, yaml.YAMLError):  # none (an answer file given alone), or unreadable
+        return None
+    k = ((config or {}).get("retrieval") or {}).get("k") if isinstance(config, dict) else None
+    return k if isinstance(k, int) and k > 0 else None
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
@@ -332,14 +349,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", required=True, help="answers directory (from `answer`) or one Parquet file")
     p.add_argument("--questions", required=True, help="the questions with gold `answers`: Parquet, or any file "
                    "`answer` reads (JSON Lines, CSV, a datasets folder, hf:NAME), converted as it converts them")
-    p.add_argument("--k", type=positive_int, help="recall@k cut-off (default: all retrieved)")
+    p.add_argument("--k", type=positive_int, help="recall@k cut-off (default: the run's retrieval.k, from its "
+                   "config.yaml, as compare and report score it; all retrieved for answers without one)")
     p.add_argument("--out", help="where eval.json / eval.md go (default: the answers directory)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.out:
         check_kept(args.out, "--out")
-    table, resolved = evaluate(args.answers, args.questions, args.k)
+    # the run's own k, as compare wrote the table this one replaces and as report scores it: all retrieved
+    # credited a strategy that reads past k (its own k, sub-questions, MIGRES's iterations) with more
+    k = args.k or retrieval_k(args.answers)
+    table, resolved = evaluate(args.answers, args.questions, k)
     if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)

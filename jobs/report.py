@@ -24,6 +24,7 @@ from jobs.evaluate import (
     grouped_rows,
     resolution,
     resolution_cells,
+    retrieval_k,
     score,
 )
 from jobs.output import unfinished
@@ -45,22 +46,6 @@ def load_run(run: str, questions: str, label: str | None) -> dict:
         "metrics": read_metrics(metrics_path),
         "label": label or Path(path_of(run)).name,
     }
-
-
-def retrieval_k(run: str) -> int | None:
-    """The recall@k cut-off compare scored the run at: its config.yaml's retrieval.k (a strategy that
-    retrieves more than k, MIGRES over its iterations, is not credited with what it read past k);
-    all retrieved for a run without one (a single answer file)."""
-    import yaml
-
-    fs, where = filesystem(join(run, "config.yaml"))
-    try:
-        with fs.open_input_stream(where) as f:
-            config = yaml.safe_load(f.read().decode())
-    except (OSError, ValueError, yaml.YAMLError):  # none (an answer file given alone), or unreadable
-        return None
-    k = ((config or {}).get("retrieval") or {}).get("k") if isinstance(config, dict) else None
-    return k if isinstance(k, int) and k > 0 else None
 
 
 def read_metrics(path) -> dict | None:

@@ -212,3 +212,32 @@ def test_evaluate_writes_its_files_before_printing_so_a_closed_stdout_keeps_them
         os.close(writer)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("eval", "resolution"))) == [
         "eval.json", "eval.md", "eval.png", "resolution.json"]
+
+
+def test_a_null_resolution_in_a_hand_written_file_is_a_schema_error_not_a_traceback(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", resolved_by=None), answer_row("b", "Rome")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}, {"id": "b", "question": "?", "answers": ["x"]}])
+    with pytest.raises(SchemaError, match=r"null values in \['resolved_by'\]"):
+        evaluate(answers, qs)
+
+
+def test_evaluate_scores_recall_at_the_runs_own_k_as_compare_and_report_do_and_says_which(tmp_path):
+    """It took every retrieved passage (compare and report cut at the run's retrieval.k): the same rows read
+    66.7 in compare's table and 100 once evaluate wrote over it."""
+    import json
+
+    from jobs.cli import run_job
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", retrieved_ids=["p1", "p2", "p3"])],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "gold_passage_ids": ["p1", "p3"]}])
+    (tmp_path / "config.yaml").write_text("retrieval: {k: 2}\n")
+    assert run_job("evaluate", ["--answers", answers, "--questions", qs]) == 0
+    row = overall(json.loads((tmp_path / "eval.json").read_text()))
+    assert (row["recall@k any"], row["recall@k all"], row["k"]) == (100.0, 0.0, 2)
+    assert run_job("evaluate", ["--answers", answers, "--questions", qs, "--k", "3"]) == 0
+    row = overall(json.loads((tmp_path / "eval.json").read_text()))
+    assert (row["recall@k all"], row["k"]) == (100.0, 3)
+    (tmp_path / "config.yaml").unlink()  # answers without their run's config: every passage retrieved
+    assert run_job("evaluate", ["--answers", answers, "--questions", qs]) == 0
+    assert overall(json.loads((tmp_path / "eval.json").read_text()))["k"] is None
+
