@@ -19,7 +19,7 @@ from actors.judge_folders import card_of
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_names
 from jobs.engine_actors import Todo, run_engines
-from jobs.identity import identity_defaults, operational, run_identity, run_metadata
+from jobs.identity import calibration_record, identity_defaults, operational, run_identity, run_metadata
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
@@ -60,6 +60,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     if calibrated_on(config, plan.sha256):
         log(f"warning: these questions are the slice this config's thresholds were calibrated on "
             f"({config.calibration.questions}): its scores here are fitted, not measured")
+    if said := calibrated_for_others(config):
+        log(f"warning: {said}")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
     if "know" in needs and (learned := know_labels_generator(config.know.model)) not in (None, config.generator.model):
@@ -89,6 +91,18 @@ def check_output(config: AnswerConfig, force: bool = False, plan=None, hint: str
     job that runs several answers: a sweep found it only when it reached that value, after the values before."""
     plan = plan or plan_input(config.questions, limit=config.limit)
     check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational, force, hint)
+
+
+def calibrated_for_others(config: AnswerConfig) -> str | None:
+    """What says that this run's models are not those its config's thresholds were calibrated with (they are
+    cuts on those models' scores); None where they are, or nothing was calibrated."""
+    record = calibration_record(config) or {}
+    models = {k: v for k, v in record.get("overridden", {}).items() if k in ("generator", "judge", "ranker")}
+    if not models:
+        return None
+    return ("this config's thresholds were calibrated with " + ", ".join(f"{k} {record[k]}" for k in models)
+            + " (its calibration record), this run has " + ", ".join(map(str, models.values()))
+            + ": they are cuts on those models' scores; `ragsift calibrate` for these")
 
 
 def calibrated_on(config: AnswerConfig, sha256: str | None) -> bool:

@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import manifest_sha256
-from jobs.models import resolve
+from jobs.models import pinned, resolve
 from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision
@@ -98,11 +98,34 @@ def calibration_record(config: AnswerConfig) -> dict | None:
         now = getattr(getattr(config, section, None), key, None)
         if now != chosen:
             overridden[field] = now
-    # the know threshold is a cut on that model's scores (a record written before records named none: it says
-    # nothing either way)
-    if record.get("know") and know_model(config) != record["know"]:
+    # the thresholds are cuts on these models' scores: with others they are other cuts (the know threshold on
+    # M_know's; a record written before records no know model: it says nothing either way)
+    used = {"generator": config.generator.model, "judge": config.judge.model if config.judge else None,
+            "ranker": ranker_name(config)}
+    for key, now in used.items():
+        if not same_model(record[key], now):
+            overridden[key] = now
+    if record.get("know") and not same_model(record["know"], know_model(config)):
         overridden["know.model"] = know_model(config)
     return {**record, "overridden": overridden} if overridden else record
+
+
+def same_model(recorded: str | None, now: str | None) -> bool:
+    """Whether a model the calibration record names is the run's: the same name, or the same local folder
+    (a run pins a relative path to an absolute one, jobs/models.py; the record keeps it as written), also
+    behind a ranker's "cross-encoder:" kind."""
+    if recorded == now:
+        return True
+    if recorded is None or now is None:
+        return False
+    (kind, model), (kind_now, model_now) = _ranker_kind(recorded), _ranker_kind(now)
+    return kind == kind_now and pinned(model) == pinned(model_now)
+
+
+def _ranker_kind(name: str) -> tuple[str, str]:
+    """("cross-encoder:", the model) for ranker_name's "cross-encoder:<model>" (or bi-encoder), else ("", name)."""
+    kind = next((k for k in ("cross-encoder:", "bi-encoder:") if name.startswith(k)), "")
+    return kind, name[len(kind):]
 
 
 JUDGE_KNOWS = "judge: P('yes')"  # RA-ISF's self-knowledge judged by the judge pool's prompt, not a trained M_know

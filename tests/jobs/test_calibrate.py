@@ -333,15 +333,52 @@ def test_the_calibrated_config_carries_the_generators_settings_that_decide_its_a
 
 
 def test_run_metadata_says_which_calibrated_values_the_run_overrode():
-    from jobs.identity import calibration_record
+    from jobs.identity import calibration_record, ranker_name
 
-    record = {"questions": "calib.parquet", "questions_sha256": "x", "n": 3, "generator": "g", "ranker": "r",
-              "chosen": {"think_act.beta_threshold": 1.0, "think_act.top_sentences": 5}}
+    record = {"questions": "calib.parquet", "questions_sha256": "x", "n": 3, "generator": AnswerConfig().generator.model,
+              "ranker": ranker_name(AnswerConfig()), "chosen": {"think_act.beta_threshold": 1.0, "think_act.top_sentences": 5}}
     same = AnswerConfig(think_act={"beta_threshold": 1.0, "top_sentences": 5}, calibration=record)
     assert "overridden" not in calibration_record(same)
     swept = AnswerConfig(think_act={"beta_threshold": 0.2, "top_sentences": 5}, calibration=record)
     assert calibration_record(swept)["overridden"] == {"think_act.beta_threshold": 0.2}
     assert calibration_record(AnswerConfig()) is None
+
+
+def test_a_run_with_another_generator_judge_or_ranker_than_its_thresholds_were_calibrated_with_says_so(
+        tmp_path, monkeypatch):
+    """The thresholds are cuts on those models' scores; a run of the 0.5B model's calibrated file with the 1.5B
+    generator showed them as applying. A relative folder the run pinned to an absolute path is the same model."""
+    import os
+
+    from jobs.answer import with_models_pinned
+    from jobs.identity import calibration_record, ranker_name
+
+    monkeypatch.chdir(tmp_path)
+    for folder in ("m_know", "m_rel"):
+        os.mkdir(folder)
+    (tmp_path / "m_rel" / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
+    base = AnswerConfig(raisf={"judges": "trained"}, know={"model": "m_know"}, reranker={"model": "m_rel"})
+    record = {"questions": "c.parquet", "questions_sha256": "x", "n": 3, "generator": base.generator.model,
+              "judge": None, "ranker": ranker_name(base), "know": "m_know", "chosen": {}}
+    assert record["ranker"] == "cross-encoder:m_rel"
+
+    def run(**update):
+        return with_models_pinned(AnswerConfig(**{**base.model_dump(), "calibration": record, **update}))
+
+    assert run().know.model == str(tmp_path / "m_know") and "overridden" not in calibration_record(run())
+    other = run(generator={"model": "qwen2.5-coder-1.5b-instruct"}, judge={"model": "smollm2-135m-instruct"})
+    assert calibration_record(other)["overridden"] == {"generator": "qwen2.5-coder-1.5b-instruct",
+                                                       "judge": "smollm2-135m-instruct"}
+    cosine = run(reranker={"model": None})
+    assert calibration_record(cosine)["overridden"] == {"ranker": ranker_name(cosine)}
+
+    from jobs.answer import calibrated_for_others
+
+    assert calibrated_for_others(run()) is None and calibrated_for_others(AnswerConfig()) is None
+    assert calibrated_for_others(other) == (
+        "this config's thresholds were calibrated with generator qwen2.5-coder-0.5b-instruct, judge None (its "
+        "calibration record), this run has qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct: they are cuts on those "
+        "models' scores; `ragsift calibrate` for these")
 
 
 def test_the_calibration_record_names_the_self_knowledge_model_and_a_run_with_another_says_it_overrode_it():
@@ -350,8 +387,8 @@ def test_the_calibration_record_names_the_self_knowledge_model_and_a_run_with_an
     from jobs.identity import calibration_record
 
     def run(model="/m/know_v1", judges="trained", **record):
-        record = {"questions": "c.parquet", "questions_sha256": "x", "n": 3, "generator": "g", "ranker": "r",
-                  "chosen": {"raisf.know_threshold": 0.7}, **record}
+        record = {"questions": "c.parquet", "questions_sha256": "x", "n": 3, "generator": AnswerConfig().generator.model,
+                  "ranker": "cross-encoder:/m/rel", "chosen": {"raisf.know_threshold": 0.7}, **record}
         return AnswerConfig(raisf={"judges": judges, "know_threshold": 0.7}, know={"model": model},
                             reranker={"model": "/m/rel"}, calibration=record)
 
