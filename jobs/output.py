@@ -3,12 +3,12 @@
     <output>/_manifest.json                      what this output holds: input, shard size, config
     <output>/<strategy>/part-00000.parquet       the rows of input shard 0, for one strategy
 
-A part is written under ``.tmp`` and renamed once every question of its shard has its row (an answer
-or an error row), so a part that exists is complete; its sha256 and row count are written beside it
-(``_part-NNNNN.parquet.sha256``) just before the rename. Re-running the same command resumes: committed
-parts are kept when their checksum matches (a damaged part is named in the log and answered again;
-a part written before checksums existed is checked by its footer only), leftovers of the interrupted
-run are removed, and only the unfinished shards are answered. A different answer config is refused
+A part is written as ``_part-NNNNN.parquet.tmp`` (a name dataset readers skip) and renamed once every
+question of its shard has its row (an answer or an error row), so a part that exists is complete; its
+sha256 and row count are written beside it (``_part-NNNNN.parquet.sha256``) just before the rename.
+Re-running the same command resumes: committed parts are kept when their checksum matches (a damaged
+part is named in the log and answered again; a part written before checksums existed is checked by its
+footer only), leftovers of the interrupted run are removed, and only the unfinished shards are answered. A different answer config is refused
 unless forced. ``--retry-errors`` opens the committed parts that hold error rows again with their
 answered rows in them, so only the error rows are answered again; the old part stays in place until
 the new one, whole, replaces it.
@@ -34,6 +34,21 @@ from schemas.tables import ANSWERS, conformed
 MANIFEST = "_manifest.json"
 # what answer writes at a run's end (metrics, resolved config) and evaluate / compare beside it
 DESCRIBING = ("metrics.json", "config.yaml", "eval.json", "eval.md", "eval.png", "resolution.json")
+
+
+def in_progress(part: str) -> str:
+    """Where a part is written until its commit: ``_part-NNNNN.parquet.tmp`` beside it, a name dataset
+    readers skip, as the checksum's, so ``pq.read_table("out/rag")`` reads the committed parts of a run
+    killed, failed or still answering (``part-NNNNN.parquet.tmp``, an earlier ragsift's, made it fail)."""
+    folder, name = part.rsplit("/", 1)
+    return f"{folder}/_{name}.tmp"
+
+
+def part_of(tmp: str) -> str | None:
+    """The part an in-progress file (this ragsift's name or an earlier one's) is written for, or None."""
+    folder, name = tmp.rsplit("/", 1)
+    name = name.removeprefix("_").removesuffix(".tmp") if name.endswith(".tmp") else ""
+    return f"{folder}/{name}" if PART.fullmatch(name) else None
 
 
 def checksum_path(part: str) -> str:
@@ -175,11 +190,15 @@ class ShardedOutput:
         with self.fs.open_output_stream(manifest + ".tmp") as f:
             f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)
+        # a conversion of the questions killed before its rename (jobs/question_sources.py write_input); this
+        # run's own was renamed before the lease it runs under was taken
+        inputs = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/_input", allow_not_found=True))
+        for left in [e.path for e in inputs if re.fullmatch(r"\.questions-[0-9a-f]+\.parquet\.tmp", e.base_name)]:
+            self.fs.delete_file(left)
         for strategy in self.strategies:
             self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
             entries = self._entries(strategy)
-            finished = [self._finish_commit(path) for name, path in entries.items()
-                        if name.endswith(".tmp") and PART.fullmatch(name.removesuffix(".tmp"))]
+            finished = [self._finish_commit(path) for path in entries.values() if part_of(path)]
             if any(finished):
                 entries = self._entries(strategy)
             for name, path in sorted(entries.items()):
@@ -200,16 +219,17 @@ class ShardedOutput:
         """Rename a part's ``.tmp`` whose checksum was written when the run stopped before the rename: it
         is whole (the checksum is taken of it), and where ``--retry-errors`` reopened the part the old
         one beside it no longer matches that checksum, so without this both would be lost."""
+        part = part_of(tmp)
         try:
-            with self.fs.open_input_stream(checksum_path(tmp.removesuffix(".tmp"))) as f:
+            with self.fs.open_input_stream(checksum_path(part)) as f:
                 recorded = json.loads(f.read())
         except (FileNotFoundError, ValueError):
             return False
         if not isinstance(recorded, dict) or recorded.get("sha256") != file_sha256(self.fs, tmp):
             return False
-        self.fs.move(tmp, tmp.removesuffix(".tmp"))
-        self.log(f"finishing the commit of {redact(self.output)}/{tmp.rsplit('/', 2)[-2]}/"
-                 f"{tmp.rsplit('/', 1)[-1].removesuffix('.tmp')}, interrupted before its rename")
+        self.fs.move(tmp, part)
+        self.log(f"finishing the commit of {redact(self.output)}/{part.rsplit('/', 2)[-2]}/"
+                 f"{part.rsplit('/', 1)[-1]}, interrupted before its rename")
         return True
 
     def _strategy_dirs(self) -> list[str]:
@@ -301,7 +321,7 @@ class ShardedOutput:
 
     def _open(self, strategy: str, shard: int) -> _Open:
         path = self._path(strategy, shard)
-        stream = self.fs.open_output_stream(path + ".tmp")
+        stream = self.fs.open_output_stream(in_progress(path))
         part = _Open(stream, pq.ParquetWriter(stream, self.schema, compression="zstd"), path, [])
         self.open[(strategy, shard)] = part
         return part
@@ -324,8 +344,8 @@ class ShardedOutput:
         part.writer.close()
         part.stream.close()
         with self.fs.open_output_stream(checksum_path(part.path)) as f:  # before the rename: a part never lacks it
-            f.write(json.dumps({"sha256": file_sha256(self.fs, part.path + ".tmp"), "rows": part.written}).encode())
-        self.fs.move(part.path + ".tmp", part.path)
+            f.write(json.dumps({"sha256": file_sha256(self.fs, in_progress(part.path)), "rows": part.written}).encode())
+        self.fs.move(in_progress(part.path), part.path)
         del self.open[(strategy, shard)]
         self.retrying.pop((strategy, shard), None)
         self.committed.add((strategy, shard))

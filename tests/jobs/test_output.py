@@ -244,6 +244,36 @@ def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_a_strategy_folder_reads_as_its_committed_parts_while_others_are_still_written(tmp_path):
+    """README's `pq.read_table("out/rag")` failed on a part in progress ("Parquet magic bytes not found in
+    footer" of part-00001.parquet.tmp): after a kill, a failed run, or while a run answers."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.sealed(1, 3)
+    out.write(row("q3", "rag", 1))
+    out.open[("rag", 1)].writer.write_table(pa.Table.from_pylist(out.open[("rag", 1)].rows, schema=out.schema))
+    assert (tmp_path / "rag" / "_part-00001.parquet.tmp").exists()
+    assert pq.read_table(tmp_path / "rag")["id"].to_pylist() == ["q0"]
+
+
+def test_a_resume_finishes_or_removes_parts_in_progress_of_either_name_and_killed_conversions(tmp_path):
+    """An earlier ragsift wrote part-NNNNN.parquet.tmp; a conversion of the questions killed before its rename
+    left _input/.questions-<uuid>.parquet.tmp behind for good."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    (tmp_path / "rag" / "part-00001.parquet.tmp").write_bytes(b"an earlier ragsift's leftover")
+    (tmp_path / "rag" / "_part-00002.parquet.tmp").write_bytes(b"a leftover")
+    (tmp_path / "_input").mkdir()
+    (tmp_path / "_input" / ".questions-0123abcd.parquet.tmp").write_bytes(b"a killed conversion")
+    (tmp_path / "_input" / "questions-0123456789abcdef.parquet").write_bytes(b"the questions")
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    assert again.committed == {("rag", 0)}
+    assert sorted(p.name for p in (tmp_path / "rag").iterdir()) == ["_part-00000.parquet.sha256", "part-00000.parquet"]
+    assert [p.name for p in (tmp_path / "_input").iterdir()] == ["questions-0123456789abcdef.parquet"]
+
+
 def test_an_output_recorded_when_the_failure_settings_were_part_of_the_identity_still_resumes(tmp_path):
     """engine.max_attempts and the like became speed settings: an output recording them was refused."""
     from jobs.identity import identity_defaults
