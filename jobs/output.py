@@ -8,10 +8,10 @@ question of its shard has its row (an answer or an error row), so a part that ex
 sha256 and row count are written beside it (``_part-NNNNN.parquet.sha256``) just before the rename.
 Re-running the same command resumes: committed parts are kept when their checksum matches (a damaged
 part is named in the log and answered again; a part written before checksums existed is checked by its
-footer only), leftovers of the interrupted run are removed, and only the unfinished shards are answered. A different answer config is refused
-unless forced. ``--retry-errors`` opens the committed parts that hold error rows again with their
-answered rows in them, so only the error rows are answered again; the old part stays in place until
-the new one, whole, replaces it.
+footer only), leftovers of the interrupted run are removed, and only the unfinished shards are
+answered. A different answer config is refused unless forced. ``--retry-errors`` opens the committed
+parts that hold error rows again with their answered rows in them, so only the error rows are answered
+again; the old part stays in place until the new one, whole, replaces it.
 """
 
 from __future__ import annotations
