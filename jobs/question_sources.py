@@ -1,5 +1,5 @@
 """Question sources other than a ragsift-shaped Parquet file: JSON Lines or CSV (FlashRAG's dataset
-files too: jobs/formats.py), a ``datasets`` directory written by
+files too: jobs/formats.py), a folder of Parquet files (Spark's, Ray Data's output), a ``datasets`` directory written by
 ``save_to_disk`` (a Dataset, or a DatasetDict with ``input.split``), ``hf:NAME`` for
 ``datasets.load_dataset(NAME, split=input.split or "train")`` (a hub name when online, or a local
 folder of Parquet / JSON / CSV files), or any file whose columns need renaming (``input.columns``,
@@ -116,10 +116,43 @@ def is_datasets_dir(uri: str) -> bool:
     return "://" not in uri and path.is_dir() and any((path / f).exists() for f in ("state.json", "dataset_dict.json"))
 
 
+def is_parquet_dir(uri: str) -> bool:
+    """A folder (local or in an object store) taken as a table of Parquet files, Spark's or Ray Data's
+    output: not a ``datasets`` folder, not ``hf:``."""
+    if uri.startswith("hf:") or is_datasets_dir(uri):
+        return False
+    try:
+        fs, path = filesystem(uri)
+        return fs.get_file_info(path).type == pafs.FileType.Directory
+    except (UserError, OSError):  # not a URI pyarrow opens, or unreachable: the file's own read says why
+        return False
+
+
+def read_parquet_dir(uri: str) -> pa.Table:
+    """Every ``*.parquet`` file under the folder, in path order, as one table (files and folders whose names
+    start with ``_`` or ``.`` are left out, as Spark and pyarrow leave them: markers, checksums, parts in
+    progress)."""
+    import pyarrow.dataset as ds
+
+    fs, root = filesystem(uri)
+    files = sorted(e.path for e in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                   if e.type == pafs.FileType.File and e.path.endswith(".parquet")
+                   and not any(p.startswith(("_", ".")) for p in e.path[len(root):].split("/") if p))
+    if not files:
+        raise UserError(f"{redact(uri)}: a folder with no Parquet file (*.parquet) in it; questions in another "
+                        "format are one file (JSON Lines, CSV), a `datasets` folder, or hf:<folder>")
+    try:
+        schema = pa.unify_schemas([pq.read_schema(f, filesystem=fs) for f in files])
+        return ds.dataset(files, schema=schema, filesystem=fs, format="parquet").to_table()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        raise UserError(f"{redact(uri)}: its {len(files)} Parquet files do not read as one table ({err})") from None
+
+
 def source_sha256(questions: str) -> str | None:
     """The sha256 of a questions file as the user gave it (a JSON Lines file's, not of ragsift's Parquet
     copy, so that it can be checked against theirs); None for a ``datasets`` folder or ``hf:`` name."""
-    return None if questions.startswith("hf:") or is_datasets_dir(questions) else sha256_of(questions)
+    return None if questions.startswith("hf:") or is_datasets_dir(questions) or is_parquet_dir(questions) \
+        else sha256_of(questions)
 
 
 def sha256_of(uri: str) -> str:
@@ -132,7 +165,8 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
         return uri
     if split is not None and not uri.startswith("hf:") and not is_datasets_dir(uri):
         raise no_splits(uri, split)
-    if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:") and not is_foreign(uri):
+    if not columns and not is_datasets_dir(uri) and not uri.startswith("hf:") and not is_foreign(uri) \
+            and not is_parquet_dir(uri):
         return uri
     if uri.startswith("hf:"):
         import datasets
@@ -162,6 +196,8 @@ def materialize_questions(uri: str, output: str, columns: dict[str, str], split:
         table = to_arrow(loaded, columns, uri=uri)
     elif is_foreign(uri):
         table = to_arrow(read_foreign(uri, mapped=False), columns, csv=uri.lower().endswith(".csv"), uri=uri)
+    elif is_parquet_dir(uri):
+        table = to_arrow(read_parquet_dir(uri), columns, uri=uri)
     else:
         table = to_arrow(read_table(uri), columns, uri=uri)
     check_questions(table.schema, uri)  # naming the user's file, before anything is written
@@ -183,7 +219,7 @@ def as_parquet(uri: str) -> str:
     ``answer`` converts it (so its ids are the answers' ids), into a folder of this process removed at exit.
     A split is the answer run's choice (``input.split``), so ``hf:`` and a folder of several splits are
     refused here, naming the file that run converted."""
-    if not (is_datasets_dir(uri) or uri.startswith("hf:") or is_foreign(uri)):
+    if not (is_datasets_dir(uri) or uri.startswith("hf:") or is_foreign(uri) or is_parquet_dir(uri)):
         return uri
     splits = Path(uri) / "dataset_dict.json"
     if uri.startswith("hf:") or (splits.exists() and len(json.loads(splits.read_text()).get("splits", [])) > 1):

@@ -53,6 +53,28 @@ def test_parquet_is_read_in_place_unless_columns_are_renamed(tmp_path):
         config_for(tmp_path / "q.parquet", tmp_path / "out", "input.columns={question: nope}")
 
 
+def test_a_folder_of_parquet_files_is_one_question_table_in_path_order_without_markers_or_hidden_files(tmp_path):
+    """Spark's or Ray Data's output, the layout of a million questions, was refused: "cannot be read (...
+    is a directory)"."""
+    from jobs.question_sources import as_parquet
+
+    folder = tmp_path / "qs"
+    (folder / "_temporary").mkdir(parents=True)
+    rows = [{"id": f"q{i}", "question": f"Q{i}?", "answers": [f"a{i}"]} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows[2:]), folder / "part-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2]), folder / "part-00000.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:1]), folder / "_temporary" / "part-00002.parquet")  # in progress
+    (folder / "_SUCCESS").write_text("")
+    (folder / ".part-00000.parquet.crc").write_bytes(b"crc")
+    config = config_for(folder, tmp_path / "out")
+    assert re.fullmatch(rf"{tmp_path}/out/_input/questions-[0-9a-f]{{16}}\.parquet", config.questions)
+    assert pq.read_table(config.questions)["id"].to_pylist() == ["q0", "q1", "q2", "q3", "q4"]
+    assert pq.read_table(as_parquet(str(folder)))["answers"].to_pylist() == [[f"a{i}"] for i in range(5)]  # evaluate's read
+    (tmp_path / "none").mkdir()
+    with pytest.raises(UserError, match=r"a folder with no Parquet file"):
+        config_for(tmp_path / "none", tmp_path / "out2")
+
+
 def test_hf_names_go_through_load_dataset(tmp_path):
     """``hf:NAME`` is ``datasets.load_dataset(NAME, split=...)``: a hub name online; here a local folder of files."""
     (tmp_path / "files").mkdir()
