@@ -414,7 +414,10 @@ class StreamingGeneratorStage(GeneratorStage):
         import ray
 
         out = []
-        for replica in self.replicas:
+        for i, replica in enumerate(self.replicas):
+            if i in self.restarting:  # still starting (a run answered from the cache ends before vLLM is up):
+                out.append({"error": "no figures: the replica had not started"})  # its call waited for it, 30 s
+                continue
             try:
                 out.append(ray.get(replica.engine_stats.remote(), timeout=30))
             except Exception as err:  # noqa: BLE001 - a replica gone at the end costs its figures, not the run

@@ -169,3 +169,20 @@ def test_a_second_death_makes_every_stage_on_that_actor_wait_for_a_new_readiness
     supervisor.died(ranker, 1, "its batch failed on the same dead actor")
     assert stale not in supervisor.probes and ranker.restarting == {1}
     assert supervisor.restarts == 2 and retriever.deaths == ranker.deaths == [0, 2]
+
+
+def test_a_replica_still_starting_when_a_run_ends_gives_no_figures_without_being_waited_for():
+    """A run answered from the cache ended in a second and then waited 30 s per vLLM replica still starting
+    for its statistics."""
+    from engine.stages import StreamingGeneratorStage
+
+    class Replica:
+        @property
+        def engine_stats(self):
+            raise AssertionError("a replica still starting was asked for its figures")
+
+    from schemas.config import LLMBatching
+
+    stage = StreamingGeneratorStage([Replica()], LLMBatching())
+    assert stage.engine_stats() == [{"error": "no figures: the replica had not started"}]
+
