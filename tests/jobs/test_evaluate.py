@@ -241,3 +241,13 @@ def test_evaluate_scores_recall_at_the_runs_own_k_as_compare_and_report_do_and_s
     assert run_job("evaluate", ["--answers", answers, "--questions", qs]) == 0
     assert overall(json.loads((tmp_path / "eval.json").read_text()))["k"] is None
 
+
+def test_only_the_gold_of_the_answered_questions_and_of_those_without_an_id_is_read_into_rows(tmp_path):
+    """Scoring 300 answers against 1M questions held every question as a dict (1.45 GB)."""
+    from jobs.evaluate import gold_needed
+
+    answers, qs = write(tmp_path, [answer_row("b", "Rome")],
+                        [{"id": q, "question": "?", "answers": [q]} for q in ("a", "b", None, "c", "b")])
+    by_id, unnamed = gold_needed(qs, ["id", "question", "answers"], [str(tmp_path / "rag" / "part-00000.parquet")])
+    assert by_id == {"b": {"id": "b", "answers": ["b"]}} and unnamed == {2: {"id": None, "answers": [None]}}
+
