@@ -84,6 +84,8 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
         if "relevance" in kinds and not relevance:
             dropped["relevance"]["no passage retrieved"] += 1
         elif relevance:
+            # the question's gold passages, where it has some: a retrieved one is gold or not (None: not known)
+            golden = set(gold_ids((gold.get(row["id"]) or {}).get("gold_passage_ids"))) or None
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):
                 if pid not in passages or p_yes is None:
                     continue
@@ -91,6 +93,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
                 out["relevance"].append({
                     "id": row["id"], "question": q, "passage_id": pid, "passage": text, "p_yes": p_yes,
                     "label": "relevant" if relevant else "irrelevant",
+                    "gold_passage": None if golden is None else pid in golden,
                     "messages": _chat(prompt("raisf/relevance").format(question=q, passage=text),
                                       "yes" if relevant else "no")})
         if "decomposition" in kinds:

@@ -52,7 +52,9 @@ LABELS = {
     "self_knowledge": pa.schema([("id", pa.string()), ("question", pa.string()), ("closed_book_answer", pa.string()),
                                  ("gold_answers", pa.list_(pa.string())), ("label", pa.string())]),
     "relevance": pa.schema([("id", pa.string()), ("question", pa.string()), ("passage_id", pa.string()),
-                            ("passage", pa.string()), ("p_yes", pa.float64()), ("label", pa.string())]),
+                            ("passage", pa.string()), ("p_yes", pa.float64()), ("label", pa.string()),
+                            # the passage is one of the question's gold passages (null: the question has none)
+                            ("gold_passage", pa.bool_())]),
     "decomposition": pa.schema([("id", pa.string()), ("question", pa.string()),
                                 ("sub_questions", pa.list_(pa.string()))]),
     "self_reasoning": pa.schema([("id", pa.string()), ("question", pa.string()), ("passage_ids", pa.list_(pa.string())),

@@ -54,6 +54,16 @@ def test_raisf_labels_follow_appendix_a():
     assert json.loads(out["decomposition"][0]["messages"][1]["content"]) == {"sub_questions": ["a?", "b?"]}
 
 
+def test_a_relevance_label_says_whether_its_passage_is_one_of_the_questions_gold_passages_where_known():
+    """The rows had the judge's label only: a user training M_rel on gold positives had to join the question file."""
+    gold = {"a": {"answers": ["Paris"], "gold_passage_ids": ["p1", None]}, "b": {"answers": ["Lyon"]}}
+    rel = raisf_labels([row("a", "Paris", LABEL_TRACE), row("b", "Lyon", LABEL_TRACE)], gold, PASSAGES,
+                       LabelConfig())["relevance"]
+    assert [(r["id"], r["passage_id"], r["label"], r["gold_passage"]) for r in rel] == [
+        ("a", "p0", "relevant", False), ("a", "p1", "irrelevant", True), ("b", "p0", "relevant", None),
+        ("b", "p1", "irrelevant", None)]
+
+
 def test_a_decomposition_that_only_repeats_the_question_is_no_label_and_each_kind_says_why_a_question_gave_none():
     """SmolLM2 decomposed 7 of 9 questions into the question itself (RA-ISF drops such sub-questions), and
     they were written as M_decom's targets; an error row was not counted anywhere."""
@@ -124,7 +134,7 @@ def test_label_files_are_parquet_and_chat_jsonl(tmp_path):
     out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES, LabelConfig())
     write_labels(str(tmp_path), "relevance", out["relevance"])
     table = pq.read_table(tmp_path / "labels" / "relevance.parquet")
-    assert table.column_names == ["id", "question", "passage_id", "passage", "p_yes", "label"]
+    assert table.column_names == ["id", "question", "passage_id", "passage", "p_yes", "label", "gold_passage"]
     lines = [json.loads(line) for line in (tmp_path / "labels" / "relevance.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and [m["role"] for m in lines[0]["messages"]] == ["user", "assistant"]
 
