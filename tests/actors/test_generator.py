@@ -142,7 +142,8 @@ class TokenizerFailingOn:
 def finished(prompt):
     from types import SimpleNamespace as NS
 
-    return NS(outputs=[NS(text=f"answer to {len(prompt['prompt_token_ids'])} tokens", token_ids=[7, 8], logprobs=None)],
+    return NS(outputs=[NS(text=f"answer to {len(prompt['prompt_token_ids'])} tokens", token_ids=[7, 8], logprobs=None,
+                          finish_reason="stop")],
               prompt_token_ids=prompt["prompt_token_ids"], num_cached_tokens=0)
 
 
