@@ -1,10 +1,11 @@
 """Peak memory and time of ``ragsift evaluate`` scoring a few answers against a large question file.
 
-    python benchmarks/evaluate_memory.py --questions 1000000 --answers 300 [--code /path/to/checkout]
+    python benchmarks/evaluate_memory.py --questions 1000000 --answers 300 [--trace-chars 2000] [--code CHECKOUT]
 
 Writes a question file of N questions (two gold answers, a dataset, a gold passage each) and one answer
-part of M of them into a temporary folder, runs the CLI of ``--code`` (default: this checkout) on them
-in a child process and prints that child's peak RSS (ru_maxrss) and wall time as JSON.
+part of M of them (each with a trace of that many characters) into a temporary folder, runs the CLI of
+``--code`` (default: this checkout) on them in a child process and prints that child's peak RSS
+(ru_maxrss) and wall time as JSON.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from schemas.tables import ANSWERS  # noqa: E402
 
 
-def write_inputs(folder: Path, n: int, m: int) -> tuple[Path, Path]:
+def write_inputs(folder: Path, n: int, m: int, trace_chars: int) -> tuple[Path, Path]:
     ids = [f"q{i:08d}" for i in range(n)]
     pq.write_table(pa.table({"id": ids, "question": [f"Question {i}?" for i in range(n)],
                              "answers": [[f"a{i}", f"b{i}"] for i in range(n)], "dataset": ["nq"] * n,
@@ -36,7 +37,8 @@ def write_inputs(folder: Path, n: int, m: int) -> tuple[Path, Path]:
     rows = [{**{f.name: None for f in ANSWERS}, "id": ids[i], "question": "?", "strategy": "rag", "answer": f"a{i}",
              "resolved_by": "passages", "retrieved_ids": [f"p{i}"], "citations": [], "n_llm_calls": 1,
              "n_retrievals": 1, "n_subquestions": 0, "depth": 0, "n_parse_failures": 0, "n_truncated": 0,
-             "prompt_tokens": 10, "completion_tokens": 2, "latency_s": 0.1} for i in range(0, step * m, step)]
+             "prompt_tokens": 10, "completion_tokens": 2, "latency_s": 0.1,
+             "trace": "x" * trace_chars} for i in range(0, step * m, step)]
     (folder / "answers" / "rag").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=ANSWERS), folder / "answers" / "rag" / "part-00000.parquet")
     return folder / "questions.parquet", folder / "answers"
@@ -46,16 +48,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--questions", type=int, default=1_000_000)
     p.add_argument("--answers", type=int, default=300)
+    p.add_argument("--trace-chars", type=int, default=2000, help="each answer row's trace (a real one: 0.5-20 kB)")
     p.add_argument("--code", default=str(REPO), help="the checkout whose evaluate runs")
     p.add_argument("--write-into", help=argparse.SUPPRESS)  # the inputs are written by a child of their own
     args = p.parse_args()
     if args.write_into:
-        write_inputs(Path(args.write_into), args.questions, args.answers)
+        write_inputs(Path(args.write_into), args.questions, args.answers, args.trace_chars)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         # written in another process: a child forked from one holding the tables counts their pages in its peak
         subprocess.run([sys.executable, __file__, "--questions", str(args.questions), "--answers", str(args.answers),
-                        "--write-into", tmp], check=True)
+                        "--trace-chars", str(args.trace_chars), "--write-into", tmp], check=True)
         questions, answers = Path(tmp) / "questions.parquet", Path(tmp) / "answers"
         started = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-m", "jobs.cli", "evaluate", "--answers", str(answers),

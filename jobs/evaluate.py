@@ -13,6 +13,7 @@ import io
 import json
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -94,8 +95,14 @@ def evaluate(answers: str, questions: str, k: int | None = None,
              strategies: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(scores per strategy and dataset, how questions were resolved), from one read of the files;
     of ``strategies`` only where given (compare scores what it ran, not a folder's other strategies)."""
-    groups = grouped_rows(answers, questions, strategies=strategies)
-    return [score(strategy, dataset, rows, k) for (strategy, dataset), rows in groups], resolution(groups)
+    # tallied a row at a time, not held: a million answers held as rows (their traces too) took 3 GB
+    scores: dict[tuple[str, str], Tally] = {}
+    resolved: dict[tuple[str, str], Resolution] = {}
+    for key, row in joined_rows(answers, questions, strategies=strategies, columns=SCORED_READ):
+        scores.setdefault(key, Tally(k)).add(row)
+        resolved.setdefault(key, Resolution()).add(row)
+    order = sorted(scores, key=group_order)
+    return [scores[key].result(*key) for key in order], [resolved[key].result(*key) for key in order]
 
 
 def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
@@ -103,20 +110,38 @@ def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
     their cost (Table 4: mean retrievals and sub-questions per question)."""
     table = []
     for (strategy, dataset), rows in groups:
-        n = len(rows)
-        entry = {"strategy": strategy, "dataset": dataset, "n": n,
-                 "retrievals/q": round(sum(r["n_retrievals"] for r in rows) / n, 2),
-                 "sub-questions/q": round(sum(r["n_subquestions"] for r in rows) / n, 2),
-                 "max depth": max(r["depth"] for r in rows), "parse failures": sum(r["n_parse_failures"] for r in rows),
-                 # rows written before ragsift counted them have no such column: counted as none
-                 "cut off": sum(r.get("n_truncated") or 0 for r in rows),
-                 "modules": {}}
-        for module in sorted({r["resolved_by"] for r in rows}):
-            mine = [r for r in rows if r["resolved_by"] == module]
-            correct = sum(M.accuracy(r["answer"] or "", r["_answers"]) for r in mine)
-            entry["modules"][module] = {"WR": round(100 * len(mine) / n, 1), "Corr": int(correct)}
-        table.append(entry)
+        tally = Resolution()
+        for row in rows:
+            tally.add(row)
+        table.append(tally.result(strategy, dataset))
     return table
+
+
+class Resolution:
+    """One (strategy, dataset) group's resolution figures, a row at a time."""
+
+    def __init__(self):
+        self.n = self.retrievals = self.subs = self.depth = self.parse_failures = self.cut_off = 0
+        self.modules: dict[str, list[int]] = {}  # resolved_by -> [rows, correct]
+
+    def add(self, row: dict) -> None:
+        self.n += 1
+        self.retrievals += row["n_retrievals"]
+        self.subs += row["n_subquestions"]
+        self.depth = max(self.depth, row["depth"])
+        self.parse_failures += row["n_parse_failures"]
+        self.cut_off += row.get("n_truncated") or 0  # rows written before ragsift counted them: none
+        module = self.modules.setdefault(row["resolved_by"], [0, 0])
+        module[0] += 1
+        module[1] += M.accuracy(row["answer"] or "", row["_answers"])
+
+    def result(self, strategy: str, dataset: str) -> dict:
+        n = self.n
+        return {"strategy": strategy, "dataset": dataset, "n": n, "retrievals/q": round(self.retrievals / n, 2),
+                "sub-questions/q": round(self.subs / n, 2), "max depth": self.depth,
+                "parse failures": self.parse_failures, "cut off": self.cut_off,
+                "modules": {m: {"WR": round(100 * rows / n, 1), "Corr": int(correct)}
+                            for m, (rows, correct) in sorted(self.modules.items())}}
 
 
 def gold_columns(questions: str) -> list[str]:
@@ -133,16 +158,35 @@ def gold_columns(questions: str) -> list[str]:
 def grouped_rows(answers: str, questions: str, job: str = "evaluate",
                  strategies: list[str] | None = None) -> list[tuple[tuple[str, str], list[dict]]]:
     """Answer rows joined with their gold question (``_gold``, and its usable gold answers as ``_answers``),
-    grouped by (strategy, dataset) plus (strategy, ALL)."""
+    grouped by (strategy, dataset) plus (strategy, ALL): what report draws its distributions from."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for key, row in joined_rows(answers, questions, job, strategies):
+        groups[key].append(row)
+    return sorted(groups.items(), key=lambda kv: group_order(kv[0]))
+
+
+def group_order(key: tuple[str, str]) -> tuple:
+    strategy, dataset = key
+    return strategy, dataset == "ALL", dataset
+
+
+# what scoring reads of an answer row (its trace and question text, the bulk of a part, are not)
+SCORED_READ = ("id", "strategy", "answer", *SCORED_COLUMNS, "citations", "n_truncated")
+
+
+def joined_rows(answers: str, questions: str, job: str = "evaluate", strategies: list[str] | None = None,
+                columns: tuple[str, ...] | None = None) -> Iterator[tuple[tuple[str, str], dict]]:
+    """Each answer row (of ``columns`` where they are in its file; all of them without) joined with its gold
+    question as grouped_rows joins it, once under (strategy, its dataset) and once under (strategy, ALL), a
+    file at a time; an answer to a question not in ``questions`` is an error, raised after the last row."""
     questions = as_parquet(questions)
     cols = gold_columns(questions)
     files = one_run(answers, checked(answer_files(answers)), job)
     gold_by_id, unnamed = gold_needed(questions, cols, files)
-
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     unmatched: Counter = Counter()
     for path in files:
-        for row in read_table(path).to_pylist():
+        names = open_parquet(path).schema_arrow.names
+        for row in read_table(path, [c for c in columns if c in names] if columns else None).to_pylist():
             if strategies is not None and row["strategy"] not in strategies:
                 continue
             g = gold_of(row["id"], gold_by_id, unnamed)
@@ -151,12 +195,11 @@ def grouped_rows(answers: str, questions: str, job: str = "evaluate",
                 continue
             row["_gold"], row["_answers"] = g, M.gold_answers(g.get("answers"))
             if g.get("dataset"):  # a question without one counts in ALL only
-                groups[(row["strategy"], g["dataset"])].append(row)
-            groups[(row["strategy"], "ALL")].append(row)
+                yield (row["strategy"], g["dataset"]), row
+            yield (row["strategy"], "ALL"), row
     if unmatched:
         raise UserError(f"{redact(answers)} holds answers to questions that are not in {redact(questions)} "
                         f"({dict(unmatched)} per strategy): evaluate against the questions the run answered")
-    return sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == "ALL", kv[0][1]))
 
 
 def gold_needed(questions: str, cols: list[str], files: list[str]) -> tuple[dict, dict[int, dict]]:
@@ -187,51 +230,68 @@ def gold_of(qid: str, gold_by_id: dict, unnamed: dict[int, dict]) -> dict | None
 
 
 def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
-    n, scored = len(rows), sum(bool(r["_answers"]) for r in rows)
-    em = f1 = acc = 0.0
-    yn_n = yn_ok = 0
-    rec_any, rec_all, rec_n, errors = 0.0, 0.0, 0, 0
-    calls = tokens = latency = retrievals = subs = 0.0
-    cite_p = cite_r = 0.0
-    cite_n = 0
+    tally = Tally(k)
     for row in rows:
+        tally.add(row)
+    return tally.result(strategy, dataset)
+
+
+class Tally:
+    """One (strategy, dataset) group's scores and costs, summed a row at a time (in the rows' order: the
+    same sums as over the group held whole)."""
+
+    def __init__(self, k: int | None):
+        self.k = k  # the recall cut-off; None: all retrieved
+        self.n = self.scored = self.errors = self.yn_n = self.yn_ok = self.rec_n = self.cite_n = 0
+        self.em = self.f1 = self.acc = self.rec_any = self.rec_all = self.cite_p = self.cite_r = 0.0
+        self.calls = self.tokens = self.latency = self.retrievals = self.subs = 0.0
+
+    def add(self, row: dict) -> None:
         golds, pred = row["_answers"], row["answer"] or ""
-        errors += row["error"] is not None
-        em += M.exact_match(pred, golds)
-        f1 += M.f1(pred, golds)
-        acc += M.accuracy(pred, golds)
+        self.n += 1
+        self.scored += bool(golds)
+        self.errors += row["error"] is not None
+        self.em += M.exact_match(pred, golds)
+        self.f1 += M.f1(pred, golds)
+        self.acc += M.accuracy(pred, golds)
         if M.is_yes_no(golds):
-            yn_n += 1
-            yn_ok += M.accuracy(pred, golds)
+            self.yn_n += 1
+            self.yn_ok += M.accuracy(pred, golds)
         gold = gold_ids(row["_gold"].get("gold_passage_ids"))
         # an error row's passages are where it stopped, not a retrieval to score (README: not misses)
         if gold and row["retrieved_ids"] and row["error"] is None:
-            a, b = M.recall_at_k(row["retrieved_ids"], gold, k or len(row["retrieved_ids"]))
-            rec_any, rec_all, rec_n = rec_any + a, rec_all + b, rec_n + 1
+            a, b = M.recall_at_k(row["retrieved_ids"], gold, self.k or len(row["retrieved_ids"]))
+            self.rec_any, self.rec_all, self.rec_n = self.rec_any + a, self.rec_all + b, self.rec_n + 1
         # citation precision / recall against gold passages, only where the model cited (a reader's
         # passages are its retrieval, scored by recall@k above)
         if gold and row.get("citations"):
             hit = len(set(row["citations"]) & set(gold))
-            cite_p, cite_r, cite_n = cite_p + hit / len(set(row["citations"])), cite_r + hit / len(set(gold)), cite_n + 1
-        calls += row["n_llm_calls"]
-        retrievals += row["n_retrievals"]
-        subs += row["n_subquestions"]
-        tokens += row["prompt_tokens"] + row["completion_tokens"]
-        latency += row["latency_s"]
-    pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
-    return {
-        "strategy": strategy, "dataset": dataset, "n": n, "scored": scored,
-        "EM": pct(em, scored), "F1": pct(f1, scored), "acc": pct(acc, scored),
-        "yes/no acc (n)": f"{pct(yn_ok, yn_n)} ({yn_n})" if yn_n else None,
-        "recall@k any": pct(rec_any, rec_n), "recall@k all": pct(rec_all, rec_n),
-        "k": k,  # the recall cut-off; None: all retrieved
-        "cite P / R (n)": f"{pct(cite_p, cite_n)} / {pct(cite_r, cite_n)} ({cite_n})" if cite_n else None,
-        "errors": errors,
-        "LLM calls/q": round(calls / n, 2), "retrievals/q": round(retrievals / n, 2),
-        "sub-q/q": round(subs / n, 2), "tokens/q": round(tokens / n, 1),
-        "tokens/correct": round(tokens / acc) if acc else None,  # cost of one accurate answer
-        "latency s": round(latency / n, 2),
-    }
+            self.cite_p += hit / len(set(row["citations"]))
+            self.cite_r += hit / len(set(gold))
+            self.cite_n += 1
+        self.calls += row["n_llm_calls"]
+        self.retrievals += row["n_retrievals"]
+        self.subs += row["n_subquestions"]
+        self.tokens += row["prompt_tokens"] + row["completion_tokens"]
+        self.latency += row["latency_s"]
+
+    def result(self, strategy: str, dataset: str) -> dict:
+        n, scored, acc, tokens = self.n, self.scored, self.acc, self.tokens
+        pct = lambda x, d: round(100 * x / d, 1) if d else None  # noqa: E731
+        return {
+            "strategy": strategy, "dataset": dataset, "n": n, "scored": scored,
+            "EM": pct(self.em, scored), "F1": pct(self.f1, scored), "acc": pct(acc, scored),
+            "yes/no acc (n)": f"{pct(self.yn_ok, self.yn_n)} ({self.yn_n})" if self.yn_n else None,
+            "recall@k any": pct(self.rec_any, self.rec_n), "recall@k all": pct(self.rec_all, self.rec_n),
+            "k": self.k,
+            "cite P / R (n)": (f"{pct(self.cite_p, self.cite_n)} / {pct(self.cite_r, self.cite_n)} ({self.cite_n})"
+                               if self.cite_n else None),
+            "errors": self.errors,
+            "LLM calls/q": round(self.calls / n, 2), "retrievals/q": round(self.retrievals / n, 2),
+            "sub-q/q": round(self.subs / n, 2), "tokens/q": round(tokens / n, 1),
+            "tokens/correct": round(tokens / acc) if acc else None,  # cost of one accurate answer
+            "latency s": round(self.latency / n, 2),
+        }
 
 
 def _markdown(head: list[str], rows: list[list]) -> str:
