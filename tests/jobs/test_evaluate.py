@@ -251,3 +251,17 @@ def test_only_the_gold_of_the_answered_questions_and_of_those_without_an_id_is_r
     by_id, unnamed = gold_needed(qs, ["id", "question", "answers"], [str(tmp_path / "rag" / "part-00000.parquet")])
     assert by_id == {"b": {"id": "b", "answers": ["b"]}} and unnamed == {2: {"id": None, "answers": [None]}}
 
+
+def test_evaluate_reads_of_an_answer_part_only_the_columns_it_scores_not_the_traces(tmp_path, monkeypatch):
+    """Every answer row was held, its trace included, until its group was scored: 3 GB for a million answers."""
+    import jobs.evaluate as evaluate_module
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", trace="x" * 1000)],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}])
+    read, real = [], evaluate_module.read_table
+    monkeypatch.setattr(evaluate_module, "read_table",
+                        lambda uri, columns=None: read.append((uri, columns)) or real(uri, columns))
+    assert overall(evaluate(answers, qs)[0])["EM"] == 100.0
+    (part_columns,) = [columns for uri, columns in read if uri.endswith("part-00000.parquet")]
+    assert part_columns is not None and "trace" not in part_columns and "question" not in part_columns
+
