@@ -94,13 +94,18 @@ class Terminated(KeyboardInterrupt):
     aborted (exit 134, a stack dump, no word of what was kept)."""
 
 
+_SIGTERM: list[bool] = []  # set when one came: raised inside a Ray call, Ray turns Terminated into a KeyboardInterrupt
+
+
 def _terminated(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not cut the clean-up short
+    _SIGTERM.append(True)
     raise Terminated
 
 
 def _execute(name: str, module, args: argparse.Namespace) -> int:
     main = threading.current_thread() is threading.main_thread()
+    _SIGTERM.clear()
     before = signal.signal(signal.SIGTERM, _terminated) if main else None  # kept over Ray's by jobs/ray_session.py
     try:
         return _run(name, module, args)
@@ -134,7 +139,8 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
             raise
         # Ctrl-C is how a long run is paused: say what survives instead of a traceback from Ray's wait
         resumes = "; what was committed is kept, and the same command resumes from it" if name in RESUMABLE else ""
-        how, status = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(stop, Terminated) else ("interrupted", 130)
+        terminated = isinstance(stop, Terminated) or bool(_SIGTERM)
+        how, status = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
         print(f"ragsift {name}: {how}{resumes}", file=sys.stderr)
         return status
 
