@@ -41,6 +41,9 @@ def embedder_of(model_dir: str) -> str:
     """The embedder a trained classifier's vectors come from (an alias, path or hub name)."""
     try:
         return json.loads((Path(model_dir) / WEIGHTS).read_text())["embedder"]
+    except (ValueError, KeyError, TypeError) as err:  # cut short, emptied, or written by hand
+        raise UserError(f"know.model {model_dir}: its {WEIGHTS} does not read ({type(err).__name__}: {err}): train "
+                        "it again (`ragsift train know`)") from None
     except FileNotFoundError:
         relevance = (Path(model_dir) / "relevance_logit.json").is_file() or (Path(model_dir) / "config.json").is_file()
         raise UserError(f"know.model {model_dir}: no {WEIGHTS} there: not a self-knowledge classifier from `ragsift train "

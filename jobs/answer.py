@@ -19,7 +19,14 @@ from actors.judge_folders import card_of
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_names
 from jobs.engine_actors import Todo, run_engines
-from jobs.identity import calibration_record, identity_defaults, operational, run_identity, run_metadata
+from jobs.identity import (
+    calibration_record,
+    identity_defaults,
+    operational,
+    run_identity,
+    run_metadata,
+    same_model,
+)
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
@@ -64,7 +71,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
         log(f"warning: {said}")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
-    if "know" in needs and (learned := know_labels_generator(config.know.model)) not in (None, config.generator.model):
+    learned = know_labels_generator(config.know.model) if "know" in needs else None
+    if learned is not None and not same_model(learned, config.generator.model):  # an alias and its folder are one
         log(f"warning: know.model {config.know.model} learned the closed-book answers of {learned} "
             f"(its card), not of this run's generator {config.generator.model}: it predicts that model's")
     # a fresh output is claimed only after the index and the models are checked (pool_plan reads the

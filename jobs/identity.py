@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 from actors.reranker import BiEncoderRanker, ranker_class
@@ -20,7 +21,7 @@ from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision
 from schemas.config import speed_setting
-from strategies.registry import AnswerConfig
+from strategies.registry import AnswerConfig, make_strategy
 
 
 def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
@@ -38,13 +39,21 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
 
 
 def judge_revisions(config: AnswerConfig) -> dict:
-    """The judges' files as the request cache keys them (names, sizes, modification times of a local folder;
-    a hub name as it is): a judge retrained into the same folder would mix two models' judgments in one
-    output. The know classifier's embedder lives outside its folder and decides its answers too."""
-    return {"know.model_revision": revision(config.know.model),
-            "know.embedder_revision": know_embedder(config.know.model),
-            "reranker.model_revision": revision(config.reranker.model),
-            "nli.model_revision": revision(config.nli.model)}
+    """The files of the judges the run's strategies ask, as the request cache keys them (names, sizes,
+    modification times of a local folder; a hub name as it is): a judge retrained into the same folder would
+    mix two models' judgments in one output. The know classifier's embedder lives outside its folder and
+    decides its answers too. A judge no strategy asks decides nothing: its retraining left a rag run, or
+    RA-ISF judged by the generator, refused on resume (outputs that recorded it stay resumable: output.py)."""
+    needs = stages_asked(config)
+    return {**({"know.model_revision": revision(config.know.model),
+                "know.embedder_revision": know_embedder(config.know.model)} if "know" in needs else {}),
+            **({"reranker.model_revision": revision(config.reranker.model)} if "ranker" in needs else {}),
+            **({"nli.model_revision": revision(config.nli.model)} if "nli" in needs else {})}
+
+
+def stages_asked(config: AnswerConfig) -> set[str]:
+    """The stage pools the run's strategies ask."""
+    return set().union(*(make_strategy(name, config).stages for name in config.strategies))
 
 
 def identity_defaults() -> dict:
@@ -78,7 +87,7 @@ def run_metadata(config: AnswerConfig, identity: dict) -> dict:
     return {
         "config_sha256": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
         "generator": config.generator.model,
-        "ranker": ranker_name(config),
+        "ranker": ranker_name(config) if "ranker" in stages_asked(config) else None,  # none ran
         "entailment": entailment_name(config),
         "judges": judges_name(config),
         "calibration": calibration_record(config),
@@ -111,15 +120,24 @@ def calibration_record(config: AnswerConfig) -> dict | None:
 
 
 def same_model(recorded: str | None, now: str | None) -> bool:
-    """Whether a model the calibration record names is the run's: the same name, or the same local folder
-    (a run pins a relative path to an absolute one, jobs/models.py; the record keeps it as written), also
-    behind a ranker's "cross-encoder:" kind."""
+    """Whether a model a record names (a calibration record, a know model's card) is the run's: the same name,
+    or the same local folder (a run pins a relative path to an absolute one, jobs/models.py, where the record
+    keeps it as written; an alias is its prepared folder), also behind a ranker's "cross-encoder:" kind."""
     if recorded == now:
         return True
     if recorded is None or now is None:
         return False
     (kind, model), (kind_now, model_now) = _ranker_kind(recorded), _ranker_kind(now)
-    return kind == kind_now and pinned(model) == pinned(model_now)
+    return kind == kind_now and (pinned(model) == pinned(model_now) or _folder(model) == _folder(model_now) is not None)
+
+
+def _folder(model: str) -> str | None:
+    """The local folder a model setting loads (an alias's prepared folder, a path), or None (a hub name)."""
+    try:
+        path = resolve(model)
+    except FileNotFoundError:  # an alias not prepared here
+        return None
+    return os.path.realpath(path) if os.path.isdir(path) else None
 
 
 def _ranker_kind(name: str) -> tuple[str, str]:

@@ -47,7 +47,9 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
 
     for row, d, b in zip(rows, dense, bm25):
         gold = set(row["gold_passage_ids"])
-        for pid in gold & set(gold_passages):
+        # in the question's own order: a set's order is the process's string hash, and each pair draws from
+        # ``rng``, so the same command and seed mined other pairs in another process
+        for pid in (pid for pid in dict.fromkeys(row["gold_passage_ids"]) if pid in gold_passages):
             p = gold_passages[pid]
             pairs.append({"id": row["id"], "question": row["question"], "passage": shown(p), "label": 1.0})
         retrieved = {p.id for p in b} | {p.id for p in d}
@@ -75,13 +77,14 @@ def collect_pairs(settings: RelevanceTraining, log) -> tuple[list[dict], dict]:
         # a question excluded now is dropped, whatever the mining excluded
         pairs = [p for p in table.select(["id", "question", "passage", "label"]).to_pylist()
                  if str(p["id"]) not in skip]
-        if settings.exclude:
-            # the card's counts are of what is trained on: the mining's, less the questions excluded now
-            kept = {str(p["id"]) for p in pairs}
-            datasets = dict(collections.Counter(dataset for qid, dataset in source.get("dataset_of", {}).items()
-                                                if qid in kept)) if "dataset_of" in source else None
-            source = {**source, "excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs),
-                      "questions_used": len(kept), **({"datasets": datasets} if datasets is not None else {})}
+        # the card's counts are of what is trained on: the file's pairs (a user may have cut or edited it since
+        # it was mined; its mining's counts were copied as they were), less the questions excluded now
+        kept = {str(p["id"]) for p in pairs}
+        datasets = dict(collections.Counter(dataset for qid, dataset in source.get("dataset_of", {}).items()
+                                            if qid in kept)) if "dataset_of" in source else None
+        source = {**source, "questions_used": len(kept), **({"datasets": datasets} if datasets is not None else {}),
+                  **({"excluded_when_training": settings.exclude, "pairs_excluded": table.num_rows - len(pairs)}
+                     if settings.exclude else {})}
         bad = next((p["label"] for p in pairs if p["label"] not in (0, 1)), "none")
         if bad != "none":  # NaN and None passed `if label` as relevant, and the card crashed after the weights
             raise UserError(f"{settings.pairs}: a pair's label is {bad!r}; labels are 0 (irrelevant) or 1 (relevant)")

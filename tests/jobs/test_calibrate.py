@@ -502,3 +502,17 @@ def test_the_calibration_record_names_the_split_of_a_slice_with_several():
     values = config_values(given, {}, None, 1)
     assert AnswerConfig(calibration=values["calibration"]).calibration.split == "validation"
     assert "split" not in config_values(given.model_copy(update={"input": type(given.input)()}), {}, None, 1)["calibration"]
+
+
+def test_an_alias_and_the_folder_it_was_prepared_in_are_the_same_model():
+    """M_know's card names the generator by its alias; a run naming it by its folder was warned that M_know
+    predicts another model's answers."""
+    from jobs.identity import same_model
+    from jobs.models import is_prepared, model_dir
+
+    alias = AnswerConfig().generator.model
+    if not is_prepared(alias):
+        pytest.skip(f"{alias} is not prepared here")
+    assert same_model(alias, str(model_dir(alias))) and same_model(str(model_dir(alias)) + "/", alias)
+    assert not same_model(alias, "smollm2-135m-instruct") and not same_model(alias, "org/hub-model")
+

@@ -319,9 +319,9 @@ def test_a_run_resumed_under_another_calibration_record_with_the_same_thresholds
         output(config("/b/calib.parquet", threshold=0.6))
 
 
-def judged_output(tmp_path, **judges):
-    """An output of one committed row answered under ``judges`` (AnswerConfig sections), and a function that
-    opens it again as a rerun with ``judges`` would, from its config or from a given identity."""
+def judged_output(tmp_path, strategies=("direct", "raisf"), **judges):
+    """An output of one committed row answered under ``judges`` (AnswerConfig sections) by ``strategies``, and a
+    function that opens it again as a rerun with ``judges`` would, from its config or from a given identity."""
     from jobs.identity import identity_defaults, operational, run_identity
     from strategies.registry import AnswerConfig
 
@@ -329,7 +329,7 @@ def judged_output(tmp_path, **judges):
     pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
 
     def output(identity=None):
-        config = AnswerConfig(questions=str(questions), strategies=["direct"], **judges)
+        config = AnswerConfig(questions=str(questions), strategies=list(strategies), **judges)
         return ShardedOutput(str(tmp_path / "out"), identity or run_identity(config, plan_input(str(questions))),
                              ["direct"], 10, defaults=identity_defaults(), speed=operational)
 
@@ -363,6 +363,22 @@ def test_a_run_resumed_after_its_judge_was_retrained_into_the_same_folder_is_ref
         output()
 
 
+def test_a_judge_no_strategy_of_the_run_asks_is_no_part_of_its_identity(tmp_path):
+    """A shipped trained-judges config names know.model and reranker.model: a rag run with it as a base, or
+    RA-ISF judged by the generator, was refused on resume after M_know was retrained, though no M_know ran."""
+    m_know = tmp_path / "m_know"
+    m_know.mkdir()
+    (m_know / "know.json").write_text('{"embedder": "all-minilm-l6-v2"}')
+    for strategies, raisf in ((("direct", "rag"), {}), (("raisf",), {"judges": "generator"})):
+        (m_know / "know.json").write_text('{"embedder": "all-minilm-l6-v2"}')
+        (folder := tmp_path / "_".join(strategies)).mkdir()
+        output = judged_output(folder, strategies, know={"model": str(m_know)}, raisf=raisf)
+        assert "know.model_revision" not in output().identity
+        commit_one(output())
+        (m_know / "know.json").write_text('{"embedder": "all-minilm-l6-v2", "coef": [2.0]}')  # retrained
+        assert output().committed == {("direct", 0)}
+
+
 def test_an_output_written_before_the_judges_revisions_were_recorded_still_resumes(tmp_path):
     """Outputs of earlier versions recorded the judges' paths only; as do runs of hub-named judges, whose
     revision is their name."""
@@ -371,9 +387,11 @@ def test_an_output_written_before_the_judges_revisions_were_recorded_still_resum
     m_rel = tmp_path / "m_rel"
     m_rel.mkdir()
     (m_rel / "config.json").write_text("{}")
-    output = judged_output(tmp_path, reranker={"model": str(m_rel)}, nli={"model": "cross-encoder/nli-deberta-v3-base"})
+    output = judged_output(tmp_path, ("direct", "migres"), reranker={"model": str(m_rel)},
+                           nli={"model": "cross-encoder/nli-deberta-v3-base"})
     now = output().identity
-    assert now["nli.model_revision"] == "cross-encoder/nli-deberta-v3-base" and set(JUDGE_REVISIONS) <= set(now)
+    assert now["nli.model_revision"] == "cross-encoder/nli-deberta-v3-base"
+    assert set(JUDGE_REVISIONS) & set(now) == {"reranker.model_revision", "nli.model_revision"}  # MIGRES asks no M_know
     commit_one(output({k: v for k, v in now.items() if k not in JUDGE_REVISIONS}))
     assert output().committed == {("direct", 0)}
 
