@@ -109,8 +109,10 @@ def calibration_record(config: AnswerConfig) -> dict | None:
             overridden[field] = now
     # the thresholds are cuts on these models' scores: with others they are other cuts (the know threshold on
     # M_know's; a record written before records no know model: it says nothing either way)
-    used = {"generator": config.generator.model, "judge": config.judge.model if config.judge else None,
-            "ranker": ranker_name(config)}
+    needs = stages_asked(config)  # a judge or ranker the run does not ask cuts nothing
+    used = {"generator": config.generator.model,
+            **({"judge": config.judge.model if config.judge else None} if "judge" in needs else {}),
+            **({"ranker": ranker_name(config)} if "ranker" in needs else {})}
     for key, now in used.items():
         if not same_model(record[key], now):
             overridden[key] = now

@@ -357,7 +357,8 @@ def test_a_run_with_another_generator_judge_or_ranker_than_its_thresholds_were_c
     for folder in ("m_know", "m_rel"):
         os.mkdir(folder)
     (tmp_path / "m_rel" / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
-    base = AnswerConfig(raisf={"judges": "trained"}, know={"model": "m_know"}, reranker={"model": "m_rel"})
+    base = AnswerConfig(strategies=["raisf", "think_act"], raisf={"judges": "trained"}, know={"model": "m_know"},
+                        reranker={"model": "m_rel"})  # Think-then-Act asks the judge pool, both the ranker
     record = {"questions": "c.parquet", "questions_sha256": "x", "n": 3, "generator": base.generator.model,
               "judge": None, "ranker": ranker_name(base), "know": "m_know", "chosen": {}}
     assert record["ranker"] == "cross-encoder:m_rel"
@@ -369,8 +370,10 @@ def test_a_run_with_another_generator_judge_or_ranker_than_its_thresholds_were_c
     other = run(generator={"model": "qwen2.5-coder-1.5b-instruct"}, judge={"model": "smollm2-135m-instruct"})
     assert calibration_record(other)["overridden"] == {"generator": "qwen2.5-coder-1.5b-instruct",
                                                        "judge": "smollm2-135m-instruct"}
-    cosine = run(reranker={"model": None})
+    cosine = run(strategies=["think_act"], reranker={"model": None})
     assert calibration_record(cosine)["overridden"] == {"ranker": ranker_name(cosine)}
+    rag = run(strategies=["rag"], reranker={"model": None}, judge={"model": "smollm2-135m-instruct"})
+    assert "overridden" not in calibration_record(rag)  # no judge, no ranker asked: neither cuts anything
 
     from jobs.answer import calibrated_for_others
 
