@@ -170,10 +170,11 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
                     raise
                 except ray.exceptions.RayActorError as err:  # its process died (killed, out of memory, its node)
                     why = " ".join(str(err).split())[:500] or type(err).__name__  # Ray's reason is on later lines
+                    # StageDown: the CLI's one line (README), not a traceback through Ray's error
                     if getattr(err, "actor_init_failed", False):
-                        raise RuntimeError(f"engine actor {streams[stream]} of {n} could not start ({why})") from err
-                    raise RuntimeError(f"engine actor {streams[stream]} of {n} died ({why}); the parts committed "
-                                       "so far are kept: the same command answers the rest") from err
+                        raise StageDown(f"engine actor {streams[stream]} of {n} could not start ({why})") from err
+                    raise StageDown(f"engine actor {streams[stream]} of {n} died ({why}); the parts committed "
+                                    "so far are kept: the same command answers the rest") from err
                 k = streams[stream]
                 for row in message["rows"]:
                     write(row)
@@ -201,7 +202,7 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
 
 SUMMED = ("roots_done", "tokens_computed", "requests_deduped", "batch_failures", "batch_splits", "stage_tests",
           "empty_answers", "trees_capped", "parse_failures", "peak_roots_in_flight")
-STAGE_SUMMED = ("calls", "requests", "errors", "rests", "busy_s")
+STAGE_SUMMED = ("calls", "requests", "errors", "rests")
 
 
 def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, last: int | None = None) -> dict:
@@ -215,6 +216,10 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
     for name in parts[0]["stages"] if parts else ():
         each = [p["stages"][name] for p in parts]
         stage = {key: round(sum(s[key] for s in each), 3) for key in STAGE_SUMMED}
+        # a replica is busy while any engine has a batch on it: the union of the engines' spans, which their
+        # totals do not give (summed, one replica read busier than the run was long); the most any engine saw
+        # is the part of it that is known, a lower bound
+        stage["busy_s"] = round(max(s["busy_s"] for s in each), 3)
         # percentiles do not merge: each engine's are under `engines`
         stage["batch_size"] = {"mean": round(stage["requests"] / max(1, stage["calls"]), 2),
                                "max": max(s["batch_size"]["max"] for s in each)}

@@ -171,6 +171,8 @@ def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say()
     assert cache["by_stage"] == {"generator": {"lookups": 16, "memory": 4, "disk": 2}}
     generator = merged["stages"]["generator"]
     assert generator["prefix_cache_hit_rate"] == 0.2 and generator["batch_size"]["max"] == 6
+    # one replica, busy 1 s in each engine's eyes: not 2 s of a 2 s run (busy while either had a batch on it)
+    assert generator["busy_s"] == 1.0 and generator["requests"] == 16
     assert generator["vllm"] == {"kv_cache_usage": 0.9}
 
 
@@ -195,7 +197,10 @@ def test_an_engine_actor_that_dies_is_named_and_the_rerun_answers_the_rest_once(
                           strategies=["direct", "rag"], commit={"shard_rows": 10},
                           engine={"actors": 2, "actor_cpus": 0})
     monkeypatch.setattr(jobs.engine_actors, "EngineActor", DiesAtOnce)
-    with pytest.raises(RuntimeError, match=r"^engine actor 0 of 2 died \(.*exit.*\); the parts committed so far are kept"):
+    from schemas.errors import StageDown
+
+    # StageDown: the CLI's one line, exit 2 (a RuntimeError of its own printed Ray's traceback)
+    with pytest.raises(StageDown, match=r"^engine actor 0 of 2 died \(.*exit.*\); the parts committed so far are kept"):
         answer(config, log=lambda *_: None, stages=stub_stages(ray))
     monkeypatch.undo()
     metrics = answer(config, log=lambda *_: None, stages=stub_stages(ray))
