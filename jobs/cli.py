@@ -42,8 +42,18 @@ RESUMABLE = {"demo", "index", "answer", "compare", "calibrate", "sweep", "label"
 # else is a bug and keeps its traceback: a KeyError or ValueError from ragsift's own code printed as
 # one line would read as the user's fault.
 USER_ERRORS = (UserError, StageDown, OSError)
-# a path the user gave, or a pipe: not storage that stopped answering
-NOT_STORAGE = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError, BrokenPipeError)
+# what storage that stopped answering says (pyarrow's S3 and GCS clients, sockets); not a path the user gave, a
+# damaged file, a full disk or a Ray timeout, which a rerun does not mend by itself
+_UNREACHABLE = re.compile(r"AWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|REQUEST_TIMEOUT)|curlCode|"
+                          r"Couldn't connect|Connection (refused|reset|timed out)|Temporary failure in name resolution|"
+                          r"Could not resolve host|Unable to connect", re.IGNORECASE)
+
+
+def stopped_answering(err: BaseException) -> bool:
+    """Whether ``err`` is storage (an object store, a network file system) that stopped answering."""
+    if not isinstance(err, OSError) or type(err).__module__.startswith("ray"):
+        return False
+    return isinstance(err, (ConnectionRefusedError, ConnectionResetError)) or bool(_UNREACHABLE.search(str(err)))
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,7 +138,7 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
             raise
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
         line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())[:1000]
-        if name in RESUMABLE and isinstance(err, OSError) and not isinstance(err, NOT_STORAGE):
+        if name in RESUMABLE and stopped_answering(err):
             # storage that stopped answering mid-run (an S3 server gone, a network file system): not the
             # user's path, and nothing committed is lost
             line += "; what was committed before it is kept: the same command resumes once the storage answers again"

@@ -135,7 +135,7 @@ class _StageView:
         self.deaths = [max(column) for column in zip(*(p["deaths"] for p in parts))]
         self.replicas = range(parts[0]["replicas"])
         self.stats = SimpleNamespace(requests=sum(p["requests"] for p in parts), errors=sum(p["errors"] for p in parts),
-                                     busy_s=sum(p["busy_s"] for p in parts))
+                                     busy_s=max(p["busy_s"] for p in parts))  # as merge_metrics: a lower bound
 
 
 def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo: Todo, write: Callable[[dict], None],

@@ -129,9 +129,9 @@ def is_parquet_dir(uri: str) -> bool:
 
 
 def read_parquet_dir(uri: str) -> pa.Table:
-    """Every ``*.parquet`` file under the folder, in path order, as one table (files and folders whose names
-    start with ``_`` or ``.`` are left out, as Spark and pyarrow leave them: markers, checksums, parts in
-    progress)."""
+    """Every ``*.parquet`` file under the folder, in path order, as one table, with a column for each
+    ``key=value`` folder level (files and folders whose names start with ``_`` or ``.`` are left out, as Spark
+    and pyarrow leave them: markers, checksums, parts in progress)."""
     import pyarrow.dataset as ds
 
     fs, root = filesystem(uri)
@@ -142,8 +142,14 @@ def read_parquet_dir(uri: str) -> pa.Table:
         raise UserError(f"{redact(uri)}: a folder with no Parquet file (*.parquet) in it; questions in another "
                         "format are one file (JSON Lines, CSV), a `datasets` folder, or hf:<folder>")
     try:
-        schema = pa.unify_schemas([pq.read_schema(f, filesystem=fs) for f in files])
-        return ds.dataset(files, schema=schema, filesystem=fs, format="parquet").to_table()
+        # key=value folders (Spark's partitionBy, pyarrow's write_to_dataset) hold a column of their own: the
+        # files lack it (a partition by `dataset` read without them scored ALL only), kept as text
+        names = dict.fromkeys(part.split("=", 1)[0] for f in files for part in f[len(root):].split("/")[:-1]
+                              if "=" in part)
+        keys = pa.schema([(name, pa.string()) for name in names])
+        schema = pa.unify_schemas([pq.read_schema(f, filesystem=fs) for f in files] + [keys])
+        return ds.dataset(files, schema=schema, filesystem=fs, format="parquet", partition_base_dir=root,
+                          partitioning=ds.partitioning(keys, flavor="hive") if names else None).to_table()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
         raise UserError(f"{redact(uri)}: its {len(files)} Parquet files do not read as one table ({err})") from None
 

@@ -48,7 +48,8 @@ def _sigterm_handler_kept():
     try:
         yield
     finally:
-        if main and callable(before):
+        # not where the handler ran meanwhile: it ignores a second SIGTERM during the clean-up (SIG_IGN)
+        if main and callable(before) and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, before)
 
 

@@ -63,6 +63,13 @@ def test_storage_that_stops_answering_mid_run_says_the_committed_parts_are_kept_
     assert "resumes" not in capsys.readouterr().err
     assert _execute("evaluate", job_that_raises(gone), argparse.Namespace(debug=False)) == 2
     assert "resumes" not in capsys.readouterr().err
+    from ray.exceptions import GetTimeoutError
+
+    # a damaged file, a full disk, a Ray timeout: not storage that stopped answering, which a rerun mends
+    for other in (OSError("Couldn't deserialize thrift: TProtocolException: Invalid data"),
+                  OSError(28, "No space left on device"), GetTimeoutError("Get timed out: some object(s) not ready.")):
+        assert _execute("answer", job_that_raises(other), argparse.Namespace(debug=False)) == 2
+        assert "resumes" not in capsys.readouterr().err, other
 
 
 def test_sigterm_that_lands_inside_a_ray_call_still_ends_the_job_as_terminated(capsys):
@@ -83,6 +90,29 @@ def test_sigterm_that_lands_inside_a_ray_call_still_ends_the_job_as_terminated(c
     assert _execute("answer", types.SimpleNamespace(run=run), argparse.Namespace(debug=False)) == 143
     assert capsys.readouterr().err.startswith("ragsift answer: terminated (SIGTERM)")
     assert _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=False)) == 130  # Ctrl-C
+
+
+def test_ray_inits_handler_is_replaced_by_the_clis_again_but_not_once_the_clis_has_run():
+    """The CLI's handler ignores a second SIGTERM once it ran (its clean-up must finish); restored after a
+    ray.init it had interrupted, it would have raised again in the clean-up."""
+    import signal
+
+    from jobs.ray_session import _sigterm_handler_kept
+
+    def cli(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, cli)
+    try:
+        with _sigterm_handler_kept():
+            signal.signal(signal.SIGTERM, lambda *_: None)  # what ray.init sets
+        assert signal.getsignal(signal.SIGTERM) is cli
+        with pytest.raises(KeyboardInterrupt), _sigterm_handler_kept():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the CLI's handler, run inside ray.init
+            raise KeyboardInterrupt
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_ctrl_c_with_debug_keeps_the_traceback():

@@ -73,6 +73,12 @@ def test_a_folder_of_parquet_files_is_one_question_table_in_path_order_without_m
     (tmp_path / "none").mkdir()
     with pytest.raises(UserError, match=r"a folder with no Parquet file"):
         config_for(tmp_path / "none", tmp_path / "out2")
+    # partitioned by dataset (Spark's partitionBy): the column is in the folder names only, and stays text
+    pq.write_to_dataset(pa.Table.from_pylist([{**r, "dataset": d} for r, d in zip(rows, ["nq", "2020", "nq", "squad", "2020"])]),
+                        str(tmp_path / "hive"), partition_cols=["dataset"])
+    table = pq.read_table(config_for(tmp_path / "hive", tmp_path / "out3").questions)
+    assert sorted(zip(table["id"].to_pylist(), table["dataset"].to_pylist())) == [
+        ("q0", "nq"), ("q1", "2020"), ("q2", "nq"), ("q3", "squad"), ("q4", "2020")]
 
 
 def test_hf_names_go_through_load_dataset(tmp_path):
