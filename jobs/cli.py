@@ -144,13 +144,13 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
             line += "; what was committed before it is kept: the same command resumes once the storage answers again"
         print(f"ragsift {name}: error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as stop:
+    except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise
         # Ctrl-C is how a long run is paused: say what survives instead of a traceback from Ray's wait
         resumes = "; what was committed is kept, and the same command resumes from it" if name in RESUMABLE else ""
-        terminated = isinstance(stop, Terminated) or bool(_SIGTERM)
-        how, status = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if terminated else ("interrupted", 130)
+        # the handler marks every SIGTERM before it raises: whichever exception reached here, Terminated or Ray's
+        how, status = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if _SIGTERM else ("interrupted", 130)
         print(f"ragsift {name}: {how}{resumes}", file=sys.stderr)
         return status
 
