@@ -1,6 +1,7 @@
-"""Peak memory and time of ``ragsift evaluate`` scoring a few answers against a large question file.
+"""Peak memory and time of ``ragsift evaluate`` (or ``report``) scoring answers against a large question file.
 
-    python benchmarks/evaluate_memory.py --questions 1000000 --answers 300 [--trace-chars 2000] [--code CHECKOUT]
+    python benchmarks/evaluate_memory.py --questions 1000000 --answers 300 [--trace-chars 2000] [--code CHECKOUT] \
+        [--job report]
 
 Writes a question file of N questions (two gold answers, a dataset, a gold passage each) and one answer
 part of M of them (each with a trace of that many characters) into a temporary folder, runs the CLI of
@@ -50,6 +51,7 @@ def main() -> int:
     p.add_argument("--answers", type=int, default=300)
     p.add_argument("--trace-chars", type=int, default=2000, help="each answer row's trace (a real one: 0.5-20 kB)")
     p.add_argument("--code", default=str(REPO), help="the checkout whose evaluate runs")
+    p.add_argument("--job", choices=["evaluate", "report"], default="evaluate")
     p.add_argument("--write-into", help=argparse.SUPPRESS)  # the inputs are written by a child of their own
     args = p.parse_args()
     if args.write_into:
@@ -61,17 +63,21 @@ def main() -> int:
                         "--trace-chars", str(args.trace_chars), "--write-into", tmp], check=True)
         questions, answers = Path(tmp) / "questions.parquet", Path(tmp) / "answers"
         started = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "jobs.cli", "evaluate", "--answers", str(answers),
-                                  "--questions", str(questions), "--out", str(Path(tmp) / "scores")], cwd=args.code,
+        job = (["evaluate", "--answers", str(answers), "--out", str(Path(tmp) / "scores")] if args.job == "evaluate"
+               else ["report", "--runs", str(answers), "--out", str(Path(tmp) / "report.html")])
+        child = subprocess.Popen([sys.executable, "-m", "jobs.cli", *job, "--questions", str(questions)], cwd=args.code,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the writer's
         wall = time.perf_counter() - started
         if status:
-            raise SystemExit(f"evaluate failed (wait status {status})")
-        scored = json.loads((Path(tmp) / "scores" / "eval.json").read_text())
-    print(json.dumps({"questions": args.questions, "answers": args.answers, "code": args.code,
+            raise SystemExit(f"{args.job} failed (wait status {status})")
+        if args.job == "evaluate":
+            n = json.loads((Path(tmp) / "scores" / "eval.json").read_text())[-1]["n"]
+        else:  # the scores table's ALL row: <td>rag</td><td>ALL</td><td>n</td>
+            n = int((Path(tmp) / "report.html").read_text().split("<td>rag</td><td>ALL</td><td>")[1].split("<")[0])
+    print(json.dumps({"job": args.job, "questions": args.questions, "answers": args.answers, "code": args.code,
                       "peak_rss_mb": round(usage.ru_maxrss / 1024),
-                      "wall_s": round(wall, 1), "n_scored": scored[-1]["n"]}))
+                      "wall_s": round(wall, 1), "n_scored": n}))
     return 0
 
 

@@ -13,7 +13,7 @@ import io
 import json
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -91,16 +91,20 @@ def checked(files: list[str]) -> list[str]:
     return files
 
 
-def evaluate(answers: str, questions: str, k: int | None = None,
-             strategies: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+def evaluate(answers: str, questions: str, k: int | None = None, strategies: list[str] | None = None,
+             job: str = "evaluate", each: Callable[[tuple[str, str], dict], None] | None = None,
+             ) -> tuple[list[dict], list[dict]]:
     """(scores per strategy and dataset, how questions were resolved), from one read of the files;
-    of ``strategies`` only where given (compare scores what it ran, not a folder's other strategies)."""
+    of ``strategies`` only where given (compare scores what it ran, not a folder's other strategies).
+    ``each`` sees every (key, row) as it is tallied (report keeps a few numbers of each for its plots)."""
     # tallied a row at a time, not held: a million answers held as rows (their traces too) took 3 GB
     scores: dict[tuple[str, str], Tally] = {}
     resolved: dict[tuple[str, str], Resolution] = {}
-    for key, row in joined_rows(answers, questions, strategies=strategies, columns=SCORED_READ):
+    for key, row in joined_rows(answers, questions, job, strategies, columns=SCORED_READ):
         scores.setdefault(key, Tally(k)).add(row)
         resolved.setdefault(key, Resolution()).add(row)
+        if each is not None:
+            each(key, row)
     order = sorted(scores, key=group_order)
     return [scores[key].result(*key) for key in order], [resolved[key].result(*key) for key in order]
 

@@ -15,35 +15,49 @@ import io
 import json
 import os
 import sys
+from array import array
 from collections import Counter
 from pathlib import Path
 
-from jobs.evaluate import (
-    COLUMNS,
-    cost_quality,
-    grouped_rows,
-    resolution,
-    resolution_cells,
-    retrieval_k,
-    score,
-)
+from jobs.evaluate import COLUMNS, cost_quality, evaluate, resolution_cells, retrieval_k
 from jobs.output import unfinished
 from jobs.storage import check_kept, filesystem, join, path_of, redact
 from schemas.errors import UserError
 
 
+class Spread:
+    """One strategy's per-question cost and depth, the four numbers a row its box and bar plots draw on:
+    holding whole rows (traces too) for them made report's memory grow with the run (a million rows, GBs)."""
+
+    def __init__(self):
+        self.calls, self.tokens, self.retrievals, self.depths = (array("q") for _ in range(4))
+
+    def add(self, row: dict) -> None:
+        self.calls.append(row["n_llm_calls"])
+        self.tokens.append(row["prompt_tokens"] + row["completion_tokens"])
+        self.retrievals.append(row["n_retrievals"])
+        self.depths.append(row["depth"])
+
+
 def load_run(run: str, questions: str, label: str | None) -> dict:
-    """Scores, resolution, raw rows (for distributions) and metrics of one run directory."""
-    groups = grouped_rows(run, questions, "report")
+    """Scores, resolution, per-question costs (for distributions) and metrics of one run directory, from
+    one read of its answers, a row at a time."""
+    spreads: dict[str, Spread] = {}
+
+    def spread(key: tuple[str, str], row: dict) -> None:
+        if key[1] == "ALL":
+            spreads.setdefault(key[0], Spread()).add(row)
+
+    scores, resolved = evaluate(run, questions, retrieval_k(run), job="report", each=spread)
     if label:
-        groups = [((f"{label}/{s}", d), rows) for (s, d), rows in groups]
-    metrics_path = join(run, "metrics.json")
-    k = retrieval_k(run)
+        for r in scores + resolved:
+            r["strategy"] = f"{label}/{r['strategy']}"
+        spreads = {f"{label}/{s}": v for s, v in spreads.items()}
     return {
-        "scores": [score(s, d, rows, k) for (s, d), rows in groups],
-        "resolution": resolution(groups),
-        "rows": {s: rows for (s, d), rows in groups if d == "ALL"},
-        "metrics": read_metrics(metrics_path),
+        "scores": scores,
+        "resolution": resolved,
+        "spreads": spreads,
+        "metrics": read_metrics(join(run, "metrics.json")),
         "label": label or Path(path_of(run)).name,
     }
 
@@ -126,14 +140,13 @@ def resolution_figure(resolved: list[dict]) -> str:
     return _png(fig)
 
 
-def cost_figure(rows: dict[str, list[dict]]) -> str:
+def cost_figure(spreads: dict[str, Spread]) -> str:
     plt = _plt()
-    strategies = sorted(rows)
-    measures = [("LLM calls", lambda r: r["n_llm_calls"]), ("tokens", lambda r: r["prompt_tokens"] + r["completion_tokens"]),
-                ("retrievals", lambda r: r["n_retrievals"])]
+    strategies = sorted(spreads)
+    measures = [("LLM calls", "calls"), ("tokens", "tokens"), ("retrievals", "retrievals")]
     fig, axes = plt.subplots(1, 3, figsize=(14, 0.4 * len(strategies) + 2.5))
-    for ax, (name, value) in zip(axes, measures):
-        ax.boxplot([[value(r) for r in rows[s]] for s in strategies], vert=False, tick_labels=strategies)
+    for ax, (name, field) in zip(axes, measures):
+        ax.boxplot([getattr(spreads[s], field) for s in strategies], vert=False, tick_labels=strategies)
         ax.set_title(f"{name} per question")
     return _png(fig)
 
@@ -146,14 +159,15 @@ def cost_quality_figure(scores: list[dict]) -> str:
     return _png(fig)
 
 
-def depth_figure(rows: dict[str, list[dict]]) -> str:
+def depth_figure(spreads: dict[str, Spread]) -> str:
     plt = _plt()
-    strategies = sorted(rows)
-    depths = sorted({r["depth"] for rs in rows.values() for r in rs})
+    strategies = sorted(spreads)
+    counts = {s: Counter(spreads[s].depths) for s in strategies}
+    depths = sorted({d for count in counts.values() for d in count})
     fig, ax = plt.subplots(figsize=(9, 3.5))
     width = 0.8 / max(1, len(strategies))
     for i, s in enumerate(strategies):
-        count = Counter(r["depth"] for r in rows[s])
+        count = counts[s]
         ax.bar([d + i * width for d in range(len(depths))], [count.get(d, 0) for d in depths], width, label=s)
     ax.set_xticks([d + 0.4 - width / 2 for d in range(len(depths))], [str(d) for d in depths])
     ax.set_xlabel("sub-question depth (0: answered without sub-questions)")
@@ -204,10 +218,10 @@ def _cells_table(head: list[str], rows: list[list]) -> str:
 def render(runs: list[dict]) -> str:
     scores = [r for run in runs for r in run["scores"]]
     resolved = [r for run in runs for r in run["resolution"]]
-    rows = {s: rs for run in runs for s, rs in run["rows"].items()}
+    spreads = {s: v for run in runs for s, v in run["spreads"].items()}
     figures = [("Accuracy", accuracy_figure(scores)), ("How questions were resolved", resolution_figure(resolved)),
                ("Cost and quality", cost_quality_figure(scores)),
-               ("Cost per question", cost_figure(rows)), ("Sub-question depth", depth_figure(rows)),
+               ("Cost per question", cost_figure(spreads)), ("Sub-question depth", depth_figure(spreads)),
                ("Stage utilisation", utilisation_figure(runs))]
     sections = "".join(f'<section><h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
                        f'src="data:image/png;base64,{png}"></section>' for title, png in figures if png)

@@ -183,3 +183,24 @@ def test_report_warns_of_a_run_not_finished(run_dir, tmp_path, capsys):
     (run / "_manifest.json").write_text(json.dumps({"input.rows": 2, "commit.shard_rows": 2}))
     assert main(["--runs", str(run), "--questions", str(questions), "--out", str(tmp_path / "r.html")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_report_reads_of_the_answer_rows_only_the_columns_it_scores_and_draws(run_dir, tmp_path, monkeypatch):
+    """Before, report read every column of every answer row (traces, questions, passages' scores) and held
+    the rows until its plots were drawn: its memory grew with the run, GBs at a million rows."""
+    import jobs.evaluate
+
+    run, questions = run_dir
+    asked = []
+    read_table = jobs.evaluate.read_table
+
+    def spy(path, columns=None):
+        asked.append((str(path), columns))
+        return read_table(path, columns)
+
+    monkeypatch.setattr(jobs.evaluate, "read_table", spy)
+    out = tmp_path / "report.html"
+    assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
+    parts = [columns for path, columns in asked if "part-" in path]
+    assert len(parts) == 2 and all(columns and "trace" not in columns and "question" not in columns for columns in parts)
+    assert "<td>raisf</td><td>ALL</td><td>2</td><td>2</td><td>100.0</td>" in out.read_text()
