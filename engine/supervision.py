@@ -124,6 +124,11 @@ class Supervisor:
         self.restarts += restarts - stage.deaths[replica]
         for peer, r in self._same_actor(stage, replica):
             peer.deaths[r] = restarts
+            # it takes no work until it answers, as after a failed call: and the call it was running fails
+            # next, which must not count this death a second time (died() skips a replica restarting)
+            if r not in peer.restarting and r not in peer.retired:
+                self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (peer, r)}
+                self._probe(peer, r)
         self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
                  "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
                  "killed the replica for memory")

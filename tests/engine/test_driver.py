@@ -134,6 +134,19 @@ def test_a_shared_encoder_that_died_while_idle_counts_one_restart(monkeypatch):
     assert supervisor.restarts == 1 and retriever.deaths == ranker.deaths == [0, 1]
 
 
+def test_a_death_the_watch_saw_first_is_not_counted_again_when_the_replicas_call_fails(monkeypatch):
+    """Before, a killed replica counted two restarts when the watch's poll read Ray's count before the failed
+    call came back ("died while starting or idle", then "died (its batch failed)")."""
+    retriever, ranker, supervisor = shared_encoders(monkeypatch)
+    for stage in (retriever, ranker):
+        monkeypatch.setattr(stage, "ray_restarts", lambda r: 1 if r == 1 else 0)
+    supervisor.watch(0.0, force=True)
+    assert retriever.restarting == ranker.restarting == {1}  # no work for it until it answers a readiness call
+    supervisor.died(retriever, 1, "its batch failed")
+    supervisor.died(ranker, 1, "its batch failed on the same dead actor")
+    assert supervisor.restarts == 1 and retriever.deaths == ranker.deaths == [0, 1]
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_a_retriever_shard_that_died_is_said_and_counted_as_a_replicas_death_is(ray_session):
