@@ -55,7 +55,10 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
     with stream:
         try:
             if csv:
+                # a quoted cell may hold newlines (a passage's paragraphs): without the option pyarrow splits
+                # blocks at a newline inside a cell once the file is over one block, and refuses the file
                 reader = pa_csv.open_csv(stream, read_options=pa_csv.ReadOptions(block_size=block_bytes),
+                                         parse_options=pa_csv.ParseOptions(newlines_in_values=True),
                                          convert_options=convert)
             elif _is_openai_batch(fs, path):
                 reader = _openai_batch_rows(stream, uri)
@@ -275,17 +278,19 @@ def to_parquet(uri: str, target: str, columns: list[str], required: list[str]) -
     writer, rows = None, 0
     try:
         with fs.open_output_stream(path + ".tmp") as out:
-            for batch in batches(uri):
-                missing = [c for c in required if c not in batch.schema.names]
-                if missing:
-                    raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
-                batch = pa.RecordBatch.from_pydict(
-                    {c: _as_text(batch[c], c, uri) for c in columns if c in batch.schema.names})
-                writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
-                writer.write_batch(batch)
-                rows += batch.num_rows
-            if writer:
-                writer.close()
+            try:
+                for batch in batches(uri):
+                    missing = [c for c in required if c not in batch.schema.names]
+                    if missing:
+                        raise UserError(f"{redact(uri)}: no column {missing} (it has {batch.schema.names})")
+                    batch = pa.RecordBatch.from_pydict(
+                        {c: _as_text(batch[c], c, uri) for c in columns if c in batch.schema.names})
+                    writer = writer or pq.ParquetWriter(out, batch.schema, compression="zstd")
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+            finally:  # before its stream closes (a writer left open printed a traceback when collected)
+                if writer:
+                    writer.close()
         if not rows:
             raise UserError(f"{redact(uri)}: no rows")
     except BaseException:  # a file that cannot be read leaves no half copy (nor, so, a folder made for it)

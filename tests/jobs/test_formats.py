@@ -103,6 +103,23 @@ def test_every_csv_cell_is_text_so_ids_keep_their_zeros_and_numeric_answers_are_
     assert [(r["id"], r["answers"]) for r in rows] == [("007", ["1990"]), ("7", ["42", "forty-two"]), ("08", None)]
 
 
+def test_a_csv_whose_quoted_cells_hold_newlines_is_read_past_its_first_block(tmp_path):
+    """Before, a valid CSV (Python's csv module writes paragraphs in quotes) was refused once it was over one
+    16 MB block: pyarrow split a block at a newline inside a cell ("Expected 3 columns, got 1")."""
+    import csv
+
+    from jobs.formats import batches
+
+    with open(tmp_path / "corpus.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "title", "text"])
+        for i in range(400):
+            writer.writerow([f"p{i}", f"T{i}", f"First paragraph of {i}.\n\nSecond, with a comma.\r\nThird."])
+    read_rows = [r for b in batches(str(tmp_path / "corpus.csv"), block_bytes=1 << 10) for r in b.to_pylist()]
+    assert [r["id"] for r in read_rows] == [f"p{i}" for i in range(400)]
+    assert read_rows[399]["text"] == "First paragraph of 399.\n\nSecond, with a comma.\r\nThird."
+
+
 def test_a_csv_with_a_header_and_no_rows_is_a_clear_error(tmp_path):
     (tmp_path / "q.csv").write_text("id,question\n")
     with pytest.raises(UserError, match="no rows"):
@@ -278,3 +295,26 @@ def test_an_openai_batch_file_is_read_in_batches_and_a_bad_line_is_named(tmp_pat
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"custom_id": 1, "body": {}}, {"custom_id": "b", "body": {}}])
     with pytest.raises(UserError, match="custom_id has one type"):
         read(mixed)
+
+
+def test_a_corpus_that_fails_after_its_first_block_leaves_no_half_copy_and_no_traceback(tmp_path, monkeypatch):
+    """Before, the Parquet writer was left open when its stream closed: its collection printed "Exception ignored
+    in ParquetWriter.__del__ ... Invalid operation on closed file" under the clear error."""
+    import gc
+    import sys
+
+    import pyarrow as pa
+
+    import jobs.formats
+
+    def failing(uri, **kwargs):
+        yield pa.RecordBatch.from_pydict({"id": ["a"], "text": ["alpha"]})
+        raise UserError(f"{uri}: not readable as CSV (after its first 1 rows, ...)")
+
+    monkeypatch.setattr(jobs.formats, "batches", failing)
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    with pytest.raises(UserError, match="not readable"):
+        jobs.formats.to_parquet(str(tmp_path / "c.csv"), str(tmp_path / "c.parquet"), ["id", "text"], ["id", "text"])
+    gc.collect()
+    assert ignored == [] and list(tmp_path.iterdir()) == []
