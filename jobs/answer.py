@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from contextlib import suppress
 from pathlib import Path
 
@@ -222,6 +223,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                **engine_metrics, "duplicate_ids_dropped": len(plan.duplicate_rows),
                "shards_resumed": len(skip), "parts_resumed": resumed,
                "errors_retried": retried, "parts_committed": out.commits, "exactly_once": check,
+               "error_rows": by_strategy(out.error_rows),
                "files": {s: out.files(s) for s in config.strategies}}
     write_record(config, metrics)
     if given_up := (metrics.get("request_cache") or {}).get("disk_error"):  # said only in metrics.json before
@@ -229,8 +231,29 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
     log(f"answered {roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "
-        f"{redact(config.output)}; every input id once per strategy")
+        f"{redact(config.output)}; every input id once per strategy{errors_said(out.error_rows)}")
     return metrics
+
+
+def by_strategy(error_rows: Counter) -> dict[str, int]:
+    counts: Counter = Counter()
+    for (strategy, _), n in error_rows.items():
+        counts[strategy] += n
+    return dict(sorted(counts.items()))
+
+
+def errors_said(error_rows: Counter) -> str:
+    """The error rows this session wrote and their commonest reason: a run whose every row was an error (its
+    prompts over the context window) ended with the same line as one that answered every question."""
+    if not error_rows:
+        return ""
+    reasons: Counter = Counter()
+    for (_, why), n in error_rows.items():
+        reasons[why] += n
+    why, n = reasons.most_common(1)[0]
+    counts = by_strategy(error_rows)
+    return (f"; {sum(counts.values())} of them error rows ({', '.join(f'{s} {c}' for s, c in counts.items())}), "
+            f"most often \"{why}\" ({n}): each row's `error` says why, `--retry-errors` answers them again")
 
 
 def write_record(config: AnswerConfig, metrics: dict) -> None:

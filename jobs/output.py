@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,6 +173,7 @@ class ShardedOutput:
         self.committed: set[tuple[str, int]] = set()
         self.retrying: dict[tuple[str, int], frozenset[str]] = {}  # reopened part -> the ids to answer again
         self.commits = 0
+        self.error_rows: Counter = Counter()  # (strategy, why with its numbers as N) -> rows this session wrote
         self._prepare(force)
 
     # --- resume --------------------------------------------------------------------------------
@@ -309,6 +311,8 @@ class ShardedOutput:
 
     def write(self, row: dict) -> None:
         key = (row["strategy"], row.pop("_shard"))
+        if row.get("error"):
+            self.error_rows[row["strategy"], re.sub(r"\d+", "N", row["error"][:200])] += 1
         part = self.open.get(key) or self._open(*key)
         part.rows.append(row)
         part.written += 1

@@ -45,6 +45,10 @@ def test_bad_rows_follow_the_policy_and_nothing_is_lost(ray_session, tmp_path):
         assert rows["dup"]["question"] == "Which river flows through Paris?"
         assert len(rows["huge"]["question"]) == 200  # the output keeps the start of a too-long question
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["roots_done"] == 22
+    # the last line says how many rows are errors, and why most of them are (before: as if all were answered)
+    errors = sum(e.startswith("error") for e in expected.values())
+    assert metrics["error_rows"] == {"direct": errors, "rag": errors}
+    assert f"; {2 * errors} of them error rows (direct {errors}, rag {errors}), most often " in said[-1]
 
 
 def test_a_run_says_which_kinds_its_answer_forms_name_otherwise_within_its_limit(ray_session, tmp_path):
