@@ -1,7 +1,9 @@
 """BM25 search of one shard (bm25s) over its passage store; query texts in, top-k out.
 
 Tokenization (the same at build and query time): lower-cased, words of 2+ word characters
-(bm25s' default pattern), English stopwords removed, Snowball English stemming (PyStemmer).
+(bm25s' default pattern) and each Chinese / Japanese character (kana, kanji) a token of its own (their
+text has no spaces: a whole clause was one word, which no question repeats, so BM25 found nothing),
+English stopwords removed, Snowball English stemming (PyStemmer). Korean keeps its spaced words.
 Scores use the shard's own document frequencies, like per-shard IDF in Elasticsearch/Lucene:
 merged rankings across shards are close to, not identical with, one global BM25 index.
 """
@@ -14,14 +16,17 @@ from actors.passages import PassageStore
 from schemas.records import Passage
 
 NO_WORDS = "no_words"  # in bm25/ of a shard whose passages hold no word to index
-TOKENIZATION = {"lower": True, "pattern": r"(?u)\b\w\w+\b", "stopwords": "en", "stemmer": "snowball-english"}
+_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # kana, CJK ideographs (and Ext. A, compatibility)
+# on text without those characters the same tokens as bm25s' default r"(?u)\b\w\w+\b"
+PATTERN = rf"(?u)[{_UNSPACED}]|[^\W{_UNSPACED}]{{2,}}"
+TOKENIZATION = {"lower": True, "pattern": PATTERN, "stopwords": "en", "stemmer": "snowball-english"}
 
 
 def tokenize(texts: list[str], return_ids: bool = True):
     import bm25s
     import Stemmer
 
-    return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=Stemmer.Stemmer("english"),
+    return bm25s.tokenize(texts, lower=True, token_pattern=PATTERN, stopwords="en", stemmer=Stemmer.Stemmer("english"),
                           return_ids=return_ids, show_progress=False)
 
 

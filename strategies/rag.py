@@ -27,5 +27,6 @@ class RetrieveThenRead(Routine):
         form = form_of(item, forms)
         response = yield final_request(user, form, forms, step="read")
         item.trace.append(traced("read", response))
-        # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations
-        return Done(final_answer(response, form), "passages")
+        # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations; with none
+        # retrieved (BM25 finds no word of the question) the answer is the model's own, not a grounded one
+        return Done(final_answer(response, form), "passages" if item.passages else "closed_book")

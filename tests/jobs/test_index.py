@@ -471,6 +471,24 @@ def test_a_shard_whose_passages_hold_no_word_builds_and_its_bm25_finds_nothing(r
         BM25Shard(str(tmp_path / "idx" / "shard-000"))
 
 
+def test_bm25_finds_chinese_and_japanese_passages_by_their_characters_and_english_as_before(ray_session, tmp_path):
+    """Before, a clause of Chinese or Japanese (no spaces) was one token that no question repeats: BM25, and MIGRES
+    that reads with it, found nothing for such questions."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["zh", "ja", "en", "ko"],
+                             "text": ["明长城全长八千八百五十公里，是世界上最长的城墙。",
+                                      "東京タワーは東京都港区にある電波塔です。",
+                                      "The Great Wall of China is the longest wall in the world.",
+                                      "서울은 대한민국의 수도이다."]}), corpus)
+    _build(corpus, tmp_path / "idx", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    shard = BM25Shard(str(tmp_path / "idx" / "shard-000"))
+    found = shard.search(["明长城全长多少公里？", "東京タワーはどこにありますか", "How long is the Great Wall?",
+                          "서울은 어디의 수도인가"], 1)
+    assert [hits[0].id for hits in found] == ["zh", "ja", "en", "ko"]
+
+
 def test_ivf_lists_are_capped_at_the_training_sample(ray_session, tmp_path):
     """FAISS needs a training point per list: nlist 1,200 over a 1,000-vector sample failed after encoding."""
     import ray

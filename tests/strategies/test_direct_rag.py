@@ -30,6 +30,14 @@ def test_rag_retrieves_k_then_reads_the_passages_in_order_and_cites_nothing():
     assert item.passages == passages
 
 
+def test_rag_with_no_passage_retrieved_says_it_answered_closed_book_not_from_passages():
+    s = STRATEGIES["rag"](StrategySettings(k=2))
+    item = Item("明长城全长多少公里？")
+    s.start(item)
+    s.resume(item, [Retrieval([])])
+    assert s.resume(item, [Generation("8850", 30, 2)]).resolved_by == "closed_book"
+
+
 def test_a_passage_without_a_title_is_shown_as_its_text_alone_in_every_prompt():
     """Before, an untitled corpus's passages reached the reader and the judges as ": text"."""
     untitled = Passage("p1", "", "Paris is the capital.", 0.9)
