@@ -98,9 +98,13 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     if dims % index.pq_m:
         raise UserError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
     if trained_on < 2 ** index.pq_bits:
+        # only what can work for this shard: a larger sample only where the shard has more than it
+        fixes = ["fewer shards"] * (index.shards > 1) + ["a larger index.train_sample"] * (
+            index.train_sample < count) + [f"index.pq_bits of at most {trained_on.bit_length() - 1}"] * (
+            trained_on >= 2) + ["index_type flat"]
         raise UserError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
                         f"per shard to train its codebooks (a shard has {count}, index.train_sample is "
-                        f"{index.train_sample}); use fewer shards, a larger train_sample or flat")
+                        f"{index.train_sample}); use {', '.join(fixes[:-1])} or {fixes[-1]}")
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 

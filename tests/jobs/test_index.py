@@ -502,6 +502,15 @@ def test_ivf_lists_are_capped_at_the_training_sample(ray_session, tmp_path):
         factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, pq_bits=11, train_sample=1000), 32, 2100)
 
 
+def test_an_ivf_pq_refusal_names_only_fixes_that_can_work():
+    """Before, a one-shard corpus of 40 passages was told "use fewer shards, a larger train_sample or flat":
+    neither of the first two could work; a smaller pq_bits, which could, was not named."""
+    with pytest.raises(UserError, match=r"use index.pq_bits of at most 5 or index_type flat$"):
+        factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, shards=1), 32, 40)
+    with pytest.raises(UserError, match=r"use fewer shards, a larger index.train_sample, index.pq_bits of at most 9 or"):
+        factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, pq_bits=11, train_sample=1000), 32, 2100)
+
+
 def test_a_shard_searched_without_a_config_probes_as_the_config_does(ray_session, tmp_path):
     """Pair mining and the retrieval benchmark searched IVF shards at FAISS's nprobe 1: 5 of 30 hits."""
     import ray
