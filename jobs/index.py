@@ -366,9 +366,10 @@ def _decoded(raw: bytes) -> str | bytes:
 
 
 def skip_reason(pid, text, title) -> str | None:
-    """Why a corpus row is skipped, if it is (a duplicate id aside), counted in the manifest."""
+    """Why a corpus row is skipped, if it is (a duplicate id aside), counted in the manifest. An empty id is
+    none (a CSV's empty cell is read as null: the same passage from Parquet was indexed as '')."""
     return ("invalid_utf8" if bytes in (type(pid), type(text), type(title))
-            else "null_id" if pid is None else "null_text" if not text or not text.strip() else None)
+            else "null_id" if pid is None or not pid.strip() else "null_text" if not text or not text.strip() else None)
 
 
 def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:

@@ -378,11 +378,11 @@ def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
     import ray
 
     corpus = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "a", None, "c"], "title": ["A", None, "A2", "N", "C"],
-                             "text": ["alpha text", "beta text", "dup", "no id", None]}), corpus)
+    pq.write_table(pa.table({"id": ["a", "b", "a", None, "c", " "], "title": ["A", None, "A2", "N", "C", "E"],
+                             "text": ["alpha text", "beta text", "dup", "no id", None, "empty id"]}), corpus)
     manifest = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
-    assert manifest["count"] == 2
-    assert manifest["skipped"] == {"null_text": 1, "null_id": 1, "duplicate_id": 1, "invalid_utf8": 0}
+    assert manifest["count"] == 2  # an empty id is none, as a CSV's empty cell is (it was indexed as " ")
+    assert manifest["skipped"] == {"null_text": 1, "null_id": 2, "duplicate_id": 1, "invalid_utf8": 0}
     ids = [r for s in manifest["shards"] for r in
            pq.read_table(tmp_path / "idx" / s["dir"] / "passages.parquet")["id"].to_pylist()]
     assert ids == ["a", "b"]
