@@ -28,6 +28,13 @@ class Encoder:
             convert_to_numpy=True, show_progress_bar=False,
         ).astype(np.float32, copy=False)
 
+    def longer_than_read(self, texts: list[str]) -> list[bool]:
+        """Which texts are longer than the model reads (its max_seq_length in tokens): encode embeds only
+        their start, and says nothing of it."""
+        limit = self.model.max_seq_length
+        lengths = self.model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        return [len(ids) > limit for ids in lengths]
+
     def rank(self, requests: list[Rank]) -> list[Ranking]:
         """Bi-encoder ranking: cosine of each text to its query, one ``encode`` call for the batch."""
         texts = [r.query for r in requests] + [t for r in requests for t in r.texts]

@@ -202,14 +202,14 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         (out / MANIFEST).unlink(missing_ok=True)
 
     builders: dict[int, _ShardBuilder] = {}
-    in_flight: deque = deque()  # (end row of the batch, [(shard, record)], vectors ref), in corpus order
+    in_flight: deque = deque()  # (end row of the batch, [(shard, record)], vectors ref, cut ref), in corpus order
 
     def drain(limit: int) -> None:
         while len(in_flight) > limit:
-            end, rows, ref = in_flight.popleft()
-            vectors = ray.get(ref) if ref is not None else None
+            end, rows, ref, cut_ref = in_flight.popleft()
+            vectors, cut = ray.get([ref, cut_ref]) if ref is not None else (None, None)
             for n, (s, record) in enumerate(rows):
-                builders[s].add(record, vectors[n])
+                builders[s].add(record, vectors[n], cut[n])
             for s in [s for s in builders if bounds[s + 1] <= end and s not in done]:
                 done[s] = builders.pop(s).finish(config.index, dims, build_key, log)
 
@@ -235,8 +235,9 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
                 continue
             rows.append((shard, {"id": pid, "title": title or "", "text": text}))
         texts = [embedding_text(r["title"], r["text"]) for _, r in rows]
-        ref = encoders[next(turn) % len(encoders)].encode.remote(texts) if texts else None
-        in_flight.append((row, rows, ref))
+        encoder = encoders[next(turn) % len(encoders)]
+        ref, cut_ref = (encoder.encode.remote(texts), encoder.longer_than_read.remote(texts)) if texts else (None, None)
+        in_flight.append((row, rows, ref, cut_ref))
         drain(2 * len(encoders))
         if time.perf_counter() - last_line >= PROGRESS_EVERY_S:
             last_line = time.perf_counter()
@@ -261,6 +262,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "corpus_sha256": corpus_sha,
         "count": sum(s["count"] for s in shards),
         "skipped": dict(skipped),
+        # passages the embedder read only the start of (shards built before it was counted: 0)
+        "cut_by_embedder": sum(s.get("cut_by_embedder", 0) for s in shards),
         "shards": shards,
         "build_s": round(time.perf_counter() - started, 2),
         **(extra or {}),
@@ -274,6 +277,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
             log(f"removed {stale.name}, a shard of the index this build replaced")
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
+    if cut := manifest["cut_by_embedder"]:
+        log(f"warning: {cut:,} of {manifest['count']:,} passages are longer than {config.embedder.model} reads: dense "
+            "retrieval finds them by their start only, and k such passages may not fit a prompt; index the corpus in "
+            "shorter passages (README: passages are indexed as they are, not chunked)")
     return manifest
 
 
@@ -397,14 +404,15 @@ class _ShardBuilder:
     def __init__(self, path: Path, capacity: int, dims: int):
         shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted build
         path.mkdir(parents=True)
-        self.path, self.count, self.skipped = path, 0, Counter()
+        self.path, self.count, self.skipped, self.cut = path, 0, Counter(), 0
         self.vectors = np.lib.format.open_memmap(path / "vectors.npy", mode="w+", dtype=np.float32,
                                                  shape=(max(capacity, 1), dims))
         self.writer = pq.ParquetWriter(path / "passages.parquet", PASSAGES, compression="zstd")
         self.rows: list[dict] = []
 
-    def add(self, record: dict, vector: np.ndarray) -> None:
+    def add(self, record: dict, vector: np.ndarray, cut: bool) -> None:
         self.vectors[self.count + len(self.rows)] = vector
+        self.cut += bool(cut)
         self.rows.append(record)
         if len(self.rows) >= 4096:
             self._flush()
@@ -440,7 +448,8 @@ class _ShardBuilder:
             texts = [embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
             del table
             bm25 = build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
-        info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "factory": factory,
+        info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "cut_by_embedder": self.cut,
+                "factory": factory,
                 "index_sha256": file_sha256(*filesystem(str(self.path / "index.faiss"))),
                 "passages_sha256": file_sha256(*filesystem(str(self.path / "passages.parquet"))), "build_key": build_key}
         (self.path / "done.json.tmp").write_text(json.dumps(info, indent=2))

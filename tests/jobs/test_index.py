@@ -34,6 +34,9 @@ class HashEncoder:
     def n_calls(self):
         return self.calls
 
+    def longer_than_read(self, texts):  # a pretend limit of 8 words
+        return [len(t.split()) > 8 for t in texts]
+
     def encode(self, texts):
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
@@ -372,6 +375,34 @@ def test_an_encoder_that_dies_mid_build_is_restarted_and_its_batch_encoded_again
     clean = _build(corpus, tmp_path / "clean", 3, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
     assert [s["index_sha256"] for s in manifest["shards"]] == [s["index_sha256"] for s in clean["shards"]]
     assert manifest["count"] == clean["count"] == 300
+
+
+@pytest.mark.model
+def test_the_embedder_says_which_texts_are_longer_than_it_reads():
+    encoder = Encoder(resolve("all-minilm-l6-v2"))  # max_seq_length 256 word pieces
+    assert encoder.longer_than_read(["Paris is the capital of France.", "word " * 250, "word " * 260]) == [
+        False, False, True]  # 250 words and the two special tokens fit; 260 do not
+    long = "The city grew. " * 100
+    assert np.allclose(encoder.encode([long])[0], encoder.encode([long + "Nobody reads this far."])[0])
+
+
+def test_passages_longer_than_the_embedder_reads_are_counted_per_shard_and_warned_of(ray_session, tmp_path):
+    """Before, whole articles were indexed in silence, embedded by their first 256 word pieces."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    texts = ["short one", "a passage of far more than eight words to read here", "short two",
+             "another passage of far more than eight words to read"]
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(4)], "text": texts}), corpus)
+    said = []
+    manifest = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()],
+                      log=said.append)
+    assert manifest["cut_by_embedder"] == 2 and [s["cut_by_embedder"] for s in manifest["shards"]] == [1, 1]
+    assert said[-1].startswith("warning: 2 of 4 passages are longer than all-minilm-l6-v2 reads")
+    said.clear()
+    again = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()],
+                   log=said.append)
+    assert again["cut_by_embedder"] == 2  # shards kept from the build before keep their count
 
 
 def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
