@@ -18,10 +18,17 @@ SEARCH_DEFAULTS = IndexConfig()
 
 class ShardRetriever:
     def __init__(self, shard_dir: str, nprobe: int | None = SEARCH_DEFAULTS.nprobe,
-                 ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False):
+                 ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False,
+                 built: tuple[str, str] | None = None):
+        """``built``: the (index_sha256, passages_sha256) the run's manifest recorded for this shard. Ray
+        restarts a dead shard actor from its folder: an index rebuilt in place since the run started would
+        be read silently, and the run would answer its later questions from another corpus."""
         import faiss
 
         from actors.bm25 import BM25Shard
+
+        if built is not None:
+            check_built(shard_dir, built)
 
         index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
         if nprobe is not None and _is_ivf(faiss, index):
@@ -51,6 +58,23 @@ class ShardRetriever:
         if self.bm25 is None:
             raise RuntimeError("this shard was opened without BM25")
         return self.bm25.search(queries, k)
+
+
+NOT_THE_SHARD = "is not the shard this run started with"  # the engine tells a user no resume can follow
+
+
+def check_built(shard_dir: str, built: tuple[str, str]) -> None:
+    import json
+
+    try:
+        done = json.loads((Path(shard_dir) / "done.json").read_text())
+        found = (done["index_sha256"], done["passages_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if found != built:
+        raise RuntimeError(f"{shard_dir} {NOT_THE_SHARD} (the index was rebuilt, or is being rebuilt, in place); "
+                           "its committed rows are kept, a resume cannot follow: answer into a new --output, or "
+                           "restore the index the run started with")
 
 
 def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passage]]:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.retriever import fuse_rrf, merge_topk
+from actors.retriever import NOT_THE_SHARD, fuse_rrf, merge_topk
 from schemas.config import RetrievalConfig, StageBatching
 from schemas.errors import StageDown, UserError
 from schemas.records import (
@@ -255,8 +255,9 @@ class Stage:
             self.retired.add(replica)
             if len(self.retired) < len(self.replicas):
                 return
-        raise StageDown(f"stage {self.name}: {why} ({cause_of(err)}); "
-                        "fix the cause and rerun the same command to resume")
+        cause = cause_of(err)
+        raise StageDown(f"stage {self.name}: {why} ({cause})" + (  # an index rebuilt under the run: its cause says what to do
+            "" if NOT_THE_SHARD in cause else "; fix the cause and rerun the same command to resume"))
 
     def probe(self, replica: int):
         """A call a replica answers once it is ready (its constructor has run)."""

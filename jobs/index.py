@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from jobs.cli import add_config_arguments, config_overrides, run_job
-from jobs.lease import Lease
+from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
 from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
@@ -50,6 +50,9 @@ class IndexJobConfig(Section):
 def read_manifest(index_dir: str | Path) -> dict:
     path = Path(index_dir) / MANIFEST
     if not path.exists():
+        if (Path(index_dir) / LEASE).exists():  # a build holds the folder: its manifest comes when it ends
+            raise FileNotFoundError(f"no index at {index_dir} yet: a `ragsift index` build holds it ({LEASE}) and writes "
+                                    f"its {MANIFEST} when done; rerun once it is (or, if that build was killed, rerun it)")
         raise FileNotFoundError(f"no index at {index_dir} ({MANIFEST} missing); run `ragsift index` first")
     try:
         manifest = json.loads(path.read_text())

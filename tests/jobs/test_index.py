@@ -405,6 +405,51 @@ def test_passages_longer_than_the_embedder_reads_are_counted_per_shard_and_warne
     assert again["cut_by_embedder"] == 2  # shards kept from the build before keep their count
 
 
+def test_a_shard_restarted_after_its_index_was_rebuilt_in_place_refuses_to_serve_the_new_one(ray_session, tmp_path):
+    """Before, Ray restarted a killed shard actor from its folder, and a run whose index had been rebuilt
+    meanwhile answered its later questions from the other corpus, in silence, exit 0."""
+    import ray
+
+    from jobs.index import read_manifest
+    from jobs.pools import _shards
+    from strategies.registry import AnswerConfig
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["alpha text", "beta text"]}), corpus)
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(corpus, tmp_path / "idx", 1, encoders=encoders)
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path / "idx")}})
+    (args,) = _shards(config, read_manifest(tmp_path / "idx")).replicas  # what the run's shard actor starts from
+    assert ShardRetriever(*args).size() == 2
+    pq.write_table(pa.table({"id": ["x", "y", "z"], "text": ["other", "corpus", "here"]}), corpus)
+    _build(corpus, tmp_path / "idx", 1, encoders=encoders)  # a colleague rebuilds it in place
+    with pytest.raises(RuntimeError, match=r"is not the shard this run started with \(the index was rebuilt") as refused:
+        ShardRetriever(*args)
+    # the stage stops saying so, not "rerun the same command to resume" (the rerun is refused: another index)
+    from engine.stages import GeneratorStage
+    from schemas.config import StageBatching
+    from schemas.errors import StageDown
+
+    with pytest.raises(StageDown) as down:
+        GeneratorStage([object()], StageBatching()).retire(0, refused.value)
+    assert "a resume cannot follow" in str(down.value) and "rerun the same command" not in str(down.value)
+    shutil.rmtree(tmp_path / "idx" / "shard-000")  # being rebuilt: no done.json yet
+    with pytest.raises(RuntimeError, match="is not the shard this run started with"):
+        ShardRetriever(*args)
+
+
+def test_an_index_folder_a_build_holds_is_said_to_be_building_not_missing(tmp_path):
+    """Before, an answer started during a build was told to "run `ragsift index` first": a second build."""
+    from jobs.index import read_manifest
+
+    (tmp_path / "idx").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"run `ragsift index` first"):
+        read_manifest(tmp_path / "idx")
+    (tmp_path / "idx" / "_lease.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"a `ragsift index` build holds it \(_lease.json\)"):
+        read_manifest(tmp_path / "idx")
+
+
 def test_bad_corpus_rows_are_skipped_and_counted(ray_session, tmp_path):
     import ray
 
