@@ -345,13 +345,18 @@ def print_tables(table: list[dict], resolved: list[dict]) -> None:
     print(resolution_markdown(resolved))
 
 
-def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None) -> None:
+def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None,
+                  unfinished_run: str | None = None) -> None:
     """eval.json / eval.md / eval.png (and resolution.json) in ``out_dir``: a local folder or an
-    object store's, like the answers beside them."""
+    object store's, like the answers beside them. ``unfinished_run``: what ``unfinished`` said of the run,
+    written into the files (left beside a run that then finished, they read as its scores)."""
     fs, root = filesystem(out_dir)
     fs.create_dir(root, recursive=True)
+    if unfinished_run:
+        table = [{**row, "unfinished": unfinished_run} for row in table]
     files = {"eval.json": json.dumps(table, indent=2)}
-    text = markdown(table)
+    text = (f"**Not finished**: {unfinished_run}; scored are the questions answered so far.\n\n" if unfinished_run
+            else "") + markdown(table)
     if resolved:
         files["resolution.json"] = json.dumps(resolved, indent=2)
         text += "\n## How questions were resolved\n\n" + resolution_markdown(resolved)
@@ -448,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
     if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
-    write_reports(table, out, resolved)  # before the table is printed: a closed stdout (`| head`) ends the process
+    write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends the process
     print(f"wrote {redact(join(out, 'eval.json'))} and eval.md", file=sys.stderr)
     print_tables(table, resolved)
     return 0

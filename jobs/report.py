@@ -228,8 +228,11 @@ def render(runs: list[dict]) -> str:
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
     names = ", ".join(html.escape(run["label"]) for run in runs)
+    # the page outlives the moment: a run reported while it answered is said to be one on the page itself
+    notes = "".join(f"<p><strong>Not finished</strong>: {html.escape(run['unfinished'])}; reported are the questions "
+                    "answered so far.</p>" for run in runs if run.get("unfinished"))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ragsift report: {names}</title>"
-            f"<style>{style}</style></head><body><h1>ragsift report</h1><p>Runs: {names}</p>{sections}"
+            f"<style>{style}</style></head><body><h1>ragsift report</h1><p>Runs: {names}</p>{notes}{sections}"
             f"<section><h2>Scores (percent)</h2>{_table(scores, COLUMNS)}</section>"
             f"<section><h2>Resolution by module (WR% / correct)</h2>{_cells_table(*resolution_cells(resolved))}"
             "</section></body></html>")
@@ -258,9 +261,10 @@ def run(args: argparse.Namespace) -> int:
     check_kept(args.out, "--out")
     labels = run_labels(args.runs) if len(args.runs) > 1 else [None]
     runs = [load_run(r, args.questions, label) for r, label in zip(args.runs, labels)]
-    for r in args.runs:  # its figures are of the questions answered so far (as evaluate warns)
+    for r, loaded in zip(args.runs, runs):  # its figures are of the questions answered so far (as evaluate warns)
         if short := unfinished(r):
             print(f"warning: {short}; reported are the questions answered so far", file=sys.stderr)
+            loaded["unfinished"] = short
     page = render(runs)
     fs, where = filesystem(args.out)  # an s3:// --out made a local folder "s3:"
     if "/" in where:

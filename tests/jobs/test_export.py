@@ -205,11 +205,18 @@ def test_evaluate_says_when_the_run_it_scores_is_not_finished(tmp_path, capsys):
         [{"id": f"q{i}", "question": "?", "answers": ["x"]} for i in range(4)]), tmp_path / "q.parquet")
     run(argparse.Namespace(answers=str(tmp_path / "out"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
     assert "warning: " + str(tmp_path / "out") + " is not finished" in capsys.readouterr().err
+    # and its files say so: left beside the run once it finished, they read as its scores (before: no word)
+    import json
+
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())[0]["unfinished"].endswith("rag has 1 of its 2 parts")
+    assert (tmp_path / "out" / "eval.md").read_text().startswith("**Not finished**: ")
     a_run(tmp_path / "done", rows=4, shard_rows=2, parts={"rag": [0, 1]})
     (tmp_path / "done" / "labels").mkdir()  # a label run's labels beside its answers are no strategy's parts
     (tmp_path / "done" / "labels" / "relevance.parquet").write_bytes(b"")
     run(argparse.Namespace(answers=str(tmp_path / "done"), questions=str(tmp_path / "q.parquet"), k=None, out=None))
     assert "warning" not in capsys.readouterr().err
+    assert "unfinished" not in json.loads((tmp_path / "done" / "eval.json").read_text())[0]
+    assert "Not finished" not in (tmp_path / "done" / "eval.md").read_text()
 
 
 def test_to_dash_writes_the_lines_to_stdout(tmp_path, capfd, monkeypatch):

@@ -180,9 +180,10 @@ def test_report_warns_of_a_run_not_finished(run_dir, tmp_path, capsys):
     (run / "_manifest.json").write_text(json.dumps({"input.rows": 4, "commit.shard_rows": 2}))  # rag, raisf: 1 of 2 parts
     assert main(["--runs", str(run), "--questions", str(questions), "--out", str(tmp_path / "r.html")]) == 0
     assert "rag has 1 of its 2 parts; raisf has 1 of its 2 parts" in capsys.readouterr().err
+    assert "<strong>Not finished</strong>: " in (tmp_path / "r.html").read_text()  # the page says it too
     (run / "_manifest.json").write_text(json.dumps({"input.rows": 2, "commit.shard_rows": 2}))
     assert main(["--runs", str(run), "--questions", str(questions), "--out", str(tmp_path / "r.html")]) == 0
-    assert "warning" not in capsys.readouterr().err
+    assert "warning" not in capsys.readouterr().err and "Not finished" not in (tmp_path / "r.html").read_text()
 
 
 def test_report_reads_of_the_answer_rows_only_the_columns_it_scores_and_draws(run_dir, tmp_path, monkeypatch):
