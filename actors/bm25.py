@@ -16,7 +16,10 @@ from actors.passages import PassageStore
 from schemas.records import Passage
 
 NO_WORDS = "no_words"  # in bm25/ of a shard whose passages hold no word to index
-_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # kana, CJK ideographs (and Ext. A, compatibility)
+# kana (not the middle dot U+30FB, punctuation), iteration / closing marks and the ideographic zero, CJK ideographs
+# (Ext. A, compatibility, Ext. B onwards), half-width katakana
+_UNSPACED = ("\u3005-\u3007\u3040-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+             "\U00020000-\U0003134f")
 # on text without those characters the same tokens as bm25s' default r"(?u)\b\w\w+\b"
 PATTERN = rf"(?u)[{_UNSPACED}]|[^\W{_UNSPACED}]{{2,}}"
 TOKENIZATION = {"lower": True, "pattern": PATTERN, "stopwords": "en", "stemmer": "snowball-english"}

@@ -32,6 +32,8 @@ class Encoder:
         """Which texts are longer than the model reads (its max_seq_length in tokens): encode embeds only
         their start, and says nothing of it."""
         limit = self.model.max_seq_length
+        if limit is None:  # a model without a limit (sentence-transformers allows it) reads every text whole
+            return [False] * len(texts)
         lengths = self.model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
         return [len(ids) > limit for ids in lengths]
 

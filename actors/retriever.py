@@ -19,10 +19,11 @@ SEARCH_DEFAULTS = IndexConfig()
 class ShardRetriever:
     def __init__(self, shard_dir: str, nprobe: int | None = SEARCH_DEFAULTS.nprobe,
                  ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False,
-                 built: tuple[str, str] | None = None):
-        """``built``: the (index_sha256, passages_sha256) the run's manifest recorded for this shard. Ray
-        restarts a dead shard actor from its folder: an index rebuilt in place since the run started would
-        be read silently, and the run would answer its later questions from another corpus."""
+                 built: str | None = None):
+        """``built``: the passages_sha256 the run's manifest recorded for this shard. Ray restarts a dead
+        shard actor from its folder: an index rebuilt in place from other passages since the run started
+        would be read silently, and the run would answer its later questions from another corpus. (Its
+        vectors' bytes are not compared: a rebuild of the same passages on another CPU differs in them.)"""
         import faiss
 
         from actors.bm25 import BM25Shard
@@ -63,18 +64,17 @@ class ShardRetriever:
 NOT_THE_SHARD = "is not the shard this run started with"  # the engine tells a user no resume can follow
 
 
-def check_built(shard_dir: str, built: tuple[str, str]) -> None:
+def check_built(shard_dir: str, built: str) -> None:
     import json
 
     try:
-        done = json.loads((Path(shard_dir) / "done.json").read_text())
-        found = (done["index_sha256"], done["passages_sha256"])
+        found = json.loads((Path(shard_dir) / "done.json").read_text())["passages_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         found = None
-    if found != built:
-        raise RuntimeError(f"{shard_dir} {NOT_THE_SHARD} (the index was rebuilt, or is being rebuilt, in place); "
+    if found != built:  # the marker and the advice first: the engine shows a cause's first 300 characters
+        raise RuntimeError(f"the index was rebuilt, or is being rebuilt, in place from other passages: {NOT_THE_SHARD}; "
                            "its committed rows are kept, a resume cannot follow: answer into a new --output, or "
-                           "restore the index the run started with")
+                           f"restore the index the run started with ({shard_dir}: its done.json differs or is missing)")
 
 
 def merge_topk(per_shard: list[list[list[Passage]]], k: int) -> list[list[Passage]]:

@@ -255,9 +255,9 @@ class Stage:
             self.retired.add(replica)
             if len(self.retired) < len(self.replicas):
                 return
-        cause = cause_of(err)
-        raise StageDown(f"stage {self.name}: {why} ({cause})" + (  # an index rebuilt under the run: its cause says what to do
-            "" if NOT_THE_SHARD in cause else "; fix the cause and rerun the same command to resume"))
+        # an index rebuilt under the run: its cause says what to do, and a rerun would be refused
+        raise StageDown(f"stage {self.name}: {why} ({cause_of(err)})" + (
+            "" if NOT_THE_SHARD in str(err) else "; fix the cause and rerun the same command to resume"))
 
     def probe(self, replica: int):
         """A call a replica answers once it is ready (its constructor has run)."""

@@ -107,7 +107,7 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
             trained_on >= 2) + ["index_type flat"]
         raise UserError(f"index.index_type=ivf_pq needs at least 2**pq_bits={2 ** index.pq_bits} passages "
                         f"per shard to train its codebooks (a shard has {count}, index.train_sample is "
-                        f"{index.train_sample}); use {', '.join(fixes[:-1])} or {fixes[-1]}")
+                        f"{index.train_sample}); use " + (", ".join(fixes[:-1]) + " or " if fixes[:-1] else "") + fixes[-1])
     return f"IVF{nlist},PQ{index.pq_m}x{index.pq_bits}"
 
 
@@ -134,7 +134,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     time (two demos, or two `ragsift index`, each removed the shard the other was writing and both failed).
 
     ``extra`` adds fields to the manifest (e.g. a corpus checksum); ``encoders`` replaces the encoder
-    actors (any actors with ``dims()`` and ``encode(texts)``; the scale benchmark uses this).
+    actors (any actors with ``dims()``, ``encode(texts)`` and ``longer_than_read(texts)``; the scale
+    benchmark uses this).
     """
     check_kept(config.index.path, "--index-dir")
     model = loadable(config.embedder.model) if encoders is None else None  # mistyped: one line, no folder made
@@ -265,8 +266,9 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "corpus_sha256": corpus_sha,
         "count": sum(s["count"] for s in shards),
         "skipped": dict(skipped),
-        # passages the embedder read only the start of (shards built before it was counted: 0)
-        "cut_by_embedder": sum(s.get("cut_by_embedder", 0) for s in shards),
+        # passages the embedder read only the start of; None (unknown) if a shard was built before it was counted
+        "cut_by_embedder": (None if any("cut_by_embedder" not in s for s in shards)
+                            else sum(s["cut_by_embedder"] for s in shards)),
         "shards": shards,
         "build_s": round(time.perf_counter() - started, 2),
         **(extra or {}),

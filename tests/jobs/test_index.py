@@ -399,10 +399,14 @@ def test_passages_longer_than_the_embedder_reads_are_counted_per_shard_and_warne
                       log=said.append)
     assert manifest["cut_by_embedder"] == 2 and [s["cut_by_embedder"] for s in manifest["shards"]] == [1, 1]
     assert said[-1].startswith("warning: 2 of 4 passages are longer than all-minilm-l6-v2 reads")
-    said.clear()
-    again = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()],
-                   log=said.append)
-    assert again["cut_by_embedder"] == 2  # shards kept from the build before keep their count
+    (tmp_path / "idx" / "manifest.json").unlink()  # a build resumed over both shards: their counts are kept
+    again = _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert again["cut_by_embedder"] == 2
+    done = tmp_path / "idx" / "shard-001" / "done.json"  # a shard built before the count: the total is unknown
+    done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "cut_by_embedder"}))
+    (tmp_path / "idx" / "manifest.json").unlink()
+    assert _build(corpus, tmp_path / "idx", 2, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])[
+        "cut_by_embedder"] is None
 
 
 def test_a_shard_restarted_after_its_index_was_rebuilt_in_place_refuses_to_serve_the_new_one(ray_session, tmp_path):
@@ -421,9 +425,12 @@ def test_a_shard_restarted_after_its_index_was_rebuilt_in_place_refuses_to_serve
     config = AnswerConfig.model_validate({"index": {"path": str(tmp_path / "idx")}})
     (args,) = _shards(config, read_manifest(tmp_path / "idx")).replicas  # what the run's shard actor starts from
     assert ShardRetriever(*args).size() == 2
+    done = tmp_path / "idx" / "shard-000" / "done.json"  # the same passages rebuilt on another CPU: other vector bytes
+    done.write_text(json.dumps({**json.loads(done.read_text()), "index_sha256": "0" * 64}))
+    assert ShardRetriever(*args).size() == 2
     pq.write_table(pa.table({"id": ["x", "y", "z"], "text": ["other", "corpus", "here"]}), corpus)
     _build(corpus, tmp_path / "idx", 1, encoders=encoders)  # a colleague rebuilds it in place
-    with pytest.raises(RuntimeError, match=r"is not the shard this run started with \(the index was rebuilt") as refused:
+    with pytest.raises(RuntimeError, match=r"in place from other passages: is not the shard this run started with") as refused:
         ShardRetriever(*args)
     # the stage stops saying so, not "rerun the same command to resume" (the rerun is refused: another index)
     from engine.stages import GeneratorStage
@@ -563,6 +570,10 @@ def test_bm25_finds_chinese_and_japanese_passages_by_their_characters_and_englis
     found = shard.search(["明长城全长多少公里？", "東京タワーはどこにありますか", "How long is the Great Wall?",
                           "서울은 어디의 수도인가"], 1)
     assert [hits[0].id for hits in found] == ["zh", "ja", "en", "ko"]
+    from actors.bm25 import tokenize
+
+    # iteration marks and characters past the basic plane are characters too; the middle dot is punctuation
+    assert tokenize(["時々𠮷野家・ｶﾀ"], return_ids=False) == [["時", "々", "𠮷", "野", "家", "ｶ", "ﾀ"]]
 
 
 def test_ivf_lists_are_capped_at_the_training_sample(ray_session, tmp_path):
@@ -583,6 +594,8 @@ def test_an_ivf_pq_refusal_names_only_fixes_that_can_work():
     neither of the first two could work; a smaller pq_bits, which could, was not named."""
     with pytest.raises(UserError, match=r"use index.pq_bits of at most 5 or index_type flat$"):
         factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, shards=1), 32, 40)
+    with pytest.raises(UserError, match=r"\); use index_type flat$"):
+        factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, shards=1), 32, 1)
     with pytest.raises(UserError, match=r"use fewer shards, a larger index.train_sample, index.pq_bits of at most 9 or"):
         factory_string(IndexConfig(index_type="ivf_pq", pq_m=8, pq_bits=11, train_sample=1000), 32, 2100)
 
