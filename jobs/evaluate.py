@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 
 from jobs import metrics as M
-from jobs.output import PART, unfinished
+from jobs.output import PART, claimed, unfinished
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
 from jobs.storage import check_kept, filesystem, join, open_parquet, read_table, redact, uri_of
@@ -55,9 +55,12 @@ def answer_files(output: str) -> list[str]:
                    if i.type == FileType.File and PART.fullmatch(i.path.rsplit("/", 1)[-1])
                    and not any(part.startswith(("_", ".")) for part in i.path[len(root):].split("/")))
     files = [uri for f in files if set(ANSWER_COLUMNS) <= set(open_parquet(uri := uri_of(output, f)).schema_arrow.names)]
+    if not files and claimed(output):  # a run's folder whose first part is not committed yet: no stray folder
+        raise FileNotFoundError(f"{redact(output)} holds a run that has committed no part yet (it is answering its "
+                                "first questions, or stopped before a part was whole): rerun once one is committed")
     if not files:
         raise FileNotFoundError(f"no answer Parquet files in {redact(output)} (a run's answers are <strategy>/"
-                                "part-NNNNN.parquet; give another file itself to evaluate it)")
+                                "part-NNNNN.parquet; give another file itself to read it)")
     return files
 
 

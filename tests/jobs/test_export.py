@@ -228,3 +228,18 @@ def test_to_dash_writes_the_lines_to_stdout(tmp_path, capfd, monkeypatch):
     assert main(["export", "--answers", str(tmp_path / "out"), "--to", "-"]) == 0
     out = capfd.readouterr().out.splitlines()
     assert [json.loads(line)["custom_id"] for line in out] == ["q0", "q1"] and not (tmp_path / "-").exists()
+
+
+def test_a_run_that_has_committed_no_part_yet_is_said_to_be_one_in_evaluate_export_and_report(tmp_path):
+    """Before, all three said "no answer Parquet files ... give another file itself to evaluate it"."""
+    import json
+
+    from jobs.evaluate import answer_files
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "_manifest.json").write_text(json.dumps({"input.rows": 4, "commit.shard_rows": 2}))
+    with pytest.raises(FileNotFoundError, match="holds a run that has committed no part yet"):
+        answer_files(str(tmp_path / "out"))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(FileNotFoundError, match="no answer Parquet files in"):
+        answer_files(str(tmp_path / "other"))
