@@ -57,7 +57,7 @@ class Supervisor:
             peer.deaths[r] = deaths
             # a peer's earlier readiness call may have been answered before this death and not yet read:
             # it would send the peer work that fails and counts this death again
-            self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (peer, r)}
+            self._forget_probes(peer, r)
             if restarts_before_kill is None:
                 self._probe(peer, r)
             else:
@@ -127,7 +127,7 @@ class Supervisor:
             # it takes no work until it answers, as after a failed call: and the call it was running fails
             # next, which must not count this death a second time (died() skips a replica restarting)
             if r not in peer.restarting and r not in peer.retired:
-                self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (peer, r)}
+                self._forget_probes(peer, r)
                 self._probe(peer, r)
         self.log(f"{stage.name} replica {replica} died while starting or idle (death {restarts} of this replica in "
                  "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
@@ -138,6 +138,10 @@ class Supervisor:
         encoders when no cross-encoder is configured, and one death is one restart, seen by both."""
         actor = stage.replicas[replica]
         return [(s, r) for s in self.stages.values() for r, a in enumerate(s.replicas) if a == actor]
+
+    def _forget_probes(self, stage: Stage, replica: int) -> None:
+        """Drop the replica's readiness calls: one answered before its death would say it is ready."""
+        self.probes = {ref: waiting for ref, waiting in self.probes.items() if waiting != (stage, replica)}
 
     def _probe(self, stage: Stage, replica: int) -> None:
         stage.restarting.add(replica)

@@ -112,18 +112,6 @@ def evaluate(answers: str, questions: str, k: int | None = None, strategies: lis
     return [scores[key].result(*key) for key in order], [resolved[key].result(*key) for key in order]
 
 
-def resolution(groups: list[tuple[tuple[str, str], list[dict]]]) -> list[dict]:
-    """How questions were resolved (RA-ISF Table 7: workload rate and correct count per module) and
-    their cost (Table 4: mean retrievals and sub-questions per question)."""
-    table = []
-    for (strategy, dataset), rows in groups:
-        tally = Resolution()
-        for row in rows:
-            tally.add(row)
-        table.append(tally.result(strategy, dataset))
-    return table
-
-
 class Resolution:
     """One (strategy, dataset) group's resolution figures, a row at a time."""
 
@@ -234,13 +222,6 @@ def gold_of(qid: str, gold_by_id: dict, unnamed: dict[int, dict]) -> dict | None
         return gold_by_id[qid]
     row = stand_in_row(qid)
     return unnamed.get(row) if row is not None else None
-
-
-def score(strategy: str, dataset: str, rows: list[dict], k: int | None) -> dict:
-    tally = Tally(k)
-    for row in rows:
-        tally.add(row)
-    return tally.result(strategy, dataset)
 
 
 class Tally:
