@@ -48,7 +48,7 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
         # leading zeros and collided, an all-numeric answers column was refused, a later block could disagree)
         convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(_csv_header(fs, path), pa.string()),
                                         strings_can_be_null=True, null_values=[""], check_utf8=False) if csv else None
-        stream = fs.open_input_stream(path)
+        stream = fs.open_input_stream(path) if is_foreign(uri) else fs.open_input_file(path)  # Parquet seeks
     except FileNotFoundError:
         raise UserError(f"{redact(uri)}: file not found") from None
     rows = 0
@@ -60,6 +60,8 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
                 reader = pa_csv.open_csv(stream, read_options=pa_csv.ReadOptions(block_size=block_bytes),
                                          parse_options=pa_csv.ParseOptions(newlines_in_values=True),
                                          convert_options=convert)
+            elif not is_foreign(uri):  # Parquet, read here only to be converted (its ids or texts are numbers)
+                reader = pq.ParquetFile(stream).iter_batches(batch_size=65_536)
             elif _is_openai_batch(fs, path):
                 reader = _openai_batch_rows(stream, uri)
             else:
@@ -71,7 +73,8 @@ def batches(uri: str, block_bytes: int = 16 << 20, mapped: bool = True) -> Itera
             # pyarrow reads a block at a time: its row numbers count from the block's start, and its columns
             # are the first block's (a field first seen later is "unexpected"); a line that is not JSON
             # is found by reading the file again, line by line, to name its line number
-            line = None if csv or "unexpected field" in str(err).lower() else _first_bad_json_line(fs, path)
+            json_line = not csv and is_foreign(uri) and "unexpected field" not in str(err).lower()
+            line = _first_bad_json_line(fs, path) if json_line else None
             where = f"line {line}: " if line else f"after its first {rows:,} rows, " if rows else ""
             hint = (" (a field that first appears after the first block: give it in the first rows, null if need be)"
                     if "unexpected field" in str(err).lower() else "")

@@ -116,17 +116,28 @@ PROGRESS_EVERY_S = 10.0
 
 
 def corpus_parquet(uri: str, index_dir: Path, log) -> str:
-    """``uri`` itself for Parquet; a JSON Lines / CSV corpus (FlashRAG's ``contents`` too) is first
-    streamed into ``<index>/_corpus.parquet``, which the build then reads like any corpus."""
+    """``uri`` itself for Parquet with text columns; a JSON Lines / CSV corpus (FlashRAG's ``contents``
+    too), or a Parquet one whose ids or texts are numbers, is first streamed into
+    ``<index>/_corpus.parquet``, which the build then reads like any corpus."""
     from jobs.formats import is_foreign, to_parquet
 
-    if not is_foreign(uri):
+    if not is_foreign(uri) and _texts(uri):
         return uri
     index_dir.mkdir(parents=True, exist_ok=True)
     target = str(index_dir / "_corpus.parquet")
     rows = to_parquet(uri, target, ["id", "text", "title"], required=["id", "text"])
     log(f"corpus {redact(uri)}: {rows:,} rows converted to {target}")
     return target
+
+
+def _texts(uri: str) -> bool:
+    """Whether a Parquet corpus's id / text / title columns are all text (numbers are read as text, as
+    in JSON Lines and CSV: a table written from a DataFrame often has integer ids)."""
+    schema = open_parquet(uri).schema_arrow
+    textual = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+               pa.types.is_nested)  # bytes are read as they are; a nested column is refused by the schema check
+    return all(any(kind(schema.field(name).type) for kind in textual)
+               for name in ("id", "text", "title") if name in schema.names)
 
 
 def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, encoders: list | None = None) -> dict:

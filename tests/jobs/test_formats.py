@@ -4,6 +4,7 @@ corpora; bad files are clear errors."""
 import json
 import re
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -54,7 +55,28 @@ def test_a_flashrag_corpus_splits_contents_into_title_and_text(tmp_path):
     assert pq.read_table(converted).to_pylist() == [
         {"id": "0", "text": "Hamlet is a tragedy by William Shakespeare.", "title": "Hamlet"},
         {"id": "1", "text": "A passage without a title line.", "title": ""}]
+    pq.write_table(pa.table({"id": ["a"], "text": ["t"]}), tmp_path / "c.parquet")
     assert corpus_parquet(str(tmp_path / "c.parquet"), tmp_path / "idx", lines.append).endswith("c.parquet")
+
+
+def test_a_parquet_corpus_with_integer_ids_is_indexed_with_its_ids_as_text(ray_session, tmp_path):
+    """As JSON Lines and CSV numbers are: a table written from a DataFrame often has int64 ids (it was refused,
+    'column id has type int64, expected string')."""
+    import ray
+
+    from actors.bm25 import BM25Shard
+    from jobs.index import IndexJobConfig, build_index
+    from schemas.config import load_config
+    from tests.jobs.test_index import HashEncoder
+
+    pq.write_table(pa.table({"id": pa.array([10, 11, 12], pa.int64()), "title": ["A", "B", "C"],
+                             "text": ["passage alpha", "passage beta", "passage gamma"]}), tmp_path / "c.parquet")
+    config = load_config(IndexJobConfig, None, [f"index.path={tmp_path / 'idx'}", "index.shards=1"],
+                         corpus=str(tmp_path / "c.parquet"))
+    manifest = build_index(config, log=lambda *a, **k: None,
+                           encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert manifest["count"] == 3
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["beta"], 1)[0][0].id == "11"
 
 
 def test_a_jsonl_corpus_is_indexed_like_parquet(ray_session, tmp_path):
