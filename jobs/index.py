@@ -88,8 +88,9 @@ def embedding_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def factory_string(index: IndexConfig, dims: int, count: int) -> str:
-    """The FAISS ``index_factory`` description for a shard of ``count`` vectors."""
+def factory_string(index: IndexConfig, dims: int | None, count: int) -> str:
+    """The FAISS ``index_factory`` description for a shard of ``count`` vectors (``dims`` None: the
+    embedder not started yet, every check but pq_m's)."""
     if index.index_type == "flat" or count == 0:
         return "Flat"
     if index.index_type == "hnsw":
@@ -98,7 +99,7 @@ def factory_string(index: IndexConfig, dims: int, count: int) -> str:
     nlist = min(index.nlist or max(1, int(4 * math.sqrt(count))), trained_on)
     if index.index_type == "ivf_flat":
         return f"IVF{nlist},Flat"
-    if dims % index.pq_m:
+    if dims is not None and dims % index.pq_m:
         raise UserError(f"index.pq_m={index.pq_m} must divide the embedding dimension {dims}")
     if trained_on < 2 ** index.pq_bits:
         # only what can work for this shard: a larger sample only where the shard has more than it
@@ -172,7 +173,6 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     if total_rows == 0:
         raise UserError(f"{config.corpus}: the corpus has no rows")
     out = Path(config.index.path)
-    out.mkdir(parents=True, exist_ok=True)
     n_shards = min(config.index.shards, total_rows)
     bounds = [total_rows * s // n_shards for s in range(n_shards + 1)]
     # the corpus's bytes, not only its path and length: a corpus rewritten in place with as many rows
@@ -189,6 +189,19 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
 
+    # settings that cannot build a shard are refused now, before an index in place is touched or a row
+    # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped),
+    # on the rows each shard keeps: its raw rows passed, and the rows without text or with a repeated id
+    # left it too small after the old index was gone; what needs no embedder before it starts (~20 s)
+    first = _first_occurrences(corpus)
+    if not first.any():  # an index of nothing would answer every question from no passage
+        raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
+                        "not UTF-8, or a repeated id)")
+    for s in range(n_shards):
+        if s not in done:
+            factory_string(config.index, None, int(first[bounds[s]:bounds[s + 1]].sum()))
+    out.mkdir(parents=True, exist_ok=True)
+
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
     init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()},
              emb.num_gpus * emb.replicas)
@@ -202,15 +215,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
     started = time.perf_counter()
-    first = _first_occurrences(corpus)
-    # settings that cannot build a shard are refused now, before an index in place is touched or a row
-    # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped),
-    # on the rows each shard keeps: its raw rows passed, and the rows without text or with a repeated id
-    # left it too small after the old index was gone
-    if not first.any():  # an index of nothing would answer every question from no passage
-        raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
-                        "not UTF-8, or a repeated id)")
-    for s in range(n_shards):
+    for s in range(n_shards):  # pq_m against the embedder's dims
         if s not in done:
             factory_string(config.index, dims, int(first[bounds[s]:bounds[s + 1]].sum()))
     if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt

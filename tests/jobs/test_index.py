@@ -732,3 +732,18 @@ def test_an_index_folder_is_no_uri_and_the_refusal_repeats_no_credentials():
     with pytest.raises(ConfigError, match="index.path: .*not a URI") as refused:
         _config(SAMPLE_CORPUS, "s3://KEY:SECRET@b/idx?endpoint_override=x", 1)
     assert "SECRET" not in str(refused.value)
+
+
+def test_ivf_pq_on_too_small_a_shard_is_refused_before_ray_or_the_embedder_starts(monkeypatch, tmp_path):
+    """It was refused only once the encoder had loaded (~20 s on this box), and left an empty index folder."""
+    import jobs.ray_session
+
+    def started(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", started)
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(40)], "text": [f"passage {i}" for i in range(40)]}), corpus)
+    with pytest.raises(UserError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages"):
+        _build(corpus, tmp_path / "idx", 1, "index.index_type=ivf_pq", "index.pq_m=8", encoders=None)
+    assert not (tmp_path / "idx").exists()
