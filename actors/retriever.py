@@ -19,17 +19,19 @@ SEARCH_DEFAULTS = IndexConfig()
 class ShardRetriever:
     def __init__(self, shard_dir: str, nprobe: int | None = SEARCH_DEFAULTS.nprobe,
                  ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False,
-                 built: str | None = None):
-        """``built``: the passages_sha256 the run's manifest recorded for this shard. Ray restarts a dead
-        shard actor from its folder: an index rebuilt in place from other passages since the run started
-        would be read silently, and the run would answer its later questions from another corpus. (Its
-        vectors' bytes are not compared: a rebuild of the same passages on another CPU differs in them.)"""
+                 built: str | None = None, build_key: str | None = None):
+        """``built`` / ``build_key``: the passages_sha256 and build key (corpus, embedder, index settings)
+        the run's manifest recorded for this shard. Ray restarts a dead shard actor from its folder: an
+        index rebuilt in place from other passages, or by another embedder of the same dimension, since
+        the run started would be read silently, and the run would answer its later questions from another
+        corpus or from vectors its queries are not comparable with. (The vectors' bytes are not compared:
+        a rebuild of the same passages with the same settings on another CPU differs in them.)"""
         import faiss
 
         from actors.bm25 import BM25Shard
 
         if built is not None:
-            check_built(shard_dir, built)
+            check_built(shard_dir, built, build_key)
 
         index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
         if nprobe is not None and _is_ivf(faiss, index):
@@ -64,15 +66,17 @@ class ShardRetriever:
 NOT_THE_SHARD = "is not the shard this run started with"  # the engine tells a user no resume can follow
 
 
-def check_built(shard_dir: str, built: str) -> None:
+def check_built(shard_dir: str, built: str, build_key: str | None = None) -> None:
     import json
 
     try:
-        found = json.loads((Path(shard_dir) / "done.json").read_text())["passages_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        done = json.loads((Path(shard_dir) / "done.json").read_text())
+        found = done["passages_sha256"], done.get("build_key") if build_key is not None else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         found = None
-    if found != built:  # the marker and the advice first: the engine shows a cause's first 300 characters
-        raise RuntimeError(f"the index was rebuilt, or is being rebuilt, in place from other passages: {NOT_THE_SHARD}; "
+    if found != (built, build_key):  # the marker and the advice first: the engine shows a cause's first 300 characters
+        raise RuntimeError(f"the index was rebuilt, or is being rebuilt, in place (other passages, embedder or settings): "
+                           f"{NOT_THE_SHARD}; "
                            "its committed rows are kept, a resume cannot follow: answer into a new --output, or "
                            f"restore the index the run started with ({shard_dir}: its done.json differs or is missing)")
 

@@ -430,7 +430,7 @@ def test_a_shard_restarted_after_its_index_was_rebuilt_in_place_refuses_to_serve
     assert ShardRetriever(*args).size() == 2
     pq.write_table(pa.table({"id": ["x", "y", "z"], "text": ["other", "corpus", "here"]}), corpus)
     _build(corpus, tmp_path / "idx", 1, encoders=encoders)  # a colleague rebuilds it in place
-    with pytest.raises(RuntimeError, match=r"in place from other passages: is not the shard this run started with") as refused:
+    with pytest.raises(RuntimeError, match=r"in place \(other passages, embedder or settings\): is not the shard") as refused:
         ShardRetriever(*args)
     # the stage stops saying so, not "rerun the same command to resume" (the rerun is refused: another index)
     from engine.stages import GeneratorStage
@@ -747,3 +747,26 @@ def test_ivf_pq_on_too_small_a_shard_is_refused_before_ray_or_the_embedder_start
     with pytest.raises(UserError, match=r"ivf_pq needs at least 2\*\*pq_bits=256 passages"):
         _build(corpus, tmp_path / "idx", 1, "index.index_type=ivf_pq", "index.pq_m=8", encoders=None)
     assert not (tmp_path / "idx").exists()
+
+
+def test_a_shard_restarted_after_its_index_was_rebuilt_by_another_embedder_refuses_to_serve_it(ray_session, tmp_path):
+    """The same passages embedded by another model of the same dimension: the passages' checksum alone let
+    the restarted shard serve vectors the run's queries cannot be compared with."""
+    import ray
+
+    from jobs.index import read_manifest
+    from jobs.pools import _shards
+    from strategies.registry import AnswerConfig
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["alpha text", "beta text"]}), corpus)
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(corpus, tmp_path / "idx", 1, encoders=encoders)
+    (args,) = _shards(AnswerConfig.model_validate({"index": {"path": str(tmp_path / "idx")}}),
+                      read_manifest(tmp_path / "idx")).replicas
+    _build(corpus, tmp_path / "idx", 1, encoders=encoders)  # the same build again: served
+    assert ShardRetriever(*args).size() == 2
+    _build(corpus, tmp_path / "idx", 1, "embedder.model=another-384-d-model", encoders=encoders)
+    assert read_manifest(tmp_path / "idx")["shards"][0]["passages_sha256"] == args[4]  # the same passages
+    with pytest.raises(RuntimeError, match="is not the shard this run started with"):
+        ShardRetriever(*args)
