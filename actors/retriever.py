@@ -19,19 +19,19 @@ SEARCH_DEFAULTS = IndexConfig()
 class ShardRetriever:
     def __init__(self, shard_dir: str, nprobe: int | None = SEARCH_DEFAULTS.nprobe,
                  ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False,
-                 built: str | None = None, build_key: str | None = None):
-        """``built`` / ``build_key``: the passages_sha256 and build key (corpus, embedder, index settings)
-        the run's manifest recorded for this shard. Ray restarts a dead shard actor from its folder: an
-        index rebuilt in place from other passages, or by another embedder of the same dimension, since
-        the run started would be read silently, and the run would answer its later questions from another
-        corpus or from vectors its queries are not comparable with. (The vectors' bytes are not compared:
-        a rebuild of the same passages with the same settings on another CPU differs in them.)"""
+                 built: str | None = None, embedder: str | None = None):
+        """``built`` / ``embedder``: the passages_sha256 the run's manifest recorded for this shard, and the
+        embedder it names. Ray restarts a dead shard actor from its folder: an index rebuilt in place from
+        other passages, or by another embedder of the same dimension, since the run started would be read
+        silently, and the run would answer its later questions from another corpus or from vectors its
+        queries are not comparable with. (The vectors' bytes are not compared: a rebuild of the same passages
+        by the same embedder on another CPU differs in them, and the run resumes on it, as its identity does.)"""
         import faiss
 
         from actors.bm25 import BM25Shard
 
         if built is not None:
-            check_built(shard_dir, built, build_key)
+            check_built(shard_dir, built, embedder)
 
         index = faiss.read_index(str(Path(shard_dir) / "index.faiss"))
         if nprobe is not None and _is_ivf(faiss, index):
@@ -66,15 +66,15 @@ class ShardRetriever:
 NOT_THE_SHARD = "is not the shard this run started with"  # the engine tells a user no resume can follow
 
 
-def check_built(shard_dir: str, built: str, build_key: str | None = None) -> None:
+def check_built(shard_dir: str, built: str, embedder: str | None = None) -> None:
     import json
 
     try:
-        done = json.loads((Path(shard_dir) / "done.json").read_text())
-        found = done["passages_sha256"], done.get("build_key") if build_key is not None else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        found = None
-    if found != (built, build_key):  # the marker and the advice first: the engine shows a cause's first 300 characters
+        found = (json.loads((Path(shard_dir) / "done.json").read_text())["passages_sha256"],
+                 json.loads((Path(shard_dir).parent / "manifest.json").read_text())["embedder"] if embedder else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None  # a shard or manifest being rebuilt: not the index the run started with either
+    if found != (built, embedder):  # the marker and the advice first: the engine shows a cause's first 300 characters
         raise RuntimeError(f"the index was rebuilt, or is being rebuilt, in place (other passages, embedder or settings): "
                            f"{NOT_THE_SHARD}; "
                            "its committed rows are kept, a resume cannot follow: answer into a new --output, or "

@@ -145,7 +145,7 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, 0,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25,
-                       s.get("passages_sha256"), s.get("build_key"))
+                       s.get("passages_sha256"), manifest.get("embedder"))
                       for s in manifest["shards"]), config.retrieval.shard_resources)
 
 

@@ -766,6 +766,10 @@ def test_a_shard_restarted_after_its_index_was_rebuilt_by_another_embedder_refus
                       read_manifest(tmp_path / "idx")).replicas
     _build(corpus, tmp_path / "idx", 1, encoders=encoders)  # the same build again: served
     assert ShardRetriever(*args).size() == 2
+    # the same passages written again (other bytes: the build key changes, the run's identity does not): served
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["alpha text", "beta text"]}), corpus, compression="gzip")
+    _build(corpus, tmp_path / "idx", 1, encoders=encoders)
+    assert ShardRetriever(*args).size() == 2
     _build(corpus, tmp_path / "idx", 1, "embedder.model=another-384-d-model", encoders=encoders)
     assert read_manifest(tmp_path / "idx")["shards"][0]["passages_sha256"] == args[4]  # the same passages
     with pytest.raises(RuntimeError, match="is not the shard this run started with"):
