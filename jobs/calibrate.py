@@ -52,8 +52,10 @@ import yaml
 
 from jobs import answer as answer_job
 from jobs import metrics as M
+from jobs.chunks import passage_of
 from jobs.evaluate import answer_files
 from jobs.identity import know_model, ranker_name
+from jobs.index import index_chunks
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
@@ -148,8 +150,9 @@ def first_step(row: dict, step: str) -> dict | None:
     return next((t for t in json.loads(row["trace"] or "[]") if t.get("step") == step), None)
 
 
-def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
-    """Every threshold from the probe rows joined with their gold; a dict per config field."""
+def choose(rows: list[dict], gold: dict[str, dict], keep: float, split: bool = False) -> dict:
+    """Every threshold from the probe rows joined with their gold; a dict per config field. ``split``: the
+    index holds parts of passages (index.chunk_words), a part of a gold passage counting as gold."""
     probes = []
     for row in rows:
         g = gold.get(row["id"])
@@ -197,7 +200,8 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float) -> dict:
              for (p, g), r in zip(probes, goes_on)]
     cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, goes_on)
     out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
-    pairs = [(s, pid in set(g.get("gold_passage_ids") or [])) for p, g in probes if g.get("gold_passage_ids")
+    pairs = [(s, (passage_of(pid) if split else pid) in set(g.get("gold_passage_ids") or []))
+             for p, g in probes if g.get("gold_passage_ids")
              for pid, s in zip(p["top_k"], p["relevance_p_yes"])]
     if any(gold_ for _, gold_ in pairs):  # with no gold passage retrieved every cut scores F1 0: none to choose
         rel, curve = f1_threshold([s for s, _ in pairs], [gold_ for _, gold_ in pairs])
@@ -373,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
     gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                              if c in cols]]).to_pylist())
     rows = [r for f in answer_files(join(config.output, PROBE)) for r in read_table(f).to_pylist()]
-    chosen = choose(rows, gold, args.keep)
+    chosen = choose(rows, gold, args.keep, split=bool(index_chunks(config.index.path)))
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                  **shared)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 
 from jobs import metrics as M
+from jobs.chunks import passage_of
 from jobs.output import PART, claimed, unfinished
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
@@ -180,7 +181,8 @@ def joined_rows(answers: str, questions: str, job: str = "evaluate", strategies:
     gold_by_id, unnamed = gold_needed(questions, cols, files)
     unmatched: Counter = Counter()
     for path in files:
-        names = open_parquet(path).schema_arrow.names
+        schema = open_parquet(path).schema_arrow
+        names, split = schema.names, split_index(schema)
         for row in read_table(path, [c for c in columns if c in names] if columns else None).to_pylist():
             if strategies is not None and row["strategy"] not in strategies:
                 continue
@@ -188,13 +190,23 @@ def joined_rows(answers: str, questions: str, job: str = "evaluate", strategies:
             if g is None:
                 unmatched[row["strategy"]] += 1
                 continue
-            row["_gold"], row["_answers"] = g, M.gold_answers(g.get("answers"))
+            row["_gold"], row["_answers"], row["_split"] = g, M.gold_answers(g.get("answers")), split
             if g.get("dataset"):  # a question without one counts in ALL only
                 yield (row["strategy"], g["dataset"]), row
             yield (row["strategy"], "ALL"), row
     if unmatched:
         raise UserError(f"{redact(answers)} holds answers to questions that are not in {redact(questions)} "
                         f"({dict(unmatched)} per strategy): evaluate against the questions the run answered")
+
+
+def split_index(schema: pa.Schema) -> bool:
+    """Whether the answers of this file (its run's identity, in the part's metadata) read an index of split
+    passages (``index.chunk_words``): their passage ids are parts ``<id>#<n>``, the gold ids whole passages."""
+    try:
+        identity = json.loads((schema.metadata or {}).get(b"ragsift", b"{}"))
+    except ValueError:
+        return False
+    return isinstance(identity, dict) and bool(identity.get("index.chunks"))
 
 
 def gold_needed(questions: str, cols: list[str], files: list[str]) -> tuple[dict, dict[int, dict]]:
@@ -246,15 +258,18 @@ class Tally:
             self.yn_n += 1
             self.yn_ok += M.accuracy(pred, golds)
         gold = gold_ids(row["_gold"].get("gold_passage_ids"))
+        # a part of a split passage is found, or cited, as its passage: the gold names whole passages
+        passages = (lambda ids: [passage_of(i) for i in ids]) if row.get("_split") else (lambda ids: ids)  # noqa: E731
+        retrieved, cited = passages(row["retrieved_ids"] or []), passages(row.get("citations") or [])
         # an error row's passages are where it stopped, not a retrieval to score (README: not misses)
-        if gold and row["retrieved_ids"] and row["error"] is None:
-            a, b = M.recall_at_k(row["retrieved_ids"], gold, self.k or len(row["retrieved_ids"]))
+        if gold and retrieved and row["error"] is None:
+            a, b = M.recall_at_k(retrieved, gold, self.k or len(retrieved))
             self.rec_any, self.rec_all, self.rec_n = self.rec_any + a, self.rec_all + b, self.rec_n + 1
         # citation precision / recall against gold passages, only where the model cited (a reader's
         # passages are its retrieval, scored by recall@k above)
-        if gold and row.get("citations"):
-            hit = len(set(row["citations"]) & set(gold))
-            self.cite_p += hit / len(set(row["citations"]))
+        if gold and cited:
+            hit = len(set(cited) & set(gold))
+            self.cite_p += hit / len(set(cited))
             self.cite_r += hit / len(set(gold))
             self.cite_n += 1
         self.calls += row["n_llm_calls"]

@@ -15,7 +15,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from actors.reranker import BiEncoderRanker, ranker_class
-from jobs.index import manifest_sha256
+from jobs.index import index_chunks, manifest_sha256
 from jobs.models import pinned, resolve
 from jobs.pools import encoder_model
 from jobs.questions import InputPlan
@@ -34,6 +34,10 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     digest = manifest_sha256(config.index.path) if config.index.path else None
     if digest:
         identity["index.manifest_sha256"] = digest
+        # said apart from the digest, and only where set: evaluate reads it from an answer file to score a
+        # split passage's parts as their passage (a run's outputs before chunking keep their identity)
+        if chunks := index_chunks(config.index.path):
+            identity["index.chunks"] = chunks
     identity.update(judge_revisions(config))
     return identity
 

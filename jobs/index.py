@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from jobs.chunks import count, part_id, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
@@ -82,6 +83,14 @@ def manifest_sha256(index_dir: str | Path) -> str | None:
     manifest["shards"] = [{k: v for k, v in shard.items() if k not in SHARD_REBUILD_NOISE}
                           for shard in manifest.get("shards", [])]
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def index_chunks(index_dir: str | Path) -> dict | None:
+    """How the index split its passages (``chunk_words``: words, overlap); None for passages as they are."""
+    try:
+        return read_manifest(index_dir).get("chunks")
+    except (FileNotFoundError, UserError):
+        return None
 
 
 def embedding_text(title: str | None, text: str) -> str:
@@ -193,13 +202,14 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # encoded (a pq_m not dividing dims was found after a whole shard was encoded and the old one wiped),
     # on the rows each shard keeps: its raw rows passed, and the rows without text or with a repeated id
     # left it too small after the old index was gone; what needs no embedder before it starts (~20 s)
-    first = _first_occurrences(corpus)
+    first, parts = _first_occurrences(corpus, config.index)
     if not first.any():  # an index of nothing would answer every question from no passage
         raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
                         "not UTF-8, or a repeated id)")
+    kept = np.where(first, parts, 0)  # the passages each row becomes in the index
     for s in range(n_shards):
         if s not in done:
-            factory_string(config.index, None, int(first[bounds[s]:bounds[s + 1]].sum()))
+            factory_string(config.index, None, int(kept[bounds[s]:bounds[s + 1]].sum()))
     out.mkdir(parents=True, exist_ok=True)
 
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
@@ -217,7 +227,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     started = time.perf_counter()
     for s in range(n_shards):  # pq_m against the embedder's dims
         if s not in done:
-            factory_string(config.index, dims, int(first[bounds[s]:bounds[s + 1]].sum()))
+            factory_string(config.index, dims, int(kept[bounds[s]:bounds[s + 1]].sum()))
     if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
         (out / MANIFEST).unlink(missing_ok=True)
 
@@ -248,12 +258,17 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
             if shard in done:
                 continue
             if shard not in builders:
-                builders[shard] = _ShardBuilder(out / _dir(shard), bounds[shard + 1] - bounds[shard], dims)
+                builders[shard] = _ShardBuilder(out / _dir(shard), int(kept[bounds[shard]:bounds[shard + 1]].sum()), dims)
             problem = skip_reason(pid, text, title) or ("duplicate_id" if not first[i] else None)
             if problem:
                 builders[shard].skipped[problem] += 1
                 continue
-            rows.append((shard, {"id": pid, "title": title or "", "text": text}))
+            if parts[i] == 1:
+                rows.append((shard, {"id": pid, "title": title or "", "text": text}))
+                continue
+            builders[shard].split += 1
+            rows.extend((shard, {"id": part_id(pid, n), "title": title or "", "text": piece})
+                        for n, piece in enumerate(split(text, config.index.chunk_words, config.index.chunk_overlap)))
         texts = [embedding_text(r["title"], r["text"]) for _, r in rows]
         encoder = encoders[next(turn) % len(encoders)]
         ref, cut_ref = (encoder.encode.remote(texts), encoder.longer_than_read.remote(texts)) if texts else (None, None)
@@ -286,6 +301,9 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "cut_by_embedder": (None if any("cut_by_embedder" not in s for s in shards)
                             else sum(s["cut_by_embedder"] for s in shards)),
         "shards": shards,
+        # absent for an index of passages as they are (an index built before chunking keeps its manifest's digest)
+        **({"chunks": {"words": config.index.chunk_words, "overlap": config.index.chunk_overlap,
+                       "split": sum(s.get("split", 0) for s in shards)}} if config.index.chunk_words else {}),
         "build_s": round(time.perf_counter() - started, 2),
         **(extra or {}),
     }
@@ -300,8 +318,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     if cut := manifest["cut_by_embedder"]:
         log(f"warning: {cut:,} of {manifest['count']:,} passages are longer than {config.embedder.model} reads: dense "
-            "retrieval finds them by their start only, and k such passages may not fit a prompt; index the corpus in "
-            "shorter passages (README: passages are indexed as they are, not chunked)")
+            "retrieval finds them by their start only, and k such passages may not fit a prompt; split them: "
+            "--chunk-words 100 (README: long passages)")
     return manifest
 
 
@@ -331,9 +349,12 @@ def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpu
     """What a committed shard was built from; a shard built from anything else is rebuilt. The corpus is
     its bytes: its path as typed (``./c.parquet``, an absolute path, another working folder) rebuilt the
     whole index, offline meanwhile; ``corpus_path`` gives the key shards built before that carry."""
+    # the chunk settings only where set: an index built before chunking existed keeps its key
+    unsplit = ("chunk_words", "chunk_overlap") if not config.index.chunk_words else ()
     what = {"corpus_sha256": corpus_sha, "rows": total_rows, "bounds": bounds,
             "embedder": config.embedder.model,
-            "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search"})}
+            "index": config.index.model_dump(exclude={"path", "shards", "encode_batch_rows", "nprobe", "hnsw_ef_search",
+                                                      *unsplit})}
     if weights := _local_weights_sha256(config.embedder.model):
         what["embedder_sha256"] = weights
     if corpus_path is not None:
@@ -400,23 +421,35 @@ def skip_reason(pid, text, title) -> str | None:
             else "null_id" if pid is None or not pid.strip() else "null_text" if not text or not text.strip() else None)
 
 
-def _first_occurrences(corpus: pq.ParquetFile) -> np.ndarray:
+def _first_occurrences(corpus: pq.ParquetFile, index: IndexConfig) -> tuple[np.ndarray, np.ndarray]:
     """Mask of the rows that keep their id: the first usable row of each id (one pass over the ids and
-    texts), so a skipped row (no text) does not take its id from a later row that has one."""
-    hashes, valid = [], []
+    texts), so a skipped row (no text) does not take its id from a later row that has one; and how many
+    passages each row is split into (``index.chunk_words``; 1 each without it). A part's id that is
+    another row's id is refused: two passages would answer to one id."""
+    hashes, valid, parts, part_hashes = [], [], [], []  # part_hashes: of split passages' ids
     columns = ["id", "text"] + (["title"] if "title" in corpus.schema_arrow.names else [])
     for batch in corpus.iter_batches(batch_size=65_536, columns=columns):
         ids = text_values(batch.column(0))  # an id that is not valid UTF-8 is hashed by its bytes
         texts = text_values(batch.column(1))
         titles = text_values(batch.column(2)) if len(columns) == 3 else [None] * batch.num_rows
-        valid.append(np.array([skip_reason(p, x, t) is None for p, x, t in zip(ids, texts, titles)], dtype=bool))
+        ok = [skip_reason(p, x, t) is None for p, x, t in zip(ids, texts, titles)]
+        valid.append(np.array(ok, dtype=bool))
         hashes.append(hash_ids(["" if v is None else v for v in ids]))
+        n = [count(x, index.chunk_words, index.chunk_overlap) if good and index.chunk_words else 1
+             for good, x in zip(ok, texts)]
+        parts.append(np.array(n, dtype=np.int64))
+        part_ids = [part_id(p, j) for p, m in zip(ids, n) if m > 1 for j in range(m)]
+        if part_ids:
+            part_hashes.append(hash_ids(part_ids))
     hashes, valid = np.concatenate(hashes), np.concatenate(valid)
     order = np.flatnonzero(valid)
     _, first = np.unique(hashes[order], return_index=True)
     mask = np.zeros(len(hashes), dtype=bool)
     mask[order[first]] = True
-    return mask
+    if part_hashes and (taken := np.isin(np.concatenate(part_hashes), hashes[mask])).any():
+        raise UserError(f"index.chunk_words: {int(taken.sum()):,} of the split passages' ids (<id>#<n>) are ids of other "
+                        "rows of the corpus; give the corpus ids without '#<number>' endings")
+    return mask, np.concatenate(parts)
 
 
 class _ShardBuilder:
@@ -425,7 +458,7 @@ class _ShardBuilder:
     def __init__(self, path: Path, capacity: int, dims: int):
         shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted build
         path.mkdir(parents=True)
-        self.path, self.count, self.skipped, self.cut = path, 0, Counter(), 0
+        self.path, self.count, self.skipped, self.cut, self.split = path, 0, Counter(), 0, 0
         self.vectors = np.lib.format.open_memmap(path / "vectors.npy", mode="w+", dtype=np.float32,
                                                  shape=(max(capacity, 1), dims))
         self.writer = pq.ParquetWriter(path / "passages.parquet", PASSAGES, compression="zstd")
@@ -470,6 +503,7 @@ class _ShardBuilder:
             del table
             bm25 = build_bm25(texts, self.path / "bm25", index_config.bm25_k1, index_config.bm25_b)
         info = {"dir": self.path.name, "count": self.count, "skipped": dict(self.skipped), "cut_by_embedder": self.cut,
+                **({"split": self.split} if index_config.chunk_words else {}),  # corpus rows split into several
                 "factory": factory,
                 "index_sha256": file_sha256(*filesystem(str(self.path / "index.faiss"))),
                 "passages_sha256": file_sha256(*filesystem(str(self.path / "passages.parquet"))), "build_key": build_key}
@@ -485,12 +519,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index-dir", help="output directory (index.path)")
     p.add_argument("--shards", type=int, help="number of shards (index.shards)")
     p.add_argument("--index-type", choices=["flat", "ivf_flat", "ivf_pq", "hnsw"], help="index.index_type")
+    p.add_argument("--chunk-words", type=int, help="split passages of more than this many words into passages of "
+                   "this many words, ids <id>#<n> (index.chunk_words; default: index passages as they are)")
     add_config_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = config_overrides(args, {"index_dir": "index.path", "shards": "index.shards",
-                                        "index_type": "index.index_type"})
+                                        "index_type": "index.index_type", "chunk_words": "index.chunk_words"})
     config = load_config(IndexJobConfig, args.config, overrides, corpus=args.corpus)
     if not config.corpus:
         raise UserError("no corpus given: pass --corpus or set `corpus` in the config")

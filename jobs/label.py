@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 
 from jobs import answer as answer_job
 from jobs import metrics as M
+from jobs.chunks import passage_of
 from jobs.dataset_card import KINDS, check_hub_repo, push_to_hub, write_dataset
 from jobs.evaluate import answer_files
-from jobs.index import read_manifest
+from jobs.index import index_chunks, read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
 from jobs.storage import filesystem, join, read_table, redact, write_whole
 from schemas.config import AnswerFormConfig, LabelConfig
@@ -59,7 +60,7 @@ def _steps(row: dict) -> dict[str, dict]:
 
 
 def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage], config: LabelConfig,
-                 dropped: dict[str, Counter] | None = None) -> dict:
+                 dropped: dict[str, Counter] | None = None, split: bool = False) -> dict:
     """Label records (each with chat ``messages``) from ``raisf_labels`` answer rows, of the kinds
     ``config.collect`` names; ``dropped`` counts, by kind, why a question gave none."""
     kinds = [k for k in RAISF_KINDS if k in config.collect]
@@ -93,7 +94,8 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
                 out["relevance"].append({
                     "id": row["id"], "question": q, "passage_id": pid, "passage": text, "p_yes": p_yes,
                     "label": "relevant" if relevant else "irrelevant",
-                    "gold_passage": None if golden is None else pid in golden,
+                    # a part of a split passage (index.chunk_words) is gold where its passage is
+                    "gold_passage": None if golden is None else (passage_of(pid) if split else pid) in golden,
                     "messages": _chat(prompt("raisf/relevance").format(question=q, passage=text),
                                       "yes" if relevant else "no")})
         if "decomposition" in kinds:
@@ -117,7 +119,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
 
 def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage],
                           config: LabelConfig, forms: AnswerFormConfig | None = None,
-                          short_answer: str = "no more than 10 words") -> tuple[list[dict], Counter]:
+                          short_answer: str = "no more than 10 words", split: bool = False) -> tuple[list[dict], Counter]:
     """Trajectories that pass quality control, and why the others were dropped."""
     kept, dropped, forms = [], Counter(), forms or AnswerFormConfig()
     for row in rows:
@@ -141,6 +143,7 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
             dropped["wrong answer"] += 1
             continue
         gold_pids, cited = set(gold_ids(g.get("gold_passage_ids"))), set(row["citations"] or [])
+        cited = {passage_of(c) for c in cited} if split else cited  # a part cites its passage (index.chunk_words)
         precision = len(cited & gold_pids) / len(cited) if gold_pids and cited else None
         recall = len(cited & gold_pids) / len(gold_pids) if gold_pids else None
         if config.citation_filter and gold_pids and (
@@ -241,13 +244,14 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
     summary, writers = {}, []
+    split = bool(index_chunks(config.index.path))  # gold ids name whole passages, the answers' ids their parts
     if "raisf_labels" in config.strategies:
         kinds = [k for k in RAISF_KINDS if k in config.label.collect]
         raisf = {kind: LabelWriter(config.output, kind) for kind in kinds}
         dropped, seen = {kind: Counter() for kind in kinds}, 0
         for rows, ids in answer_chunks(config.output, "raisf_labels"):
             for kind, records in raisf_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
-                                              dropped).items():
+                                              dropped, split).items():
                 raisf[kind].write(records)
             seen += len(rows)
         for kind, writer in raisf.items():
@@ -257,7 +261,7 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
         writer, dropped, seen = LabelWriter(config.output, "self_reasoning"), Counter(), 0
         for rows, ids in answer_chunks(config.output, "self_reasoning"):
             kept, why = self_reasoning_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
-                                              config.answer_form, config.self_reasoning.short_answer)
+                                              config.answer_form, config.self_reasoning.short_answer, split)
             writer.write(kept)
             dropped.update(why)
             seen += len(rows)

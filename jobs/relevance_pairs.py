@@ -32,6 +32,9 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
     from jobs.models import resolve
 
     manifest = read_manifest(index_dir)
+    if manifest.get("chunks"):  # the positives are the gold passages' texts; a part of one need not hold the answer
+        raise UserError(f"{index_dir} holds passages split into parts (index.chunk_words): the questions' gold passage "
+                        "ids name whole passages; mine training pairs from an index of the passages as they are")
     dirs = [str(Path(index_dir) / s["dir"]) for s in manifest["shards"]]
     texts = [r["question"] for r in rows]
     vectors = Encoder(resolve(manifest["embedder"])).encode(texts)

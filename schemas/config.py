@@ -216,6 +216,17 @@ class IndexConfig(Section):
     bm25_k1: float = Field(0.9, gt=0, description="BM25 k1 (0.9: Pyserini's default, used by MIGRES)")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 b (0.4: Pyserini's default)")
     encode_batch_rows: int = Field(512, json_schema_extra=SPEED, ge=1, description="corpus rows read and encoded per batch")
+    chunk_words: int | None = Field(
+        None, ge=8, description="split each passage of more than this many words into passages of this many words "
+                                "(ids <id>#<n>, the title kept; jobs/chunks.py); None = index passages as they are")
+    chunk_overlap: int = Field(0, ge=0, description="words each split passage repeats from the one before it")
+
+    @model_validator(mode="after")
+    def _overlap_inside_the_window(self):
+        if self.chunk_words is not None and self.chunk_overlap >= self.chunk_words:
+            raise ValueError(f"index.chunk_overlap ({self.chunk_overlap}) must be less than index.chunk_words "
+                             f"({self.chunk_words}): each split passage must move on")
+        return self
 
 
 class RetrievalConfig(Section):

@@ -265,3 +265,21 @@ def test_evaluate_reads_of_an_answer_part_only_the_columns_it_scores_not_the_tra
     (part_columns,) = [columns for uri, columns in read if uri.endswith("part-00000.parquet")]
     assert part_columns is not None and "trace" not in part_columns and "question" not in part_columns
 
+
+
+def test_the_parts_of_a_split_passage_are_found_and_cited_as_their_passage(tmp_path):
+    """An index of passages split into parts (index.chunk_words) retrieves ids <id>#<n>; the gold names whole
+    passages. Where the run's identity (in each part's metadata) says so, a part counts as its passage; an
+    id of the same shape from an index that split nothing is an id like any other."""
+    import json
+
+    rows = [answer_row("a", "Paris", retrieved_ids=["p9#0", "p1#3", "p1#4"], citations=["p1#3", "p2"])]
+    questions = [{"id": "a", "question": "?", "answers": ["Paris"], "gold_passage_ids": ["p1"]}]
+    answers, qs = write(tmp_path, rows, questions)
+    row = overall(evaluate(answers, qs, k=2)[0])
+    assert (row["recall@k any"], row["cite P / R (n)"]) == (0.0, "0.0 / 0.0 (1)")  # no split index: "p1#3" is not p1
+    schema = ANSWERS.with_metadata({"ragsift": json.dumps({"index.chunks": {"words": 100, "overlap": 0, "split": 9}})})
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "rag/part-00000.parquet")
+    row = overall(evaluate(answers, qs, k=2)[0])
+    assert (row["recall@k any"], row["cite P / R (n)"]) == (100.0, "50.0 / 100.0 (1)")
+    assert overall(evaluate(answers, qs, k=1)[0])["recall@k any"] == 0.0  # k parts, not k passages

@@ -774,3 +774,74 @@ def test_a_shard_restarted_after_its_index_was_rebuilt_by_another_embedder_refus
     assert read_manifest(tmp_path / "idx")["shards"][0]["passages_sha256"] == args[4]  # the same passages
     with pytest.raises(RuntimeError, match="is not the shard this run started with"):
         ShardRetriever(*args)
+
+
+def test_chunk_words_splits_long_passages_into_parts_each_searchable_and_counted(ray_session, tmp_path):
+    import ray
+
+    from actors.bm25 import BM25Shard
+    from jobs.identity import run_identity
+    from jobs.index import index_chunks
+    from jobs.questions import plan_input
+    from strategies.registry import AnswerConfig
+
+    long = " ".join(["filler"] * 150 + ["zebra", "quagga"] + ["filler"] * 28)  # 180 words: parts 0-99 and 90-179
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "title": ["Long", "Short"], "text": [long, "a short passage"]}), corpus)
+    encoders = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    lines = []
+    manifest = _build(corpus, tmp_path / "idx", 1, "index.chunk_words=100", "index.chunk_overlap=10",
+                      encoders=encoders, log=lines.append)
+    passages = pq.read_table(tmp_path / "idx" / "shard-000" / "passages.parquet").to_pylist()
+    assert [p["id"] for p in passages] == ["a#0", "a#1", "b"] and manifest["count"] == 3
+    assert [p["title"] for p in passages] == ["Long", "Long", "Short"] and passages[1]["text"].startswith("filler")
+    assert len(passages[1]["text"].split()) == 90 and "zebra quagga" in passages[1]["text"]
+    assert manifest["chunks"] == {"words": 100, "overlap": 10, "split": 1} == index_chunks(tmp_path / "idx")
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["zebra"], 1)[0][0].id == "a#1"
+    again = []
+    _build(corpus, tmp_path / "idx", 1, "index.chunk_words=100", "index.chunk_overlap=10", encoders=encoders,
+           log=again.append)
+    assert "up to date" in again[0]
+    # a run on it says so in its identity (evaluate reads it from the answers' metadata)
+    qs = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q"], "question": ["which zebra?"]}), qs)
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path / "idx")}})
+    assert run_identity(config, plan_input(str(qs)))["index.chunks"]["words"] == 100
+    # an index of passages as they are: no chunk record, and the build key it had before chunking existed
+    plain = _build(corpus, tmp_path / "plain", 1, encoders=encoders)
+    assert "chunks" not in plain and [p for p in plain["shards"][0] if p == "split"] == []
+    assert "index.chunks" not in run_identity(config.model_copy(update={"index": config.index.model_copy(
+        update={"path": str(tmp_path / "plain")})}), plan_input(str(qs)))
+
+
+def test_a_part_id_that_is_another_rows_id_is_refused_before_anything_is_built(ray_session, tmp_path):
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "a#1"], "text": [" ".join(["w"] * 30), "other"]}), corpus)
+    with pytest.raises(UserError, match=r"index.chunk_words: 1 of the split passages' ids \(<id>#<n>\) are ids of other"):
+        _build(corpus, tmp_path / "idx", 1, "index.chunk_words=10",
+               encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.model
+def test_a_fact_late_in_a_long_article_is_found_by_dense_search_once_the_article_is_split(ray_session, tmp_path):
+    """The real MiniLM reads the first 256 word pieces of a passage: a fact past them is invisible to dense
+    search in the whole article, and found in its part once `index.chunk_words` splits it."""
+    start = " ".join(pq.read_table(SAMPLE_CORPUS, columns=["text"])["text"].to_pylist()[:5])  # ~400 words of other topics
+    article = start + " The Zorbian lighthouse was designed by the architect Elena Varga and first lit in 1887."
+    others = ["The Brenton lighthouse was painted red in 1950.", "Lighthouses guide ships along rocky coasts at night.",
+              "The Kessel lighthouse keeper kept a diary for forty years."]
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["art", "o1", "o2", "o3"], "title": ["", "", "", ""], "text": [article, *others]}), corpus)
+    query = Encoder(resolve("all-minilm-l6-v2")).encode(["Who designed the Zorbian lighthouse?"])
+    whole = _build(corpus, tmp_path / "whole", 1)
+    split = _build(corpus, tmp_path / "split", 1, "index.chunk_words=60")
+    assert whole["cut_by_embedder"] == 1 and split["cut_by_embedder"] == 0 and split["chunks"]["split"] == 1
+    found = {name: [p.id for p in ShardRetriever(str(tmp_path / name / "shard-000")).search(query, 10)[0]]
+             for name in ("whole", "split")}
+    assert found["whole"][0] != "art"  # the fact was past what the embedder read
+    top = found["split"][0]
+    assert top.startswith("art#") and "Elena Varga" in pq.read_table(
+        tmp_path / "split" / "shard-000" / "passages.parquet").to_pandas().set_index("id").loc[top, "text"]

@@ -452,3 +452,16 @@ def test_mined_pairs_follow_each_questions_gold_order_so_a_seed_mines_the_same_p
     for order in (["p1", "p2", "p3"], ["p3", "p2", "p1"]):
         pairs = mine_pairs([{"id": "a", "question": "Who?", "gold_passage_ids": order}], "idx", negatives=0)
         assert [p["passage"].rsplit(" ", 1)[-1] for p in pairs] == order
+
+
+def test_pairs_are_not_mined_from_an_index_of_split_passages(monkeypatch):
+    """Its positives would be the gold passages' texts, which such an index holds only in parts (none of
+    which need hold the answer): refused, naming what to mine from."""
+    import jobs.index
+    from jobs.relevance_pairs import mine_pairs
+    from schemas.errors import UserError
+
+    monkeypatch.setattr(jobs.index, "read_manifest", lambda index_dir: {
+        "embedder": "e", "shards": [{"dir": "s"}], "chunks": {"words": 100, "overlap": 0, "split": 3}})
+    with pytest.raises(UserError, match=r"idx holds passages split into parts \(index.chunk_words\)"):
+        mine_pairs([{"id": "a", "question": "Who?", "gold_passage_ids": ["p1"]}], "idx", negatives=0)
