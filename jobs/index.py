@@ -191,7 +191,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
     keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
-    if len(done) == n_shards and (current := _current(out, [done[s] for s in range(n_shards)], extra)):
+    if config.index.bm25:  # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
+        _retokenize(out, [done[s] for s in sorted(done)], config.index, log)
+    if len(done) == n_shards and (current := _current(out, [done[s] for s in range(n_shards)], extra,
+                                                      _bm25_settings(config.index))):
         # nothing to build: no Ray, no encoder start, and the manifest's build_s stays the build's
         log(f"{out} is up to date: {n_shards} shards built from this corpus with these settings")
         return current
@@ -323,15 +326,34 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     return manifest
 
 
-def _current(out: Path, shards: list[dict], extra: dict | None) -> dict | None:
+def _current(out: Path, shards: list[dict], extra: dict | None, bm25: dict | None) -> dict | None:
     """The index's manifest, when it lists exactly ``shards`` (each built with this build's key: corpus,
-    embedder, settings) and holds ``extra``; None when it must be written again."""
+    embedder, settings), records this ragsift's ``bm25`` settings (its tokenization is no setting of the
+    build key) and holds ``extra``; None when it must be written again."""
     try:
         manifest = read_manifest(out)
     except (FileNotFoundError, UserError):
         return None
-    fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards
+    fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards and manifest.get("bm25") == bm25
     return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
+
+
+def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> None:
+    """Rebuild, from its passages, the BM25 index of each committed shard tokenized otherwise than this ragsift
+    tokenizes (no re-encoding): such an index was called up to date, and a query matched none of its tokens."""
+    from actors.bm25 import TOKENIZATION, build_bm25, built_tokenization
+
+    for info in shards:
+        shard = out / info["dir"]
+        if not info["count"] or built_tokenization(shard) == TOKENIZATION:
+            continue
+        table = pq.read_table(shard / "passages.parquet", columns=["title", "text"])
+        texts = [embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+        shutil.rmtree(shard / "bm25.tmp", ignore_errors=True)
+        build_bm25(texts, shard / "bm25.tmp", index.bm25_k1, index.bm25_b)
+        shutil.rmtree(shard / "bm25", ignore_errors=True)  # killed here: no bm25/, found stale and rebuilt next time
+        (shard / "bm25.tmp").rename(shard / "bm25")
+        log(f"{info['dir']}: BM25 rebuilt from its passages (it was tokenized by an earlier ragsift)")
 
 
 def _dir(shard: int) -> str:

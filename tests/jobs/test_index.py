@@ -845,3 +845,57 @@ def test_a_fact_late_in_a_long_article_is_found_by_dense_search_once_the_article
     top = found["split"][0]
     assert top.startswith("art#") and "Elena Varga" in pq.read_table(
         tmp_path / "split" / "shard-000" / "passages.parquet").to_pandas().set_index("id").loc[top, "text"]
+
+
+def _as_tokenized_before_cjk(index_dir):
+    """The index as a ragsift of before 2026-12-05 left it: BM25 with bm25s' default pattern, no record in
+    the shard, the pattern in the manifest."""
+    import bm25s
+    import Stemmer
+
+    from actors.bm25 import BEFORE_CJK
+    from jobs.index import embedding_text
+
+    for shard in sorted(index_dir.glob("shard-*")):
+        table = pq.read_table(shard / "passages.parquet")
+        tokens = bm25s.tokenize([embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())],
+                                lower=True, token_pattern=BEFORE_CJK["pattern"], stopwords="en",
+                                stemmer=Stemmer.Stemmer("english"), show_progress=False)
+        shutil.rmtree(shard / "bm25")
+        old = bm25s.BM25(k1=0.9, b=0.4)
+        old.index(tokens, show_progress=False)
+        old.save(str(shard / "bm25"), show_progress=False)
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    manifest["bm25"]["tokenization"] = BEFORE_CJK
+    (index_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_an_index_whose_bm25_an_earlier_ragsift_tokenized_is_retokenized_by_a_rerun_not_called_up_to_date(
+        ray_session, tmp_path):
+    """Chinese / Japanese text was one token a clause before; such an index was "up to date" to a rerun and
+    its BM25 found nothing for a Chinese question. A rerun rebuilds its BM25 from the passages (no
+    re-encoding), and until then its shards tokenize queries as they were built."""
+    import ray
+
+    from actors.bm25 import BEFORE_CJK, TOKENIZATION
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["zh1", "zh2", "en"], "title": ["", "", ""],
+                             "text": ["北京是中国的首都。", "东京是日本的首都。", "Paris is the capital of France."]}), corpus)
+    encoder = ray.remote(HashEncoder).options(num_cpus=0).remote()
+    _build(corpus, tmp_path / "idx", 1, encoders=[encoder])
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["中国的首都"], 1)[0][0].id == "zh1"
+    _as_tokenized_before_cjk(tmp_path / "idx")
+    old = BM25Shard(str(tmp_path / "idx" / "shard-000"))
+    assert old.pattern == BEFORE_CJK["pattern"] and old.search(["capital France"], 1)[0][0].id == "en"
+    assert old.search(["中国的首都"], 1) == [[]]
+    calls = ray.get(encoder.n_calls.remote())
+    lines = []
+    manifest = _build(corpus, tmp_path / "idx", 1, encoders=[encoder], log=lines.append)
+    assert not any("up to date" in line for line in lines) and any("BM25 rebuilt" in line for line in lines)
+    assert ray.get(encoder.n_calls.remote()) == calls  # nothing encoded again
+    assert manifest["bm25"]["tokenization"] == TOKENIZATION
+    assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["中国的首都"], 1)[0][0].id == "zh1"
+    again = []
+    _build(corpus, tmp_path / "idx", 1, encoders=[encoder], log=again.append)
+    assert "up to date" in again[0]
