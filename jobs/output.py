@@ -208,11 +208,39 @@ class ShardedOutput:
                 if not _OURS.fullmatch(name):  # a notebook's checkpoints, a snapshot folder, a note: not ours
                     self.log(f"leaving {redact(self.output)}/{strategy}/{name} in place: not a file ragsift writes")
                 elif match and self._valid(path):
+                    self._add_new_columns(path)
                     self.committed.add((strategy, int(match.group(1))))
                 elif not (name.startswith("_") and name.endswith(".sha256") and name[1:-7] in entries):
                     self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part
                     if match and f"_{name}.sha256" in entries:
                         self.fs.delete_file(entries[f"_{name}.sha256"])
+
+    def _add_new_columns(self, path: str) -> None:
+        """Rewrite a part an earlier ragsift committed without columns added since (``n_truncated``), with
+        them null: ``pq.read_table("out/rag")`` takes the first part's schema, so a resumed run whose first
+        part was old lost the column of every row. Written as a commit is (in progress, its checksum, the
+        rename), so a run killed meanwhile keeps the old part or finds the new one whole."""
+        with self.fs.open_input_file(path) as f:
+            schema = pq.ParquetFile(f).schema_arrow
+        missing = [field.name for field in ANSWERS if field.name not in schema.names]
+        if not missing:
+            return
+        with self.fs.open_input_file(path) as f:
+            table = pq.read_table(f)
+        columns = [table[c] if c in table.column_names else pa.nulls(table.num_rows, ANSWERS.field(c).type)
+                   for c in ANSWERS.names]
+        extra = [c for c in table.column_names if c not in ANSWERS.names]  # none that ragsift wrote: kept all the same
+        table = pa.Table.from_arrays(columns + [table[c] for c in extra],
+                                     schema=pa.schema([*ANSWERS, *(table.schema.field(c) for c in extra)],
+                                                      metadata=schema.metadata))
+        tmp = in_progress(path)
+        with self.fs.open_output_stream(tmp) as out:
+            pq.write_table(table, out, compression="zstd", row_group_size=self.row_group_rows)
+        with self.fs.open_output_stream(checksum_path(path)) as f:
+            f.write(json.dumps({"sha256": file_sha256(self.fs, tmp), "rows": table.num_rows}).encode())
+        self.fs.move(tmp, path)
+        self.log(f"{redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}: written by an earlier "
+                 f"ragsift, given its columns {missing} (null) so the folder reads as one table")
 
     def _entries(self, strategy: str) -> dict[str, str]:
         return {e.path.rsplit("/", 1)[-1]: e.path for e in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}"))}

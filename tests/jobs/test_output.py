@@ -429,3 +429,28 @@ def test_a_runs_config_yaml_names_local_paths_absolutely_so_it_reruns_from_any_f
     write_record(AnswerConfig(questions="s3://b/q.parquet", output="out"), {})
     written = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert written["questions"] == "s3://b/q.parquet"
+
+
+def test_a_part_an_earlier_ragsift_wrote_without_a_later_column_gets_it_null_so_the_folder_reads_as_one_table(tmp_path):
+    """A run resumed after an upgrade held old parts without `n_truncated` beside new ones with it, and
+    pq.read_table("out/rag") took the first part's schema: every row's n_truncated was dropped."""
+    import json
+
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1)
+    out.sealed(0, 1)
+    out.write({**row("q0", "rag", 0), "n_truncated": 0})
+    out.close()
+    part = tmp_path / "rag" / "part-00000.parquet"
+    old = pq.read_table(part).drop_columns(["n_truncated"])  # as a ragsift of before the column wrote it
+    pq.write_table(old, part)
+    (tmp_path / "rag" / "_part-00000.parquet.sha256").write_text(json.dumps({
+        "sha256": output_module.file_sha256(*output_module.filesystem(str(part))), "rows": 1}))
+    lines = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1, log=lines.append)
+    assert again.committed == {("rag", 0)} and any("given its columns ['n_truncated']" in line for line in lines)
+    again.sealed(1, 1)
+    again.write({**row("q1", "rag", 1), "n_truncated": 2})
+    again.close()
+    table = pq.read_table(tmp_path / "rag")
+    assert table["n_truncated"].to_pylist() == [None, 2] and table.schema.metadata == old.schema.metadata
+    assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1).committed == {("rag", 0), ("rag", 1)}
