@@ -290,14 +290,23 @@ def previous_metrics(output: str) -> dict | None:
         return None
 
 
-def add_arguments(p: argparse.ArgumentParser, retry_errors: bool = True) -> None:
+QUESTIONS_HELP = ("questions (id, question[, answers...]): Parquet, JSON Lines (FlashRAG's too), CSV or an OpenAI "
+                  "batch input file (local, s3://, gs://), a datasets save_to_disk directory or hf:NAME")
+# strategies that are steps of other jobs (calibrate's probe, label's RA-ISF labelling), not answers to compare
+INTERNAL = ("calibration_probe", "raisf_labels")
+
+
+def add_arguments(p: argparse.ArgumentParser, retry_errors: bool = True, strategy_help: str | None = None,
+                  output_help: str | None = None) -> None:
     """``answer``'s flags; the jobs built on it (compare, calibrate, label, sweep) share them, and those that
-    do not answer error rows again pass ``retry_errors=False`` rather than accept a flag they ignore."""
-    p.add_argument("--questions", help="questions: Parquet (id, question[, answers...]; local, s3://, gs://), a "
-                   "datasets save_to_disk directory or hf:NAME; rename columns with --set input.columns=...")
-    p.add_argument("--output", help="output directory: <strategy>/part-NNNNN.parquet, metrics.json, config.yaml")
+    do not answer error rows again pass ``retry_errors=False`` rather than accept a flag they ignore; a job
+    whose strategies are its own says so in ``strategy_help`` (``argparse.SUPPRESS``: it takes none)."""
+    p.add_argument("--questions", help=f"{QUESTIONS_HELP}; rename columns with --set input.columns=...")
+    p.add_argument("--output", help=output_help or "output directory: <strategy>/part-NNNNN.parquet, metrics.json, "
+                   "config.yaml")
     p.add_argument("--index-dir", help="index directory (index.path)")
-    p.add_argument("--strategy", help=f"comma-separated, from {sorted(STRATEGIES)}")
+    p.add_argument("--strategy", help=strategy_help or
+                   f"comma-separated, from {sorted(s for s in STRATEGIES if s not in INTERNAL)}")
     p.add_argument("--generator", help="generator model: offline alias, local path or hub name")
     p.add_argument("--limit", type=int, help="answer only the first N questions")
     p.add_argument("--force", action="store_true",

@@ -351,7 +351,8 @@ def calibrated_yaml(values: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    answer_job.add_arguments(p, retry_errors=False)
+    answer_job.add_arguments(p, retry_errors=False, strategy_help=argparse.SUPPRESS,  # it runs its own probe
+                             output_help="output directory: the probe's answers, calibrated.yaml, calibration.json")
     p.add_argument("--keep", type=float, default=0.8,
                    help="MIGRES: share of questions that must keep a passage at delta (its paper: 0.8)")
 

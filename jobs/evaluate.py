@@ -175,7 +175,7 @@ def joined_rows(answers: str, questions: str, job: str = "evaluate", strategies:
     """Each answer row (of ``columns`` where they are in its file; all of them without) joined with its gold
     question as grouped_rows joins it, once under (strategy, its dataset) and once under (strategy, ALL), a
     file at a time; an answer to a question not in ``questions`` is an error, raised after the last row."""
-    questions = as_parquet(questions)
+    given, questions = questions, as_parquet(questions)  # a CSV / JSON Lines file read through a converted copy
     cols = gold_columns(questions)
     files = one_run(answers, checked(answer_files(answers)), job)
     gold_by_id, unnamed = gold_needed(questions, cols, files)
@@ -195,7 +195,7 @@ def joined_rows(answers: str, questions: str, job: str = "evaluate", strategies:
                 yield (row["strategy"], g["dataset"]), row
             yield (row["strategy"], "ALL"), row
     if unmatched:
-        raise UserError(f"{redact(answers)} holds answers to questions that are not in {redact(questions)} "
+        raise UserError(f"{redact(answers)} holds answers to questions that are not in {redact(given)} "
                         f"({dict(unmatched)} per strategy): evaluate against the questions the run answered")
 
 

@@ -294,7 +294,11 @@ def remove_unlabelled(output: str, summary: dict, log) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    answer_job.add_arguments(p, retry_errors=False)
+    answer_job.add_arguments(
+        p, retry_errors=False,
+        strategy_help="raisf_labels (RA-ISF's kinds, those in label.collect) and / or self_reasoning (trajectories); "
+                      "default both",
+        output_help="output directory: the labelling strategies' answers, and labels/ (a file per kind, dataset/)")
     p.add_argument("--push-to-hub", metavar="REPO",
                    help="upload <output>/labels/dataset as a Hugging Face dataset repository (needs a hub login)")
 

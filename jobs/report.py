@@ -240,7 +240,7 @@ def render(runs: list[dict]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", nargs="+", required=True, help="answer or compare output directories")
-    p.add_argument("--questions", required=True, help="questions Parquet with gold `answers`")
+    p.add_argument("--questions", required=True, help="the questions with gold `answers`: any file `answer` reads")
     p.add_argument("--out", required=True, help="HTML file to write")
 
 

@@ -47,7 +47,15 @@ class Section(BaseModel):
         # pydantic takes true as 1 and false as 0: `--set retrieval.k=true` ran with k = 1
         if isinstance(value, bool) and _numbers_only(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"a number, not {str(value).lower()}")
+        # YAML reads 1e3 as text (its floats need a dot), and pydantic takes no text of that form for an int:
+        # `--set retrieval.k=1e0` was refused where 1.0 and 1 are one value
+        if (isinstance(value, str) and _EXPONENT.fullmatch(value.strip())
+                and _numbers_only(cls.model_fields[info.field_name].annotation)):
+            return float(value)
         return value
+
+
+_EXPONENT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
 def _numbers_only(annotation) -> bool:

@@ -17,7 +17,8 @@ class RelevanceTraining(Section):
     """M_rel: (question, passage) -> relevant, positives the gold passages, negatives mined by retrieval."""
 
     output: str = Field(description="model directory to write (with --mine-only: where pairs.parquet goes)")
-    questions: str | None = Field(None, description="questions Parquet with gold_passage_ids, to mine pairs from")
+    questions: str | None = Field(None, description="questions with gold_passage_ids (any file `answer` reads), to "
+                                                 "mine pairs from")
     index_dir: str | None = Field(None, description="the index the negatives are mined from")
     pairs: str | None = Field(None, description="train from a --mine-only run's pairs.parquet instead of mining")
     mine_only: bool = Field(False, description="mine the pairs, write them and stop (train where the GPU is)")

@@ -436,3 +436,27 @@ def test_a_uri_whose_credentials_were_left_out_when_recorded_is_refused_saying_s
 
     with pytest.raises(UserError, match=r"s3://\*\*\*@b/out: its credentials were left out where it was recorded"):
         filesystem("s3://***@b/out")
+
+
+def test_a_whole_number_written_with_an_exponent_is_a_whole_number():
+    """YAML reads 1e0 as text, which pydantic refused for an int: `sweep --values 1,1e0` over retrieval.k failed
+    where README says 1 and 1e0 are one value; a fractional one is still refused, naming the field."""
+    from schemas.config import ConfigError, load_config
+    from strategies.registry import AnswerConfig
+
+    config = load_config(AnswerConfig, None, ["retrieval.k=1e0", "sampling.max_tokens=1E2", "think_act.beta_threshold=5e-1"])
+    assert (config.retrieval.k, config.sampling.max_tokens, config.think_act.beta_threshold) == (1, 100, 0.5)
+    with pytest.raises(ConfigError, match="retrieval.k: Input should be a valid integer, got a number with a fractional"):
+        load_config(AnswerConfig, None, ["retrieval.k=1.5e0"])
+
+
+def test_help_offers_each_job_the_strategies_it_takes():
+    """calibrate's help offered --strategy, which it refuses; label's offered nine strategies of which it runs two."""
+    import importlib
+
+    from jobs.cli import JOBS, _parser
+
+    helps = {job: _parser(job, importlib.import_module(JOBS[job][0])).format_help() for job in ("calibrate", "label", "answer")}
+    assert "--strategy" not in helps["calibrate"]
+    assert "raisf_labels (RA-ISF's kinds" in helps["label"] and "'rag'" not in helps["label"]
+    assert "'rag'" in helps["answer"] and "calibration_probe" not in helps["answer"] and "CSV" in helps["answer"]

@@ -191,6 +191,9 @@ def test_questions_in_json_lines_or_csv_are_read_as_answer_reads_them(tmp_path):
         assert (overall(table)["n"], overall(table)["EM"]) == (2, 50.0)
     with pytest.raises(UserError, match="which split was answered is the answer run's choice"):
         evaluate(answers, "hf:some/dataset")  # its default split, train, may not be the one answered
+    csv.write_text("id,question,answers\n007,q,Paris\n")  # the other file: named as given, not its converted copy
+    with pytest.raises(UserError, match=rf"questions that are not in {csv} \("):
+        evaluate(answers, str(csv))
 
 
 def test_evaluate_writes_its_files_before_printing_so_a_closed_stdout_keeps_them(tmp_path):
