@@ -414,9 +414,12 @@ def chart(table: list[dict], path) -> None:
 def retrieval_k(run: str) -> int | None:
     """The recall@k cut-off compare scores a run at, and evaluate and report by default: its config.yaml's
     retrieval.k (a strategy that retrieves more than k, MIGRES over its iterations, is not credited with
-    what it read past k); all retrieved for a run without one (a single answer file)."""
+    what it read past k), also for one part of it (it scored all retrieved); all retrieved for answers outside
+    a run (a file of one's own)."""
     import yaml
 
+    if PART.search(run):  # <run>/<strategy>/part-NNNNN.parquet
+        run = {3: run.rsplit("/", 2)[0], 2: "."}.get(len(run.rsplit("/", 2)), "..")
     fs, where = filesystem(join(run, "config.yaml"))
     try:
         with fs.open_input_stream(where) as f:

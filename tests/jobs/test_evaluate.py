@@ -240,6 +240,9 @@ def test_evaluate_scores_recall_at_the_runs_own_k_as_compare_and_report_do_and_s
     assert run_job("evaluate", ["--answers", answers, "--questions", qs, "--k", "3"]) == 0
     row = overall(json.loads((tmp_path / "eval.json").read_text()))
     assert (row["recall@k all"], row["k"]) == (100.0, 3)
+    # one part of the run: the run's k too (it scored all retrieved)
+    assert run_job("evaluate", ["--answers", f"{answers}/rag/part-00000.parquet", "--questions", qs]) == 0
+    assert overall(json.loads((tmp_path / "rag" / "eval.json").read_text()))["k"] == 2
     (tmp_path / "config.yaml").unlink()  # answers without their run's config: every passage retrieved
     assert run_job("evaluate", ["--answers", answers, "--questions", qs]) == 0
     assert overall(json.loads((tmp_path / "eval.json").read_text()))["k"] is None
