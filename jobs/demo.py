@@ -58,9 +58,9 @@ def ensure_index(index_dir: Path, shards: int, log) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default="runs/demo", help="answers, metrics and eval tables go here")
     p.add_argument("--index-dir", help="default: $RAGSIFT_HOME/indexes/demo")
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--strategy", default="direct,rag")
-    p.add_argument("--generator", default=DEFAULT_GENERATOR)
+    p.add_argument("--shards", type=int, default=2, help="index shards (default 2)")
+    p.add_argument("--strategy", default="direct,rag", help="comma-separated (default direct,rag)")
+    p.add_argument("--generator", default=DEFAULT_GENERATOR, help=f"generator model (default {DEFAULT_GENERATOR})")
     p.add_argument("--limit", type=int, help="only the first N sample questions")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an answer config field (not what the flags above set, nor how the index is built)")

@@ -345,10 +345,10 @@ def print_tables(table: list[dict], resolved: list[dict]) -> None:
 
 
 def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None = None,
-                  unfinished_run: str | None = None) -> None:
+                  unfinished_run: str | None = None) -> list[str]:
     """eval.json / eval.md / eval.png (and resolution.json) in ``out_dir``: a local folder or an
     object store's, like the answers beside them. ``unfinished_run``: what ``unfinished`` said of the run,
-    written into the files (left beside a run that then finished, they read as its scores)."""
+    written into the files (left beside a run that then finished, they read as its scores). Returns their names."""
     fs, root = filesystem(out_dir)
     fs.create_dir(root, recursive=True)
     if unfinished_run:
@@ -366,6 +366,7 @@ def write_reports(table: list[dict], out_dir: str, resolved: list[dict] | None =
     for name, content in files.items():
         with fs.open_output_stream(f"{root}/{name}") as f:
             f.write(content.encode() if isinstance(content, str) else content)
+    return list(files)
 
 
 def cost_quality(ax, table: list[dict]) -> None:
@@ -455,8 +456,8 @@ def run(args: argparse.Namespace) -> int:
     if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
-    write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends the process
-    print(f"wrote {redact(join(out, 'eval.json'))} and eval.md", file=sys.stderr)
+    written = write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends it
+    print(f"wrote {', '.join(written)} into {redact(out)}", file=sys.stderr)
     print_tables(table, resolved)
     return 0
 

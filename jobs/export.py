@@ -148,7 +148,9 @@ def export(answers: str, to: str, form: str, strategy: str | None = None, partia
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", required=True, help="an answer / compare output directory (or one Parquet file)")
     p.add_argument("--to", required=True, help="the JSON Lines file to write (local, s3://, gs://; - for stdout)")
-    p.add_argument("--format", choices=["openai-batch", "rows"], default="openai-batch")
+    p.add_argument("--format", choices=["openai-batch", "rows"], default="openai-batch",
+                   help="openai-batch: vLLM run-batch's output file, a response per custom_id (default); rows: the "
+                        "answer rows as JSON Lines")
     p.add_argument("--strategy", help="only this strategy's answers")
     p.add_argument("--partial", action="store_true",
                    help="export a run that is not finished (killed, or still answering): the questions answered so far")
