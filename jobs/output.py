@@ -156,7 +156,7 @@ def unfinished(output: str, strategies: set[str] | None = None) -> str | None:
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
-                 guard=None, speed=lambda key: False):
+                 guard=None, speed=lambda key: False, code: str | None = None):
         self.fs, self.root = filesystem(output)
         self.output = output
         self.strategies = strategies
@@ -167,7 +167,11 @@ class ShardedOutput:
         self.speed = speed  # whether an identity key is a speed setting (jobs/identity.py)
         self.log = log
         self.guard = guard  # called before each commit: raises when this driver lost the output (jobs/lease.py)
-        self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True)})
+        # the code that wrote a part beside what decided it: a resume may change the code (not the identity)
+        self.code = code
+        self.schema = ANSWERS.with_metadata({"ragsift": json.dumps(identity, sort_keys=True),
+                                             **({"ragsift_code": code} if code else {})})
+        self.written_by: Counter = Counter()  # committed parts found, by the ragsift that wrote them
         self.open: dict[tuple[str, int], _Open] = {}
         self.expected: dict[int, int] = {}  # shard -> questions it holds (known once it is read)
         self.committed: set[tuple[str, int]] = set()
@@ -214,6 +218,17 @@ class ShardedOutput:
                     self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part
                     if match and f"_{name}.sha256" in entries:
                         self.fs.delete_file(entries[f"_{name}.sha256"])
+        self._say_who_wrote()
+
+    def _say_who_wrote(self) -> None:
+        """Parts committed by another ragsift than this one are kept (what decides the answers is the same
+        run identity); said, since a code change between the two may answer some question otherwise."""
+        others = {code: n for code, n in self.written_by.items() if code != self.code}
+        if self.code and others:
+            self.log(f"{sum(others.values())} committed part(s) were written by another ragsift ("
+                     + ", ".join(f"{code or 'an earlier one, unrecorded'}: {n}" for code, n in others.items())
+                     + f") and are kept; this one is {self.code}. Where the code changed an answer, the run holds both "
+                     "(--force answers every question with this one)")
 
     def _add_new_columns(self, path: str) -> None:
         """Rewrite a part an earlier ragsift committed without columns added since (``n_truncated``), with
@@ -288,12 +303,16 @@ class ShardedOutput:
             try:
                 meta = pq.ParquetFile(f).schema_arrow.metadata or {}
                 previous = json.loads(meta.get(b"ragsift", b"{}"))
+                code = meta.get(b"ragsift_code", b"").decode(errors="replace") or None
             except (OSError, ValueError):  # pyarrow: ArrowInvalid, or OSError "Couldn't deserialize thrift"
                 previous = None
         if previous is None:
             self.log(f"damaged part {name} (its footer does not read): answering its shard again")
             return False
-        return not changed_fields(previous, self.identity, self.defaults, self.speed)
+        if changed_fields(previous, self.identity, self.defaults, self.speed):
+            return False
+        self.written_by[code] += 1
+        return True
 
     def skip_shards(self) -> frozenset[int]:
         """Input shards that every strategy has committed already."""

@@ -454,3 +454,33 @@ def test_a_part_an_earlier_ragsift_wrote_without_a_later_column_gets_it_null_so_
     table = pq.read_table(tmp_path / "rag")
     assert table["n_truncated"].to_pylist() == [None, 2] and table.schema.metadata == old.schema.metadata
     assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1).committed == {("rag", 0), ("rag", 1)}
+
+
+def test_a_resume_by_another_ragsift_keeps_its_parts_and_says_which_wrote_them(tmp_path):
+    """Parts of a run started by one version and resumed by another were mixed without a word."""
+    first = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1, code="0.1.0+git.aaaa")
+    first.sealed(0, 1)
+    first.write(row("q0", "rag", 0))
+    first.close()
+    assert pq.read_schema(tmp_path / "rag" / "part-00000.parquet").metadata[b"ragsift_code"] == b"0.1.0+git.aaaa"
+    lines = []
+    same = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1, code="0.1.0+git.aaaa", log=lines.append)
+    assert same.committed == {("rag", 0)} and lines == []
+    other = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1, code="0.1.0+git.bbbb", log=lines.append)
+    assert other.committed == {("rag", 0)}
+    assert any("1 committed part(s) were written by another ragsift (0.1.0+git.aaaa: 1)" in line
+               and "this one is 0.1.0+git.bbbb" in line for line in lines)
+
+
+def test_this_ragsift_names_its_version_and_in_a_checkout_its_commit():
+    import subprocess
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from jobs.identity import code_version
+
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    assert code_version() == f"{version('ragsift')}+git.{head.stdout.strip()}"
