@@ -53,14 +53,13 @@ import yaml
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
-from jobs.evaluate import answer_files
+from jobs.evaluate import answer_files, split_index
 from jobs.identity import know_model, ranker_name
-from jobs.index import index_chunks
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
-from jobs.storage import filesystem, join, read_table, redact
+from jobs.storage import filesystem, join, open_parquet, read_table, redact
 from schemas.config import IndexConfig, speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
@@ -150,9 +149,9 @@ def first_step(row: dict, step: str) -> dict | None:
     return next((t for t in json.loads(row["trace"] or "[]") if t.get("step") == step), None)
 
 
-def choose(rows: list[dict], gold: dict[str, dict], keep: float, split: bool = False) -> dict:
-    """Every threshold from the probe rows joined with their gold; a dict per config field. ``split``: the
-    index holds parts of passages (index.chunk_words), a part of a gold passage counting as gold."""
+def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = False) -> dict:
+    """Every threshold from the probe rows joined with their gold; a dict per config field. ``parts``: the
+    probe read an index of split passages (index.chunk_words), a part of a gold passage counting as gold."""
     probes = []
     for row in rows:
         g = gold.get(row["id"])
@@ -200,7 +199,7 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float, split: bool = F
              for (p, g), r in zip(probes, goes_on)]
     cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, goes_on)
     out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
-    pairs = [(s, (passage_of(pid) if split else pid) in set(g.get("gold_passage_ids") or []))
+    pairs = [(s, (passage_of(pid) if parts else pid) in set(g.get("gold_passage_ids") or []))
              for p, g in probes if g.get("gold_passage_ids")
              for pid, s in zip(p["top_k"], p["relevance_p_yes"])]
     if any(gold_ for _, gold_ in pairs):  # with no gold passage retrieved every cut scores F1 0: none to choose
@@ -377,8 +376,10 @@ def run(args: argparse.Namespace) -> int:
     answer_job.answer(config, log=log, force=args.force, **shared)
     gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                              if c in cols]]).to_pylist())
-    rows = [r for f in answer_files(join(config.output, PROBE)) for r in read_table(f).to_pylist()]
-    chosen = choose(rows, gold, args.keep, split=bool(index_chunks(config.index.path)))
+    files = answer_files(join(config.output, PROBE))
+    rows = [r for f in files for r in read_table(f).to_pylist()]
+    # from the probe's own record (its identity), not the index folder, which may have been rebuilt since
+    chosen = choose(rows, gold, args.keep, parts=any(split_index(open_parquet(f).schema_arrow) for f in files))
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                  **shared)

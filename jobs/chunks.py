@@ -27,8 +27,9 @@ def split(text: str, words: int, overlap: int = 0) -> list[str]:
 
 
 def count(text: str, words: int, overlap: int = 0) -> int:
-    """How many passages ``split`` makes of ``text``, without cutting it."""
-    n = sum(1 for _ in _WORD.finditer(text))
+    """How many passages ``split`` makes of ``text``, without cutting it (``str.split``'s whitespace is the
+    regex's ``\\s``: the same words, ~8x faster over a corpus)."""
+    n = len(text.split())
     return 1 if n <= words else len(range(0, n - overlap, words - overlap))
 
 

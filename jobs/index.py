@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from jobs.chunks import count, part_id, split
+from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
@@ -145,7 +145,8 @@ def _texts(uri: str) -> bool:
     in JSON Lines and CSV: a table written from a DataFrame often has integer ids)."""
     schema = open_parquet(uri).schema_arrow
     textual = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
-               pa.types.is_nested)  # bytes are read as they are; a nested column is refused by the schema check
+               pa.types.is_nested, pa.types.is_null)  # bytes are read as they are; a nested column is refused by the
+    # schema check; an all-null column (pandas writes one so) needs no copy
     return all(any(kind(schema.field(name).type) for kind in textual)
                for name in ("id", "text", "title") if name in schema.names)
 
@@ -191,13 +192,17 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
     keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
-    if config.index.bm25:  # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
-        _retokenize(out, [done[s] for s in sorted(done)], config.index, log)
-    if len(done) == n_shards and (current := _current(out, [done[s] for s in range(n_shards)], extra,
-                                                      _bm25_settings(config.index))):
+    previous = _current(out, [done[s] for s in range(n_shards)], extra) if len(done) == n_shards else None
+    # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
+    if config.index.bm25 and _retokenize(out, [done[s] for s in sorted(done)], config.index, log) and previous:
+        # the manifest again, with this ragsift's BM25 settings: no Ray, no encoder (it encodes nothing)
+        previous = {**previous, "bm25": _bm25_settings(config.index)}
+        (out / f"{MANIFEST}.tmp").write_text(json.dumps(previous, indent=2))
+        os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
+    if previous and previous.get("bm25") == _bm25_settings(config.index):
         # nothing to build: no Ray, no encoder start, and the manifest's build_s stays the build's
         log(f"{out} is up to date: {n_shards} shards built from this corpus with these settings")
-        return current
+        return previous
     if done:
         log(f"resuming: {len(done)} of {n_shards} shards already built")
 
@@ -209,7 +214,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     if not first.any():  # an index of nothing would answer every question from no passage
         raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
                         "not UTF-8, or a repeated id)")
-    kept = np.where(first, parts, 0)  # the passages each row becomes in the index
+    kept = np.where(first, parts, 0).astype(np.int64)  # the passages each row becomes in the index (summed per shard)
     for s in range(n_shards):
         if s not in done:
             factory_string(config.index, None, int(kept[bounds[s]:bounds[s + 1]].sum()))
@@ -326,27 +331,30 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     return manifest
 
 
-def _current(out: Path, shards: list[dict], extra: dict | None, bm25: dict | None) -> dict | None:
+def _current(out: Path, shards: list[dict], extra: dict | None) -> dict | None:
     """The index's manifest, when it lists exactly ``shards`` (each built with this build's key: corpus,
-    embedder, settings), records this ragsift's ``bm25`` settings (its tokenization is no setting of the
-    build key) and holds ``extra``; None when it must be written again."""
+    embedder, settings) and holds ``extra``; None when it must be written again. (Its BM25 settings, whose
+    tokenization is no setting of the build key, the caller compares.)"""
     try:
         manifest = read_manifest(out)
     except (FileNotFoundError, UserError):
         return None
-    fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards and manifest.get("bm25") == bm25
+    fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards
     return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
 
 
-def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> None:
+def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> bool:
     """Rebuild, from its passages, the BM25 index of each committed shard tokenized otherwise than this ragsift
-    tokenizes (no re-encoding): such an index was called up to date, and a query matched none of its tokens."""
+    tokenizes (no re-encoding): such an index was called up to date, and a query matched none of its tokens.
+    The manifest goes first, as for any rebuild: no run starts on shards being swapped, and a running one
+    whose shard restarts stops rather than change its queries' tokens midway. Whether any was rebuilt."""
     from actors.bm25 import TOKENIZATION, build_bm25, built_tokenization
 
-    for info in shards:
+    stale = [info for info in shards if info["count"] and built_tokenization(out / info["dir"]) != TOKENIZATION]
+    if stale:
+        (out / MANIFEST).unlink(missing_ok=True)
+    for info in stale:
         shard = out / info["dir"]
-        if not info["count"] or built_tokenization(shard) == TOKENIZATION:
-            continue
         table = pq.read_table(shard / "passages.parquet", columns=["title", "text"])
         texts = [embedding_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
         shutil.rmtree(shard / "bm25.tmp", ignore_errors=True)
@@ -354,6 +362,7 @@ def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> None:
         shutil.rmtree(shard / "bm25", ignore_errors=True)  # killed here: no bm25/, found stale and rebuilt next time
         (shard / "bm25.tmp").rename(shard / "bm25")
         log(f"{info['dir']}: BM25 rebuilt from its passages (it was tokenized by an earlier ragsift)")
+    return bool(stale)
 
 
 def _dir(shard: int) -> str:
@@ -446,9 +455,9 @@ def skip_reason(pid, text, title) -> str | None:
 def _first_occurrences(corpus: pq.ParquetFile, index: IndexConfig) -> tuple[np.ndarray, np.ndarray]:
     """Mask of the rows that keep their id: the first usable row of each id (one pass over the ids and
     texts), so a skipped row (no text) does not take its id from a later row that has one; and how many
-    passages each row is split into (``index.chunk_words``; 1 each without it). A part's id that is
-    another row's id is refused: two passages would answer to one id."""
-    hashes, valid, parts, part_hashes = [], [], [], []  # part_hashes: of split passages' ids
+    passages each row is split into (``index.chunk_words``; 1 each without it). Splitting, an id that ends
+    as a part's does (``#<n>``) is refused: scoring would take it for a part of another passage."""
+    hashes, valid, parts = [], [], []
     columns = ["id", "text"] + (["title"] if "title" in corpus.schema_arrow.names else [])
     for batch in corpus.iter_batches(batch_size=65_536, columns=columns):
         ids = text_values(batch.column(0))  # an id that is not valid UTF-8 is hashed by its bytes
@@ -457,20 +466,20 @@ def _first_occurrences(corpus: pq.ParquetFile, index: IndexConfig) -> tuple[np.n
         ok = [skip_reason(p, x, t) is None for p, x, t in zip(ids, texts, titles)]
         valid.append(np.array(ok, dtype=bool))
         hashes.append(hash_ids(["" if v is None else v for v in ids]))
-        n = [count(x, index.chunk_words, index.chunk_overlap) if good and index.chunk_words else 1
-             for good, x in zip(ok, texts)]
-        parts.append(np.array(n, dtype=np.int64))
-        part_ids = [part_id(p, j) for p, m in zip(ids, n) if m > 1 for j in range(m)]
-        if part_ids:
-            part_hashes.append(hash_ids(part_ids))
+        if index.chunk_words:
+            if named := next((p for p, good in zip(ids, ok) if good and p != passage_of(p)), None):
+                # a part is scored as the passage its id names less '#<n>': such an id would be taken for a part
+                raise UserError(f"index.chunk_words: the corpus id {named!r} ends as a split passage's part id does "
+                                "(<id>#<n>); give the corpus ids without '#<number>' endings to split it")
+            parts.append(np.array([count(x, index.chunk_words, index.chunk_overlap) if good else 1
+                                   for good, x in zip(ok, texts)], dtype=np.int32))
+        else:
+            parts.append(np.ones(batch.num_rows, dtype=np.int32))
     hashes, valid = np.concatenate(hashes), np.concatenate(valid)
     order = np.flatnonzero(valid)
     _, first = np.unique(hashes[order], return_index=True)
     mask = np.zeros(len(hashes), dtype=bool)
     mask[order[first]] = True
-    if part_hashes and (taken := np.isin(np.concatenate(part_hashes), hashes[mask])).any():
-        raise UserError(f"index.chunk_words: {int(taken.sum()):,} of the split passages' ids (<id>#<n>) are ids of other "
-                        "rows of the corpus; give the corpus ids without '#<number>' endings")
     return mask, np.concatenate(parts)
 
 

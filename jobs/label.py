@@ -30,10 +30,10 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
 from jobs.dataset_card import KINDS, check_hub_repo, push_to_hub, write_dataset
-from jobs.evaluate import answer_files
-from jobs.index import index_chunks, read_manifest
+from jobs.evaluate import answer_files, split_index
+from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
-from jobs.storage import filesystem, join, read_table, redact, write_whole
+from jobs.storage import filesystem, join, open_parquet, read_table, redact, write_whole
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
 from schemas.records import Passage
@@ -231,6 +231,19 @@ def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
         yield chunk, ids
 
 
+def read_split_index(output: str, strategies: list[str]) -> bool:
+    """Whether the run read an index of split passages (its identity, in its parts: not the index folder, which
+    may have been rebuilt since): gold ids name whole passages, the answers' ids their parts."""
+    for strategy in strategies:
+        try:
+            files = answer_files(join(output, strategy))
+        except (FileNotFoundError, UserError):  # a strategy that committed nothing labels nothing
+            continue
+        if any(split_index(open_parquet(f).schema_arrow) for f in files):
+            return True
+    return False
+
+
 def label(config, log=print, force: bool = False, source: str | None = None) -> dict:
     """Answer with the labelling strategies, then write the label files; returns counts per kind.
     ``source``: the questions as the user named them, where ``config.questions`` is ragsift's converted copy.
@@ -244,7 +257,7 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
     if "answers" not in cols:
         log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
     summary, writers = {}, []
-    split = bool(index_chunks(config.index.path))  # gold ids name whole passages, the answers' ids their parts
+    split = read_split_index(config.output, config.strategies)
     if "raisf_labels" in config.strategies:
         kinds = [k for k in RAISF_KINDS if k in config.label.collect]
         raisf = {kind: LabelWriter(config.output, kind) for kind in kinds}

@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.questions import InputPlan, question_rows
-from jobs.storage import file_sha256, filesystem, hash_ids, redact
+from jobs.storage import file_sha256, filesystem, hash_ids, redact, write_whole
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS, conformed
 
@@ -58,8 +58,9 @@ def checksum_path(part: str) -> str:
     folder, name = part.rsplit("/", 1)
     return f"{folder}/_{name}.sha256"
 PART = re.compile(r"part-(\d{5,})\.parquet$")  # a committed part's name
-# every name a run writes in a strategy's folder: a part, its .tmp, its checksum
-_OURS = re.compile(r"_?part-\d{5,}\.parquet(\.tmp|\.sha256)?")
+# every name a run writes in a strategy's folder: a part, its .tmp, its checksum (and the checksum's .tmp, of
+# an old part given new columns)
+_OURS = re.compile(r"_?part-\d{5,}\.parquet(\.tmp|\.sha256(\.tmp)?)?")
 
 
 @dataclass
@@ -251,8 +252,9 @@ class ShardedOutput:
         tmp = in_progress(path)
         with self.fs.open_output_stream(tmp) as out:
             pq.write_table(table, out, compression="zstd", row_group_size=self.row_group_rows)
-        with self.fs.open_output_stream(checksum_path(path)) as f:
-            f.write(json.dumps({"sha256": file_sha256(self.fs, tmp), "rows": table.num_rows}).encode())
+        # whole or not at all: a checksum cut short would make the next run delete the part it describes
+        write_whole(self.fs, checksum_path(path), json.dumps({"sha256": file_sha256(self.fs, tmp),
+                                                               "rows": table.num_rows}).encode())
         self.fs.move(tmp, path)
         self.log(f"{redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}: written by an earlier "
                  f"ragsift, given its columns {missing} (null) so the folder reads as one table")

@@ -217,6 +217,12 @@ def test_choose_reads_probe_rows_against_gold():
     assert [chosen[f"think_act.{f}"]["value"] for f in ("answer_prompt", "context", "top_sentences")] == [
         "rag", "passages", 5]
     assert chosen["think_act.beta_threshold"]["value"] == 1.0  # closed-book is never better than that read
+    # ids ending '#<n>': parts of gold passages only where the probe read an index of split passages ('split'
+    # was read from a local list of the same name, so a '#<n>' id was always taken for a part)
+    parted = [dict(r, trace=r["trace"].replace('["a", "b"]', '["a#0", "b#1"]')) for r in rows]
+    assert choose(parted, gold, keep=0.6, parts=True)["raisf.relevance_threshold"]["value"] == 0.45
+    whole = {q: {**g, "gold_passage_ids": [f"{p}#0" for p in g["gold_passage_ids"]]} for q, g in gold.items()}
+    assert choose(parted, whole, keep=0.6)["raisf.relevance_threshold"]["value"] != 0.45  # a#0 is gold, b#1 not
     stale = [dict(r, trace=r["trace"].replace('"context:sentences:3"', '"sentences:3"')) for r in rows]
     with pytest.raises(UserError, match="older ragsift"):
         choose(stale, gold, keep=0.6)

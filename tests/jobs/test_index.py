@@ -814,16 +814,6 @@ def test_chunk_words_splits_long_passages_into_parts_each_searchable_and_counted
         update={"path": str(tmp_path / "plain")})}), plan_input(str(qs)))
 
 
-def test_a_part_id_that_is_another_rows_id_is_refused_before_anything_is_built(ray_session, tmp_path):
-    import ray
-
-    corpus = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"id": ["a", "a#1"], "text": [" ".join(["w"] * 30), "other"]}), corpus)
-    with pytest.raises(UserError, match=r"index.chunk_words: 1 of the split passages' ids \(<id>#<n>\) are ids of other"):
-        _build(corpus, tmp_path / "idx", 1, "index.chunk_words=10",
-               encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
-    assert not (tmp_path / "idx").exists()
-
 
 @pytest.mark.model
 def test_a_fact_late_in_a_long_article_is_found_by_dense_search_once_the_article_is_split(ray_session, tmp_path):
@@ -871,7 +861,7 @@ def _as_tokenized_before_cjk(index_dir):
 
 
 def test_an_index_whose_bm25_an_earlier_ragsift_tokenized_is_retokenized_by_a_rerun_not_called_up_to_date(
-        ray_session, tmp_path):
+        ray_session, tmp_path, monkeypatch):
     """Chinese / Japanese text was one token a clause before; such an index was "up to date" to a rerun and
     its BM25 found nothing for a Chinese question. A rerun rebuilds its BM25 from the passages (no
     re-encoding), and until then its shards tokenize queries as they were built."""
@@ -889,13 +879,34 @@ def test_an_index_whose_bm25_an_earlier_ragsift_tokenized_is_retokenized_by_a_re
     old = BM25Shard(str(tmp_path / "idx" / "shard-000"))
     assert old.pattern == BEFORE_CJK["pattern"] and old.search(["capital France"], 1)[0][0].id == "en"
     assert old.search(["中国的首都"], 1) == [[]]
-    calls = ray.get(encoder.n_calls.remote())
-    lines = []
-    manifest = _build(corpus, tmp_path / "idx", 1, encoders=[encoder], log=lines.append)
-    assert not any("up to date" in line for line in lines) and any("BM25 rebuilt" in line for line in lines)
-    assert ray.get(encoder.n_calls.remote()) == calls  # nothing encoded again
-    assert manifest["bm25"]["tokenization"] == TOKENIZATION
+    built = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    import jobs.ray_session
+
+    def started(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    with monkeypatch.context() as patched:  # nothing to encode: no Ray, no embedder, and the build's figures kept
+        patched.setattr(jobs.ray_session, "init_ray", started)
+        lines = []
+        manifest = _build(corpus, tmp_path / "idx", 1, encoders=None, log=lines.append)
+    assert any("BM25 rebuilt" in line for line in lines)
+    assert manifest["bm25"]["tokenization"] == TOKENIZATION and manifest["build_s"] == built["build_s"]
+    assert {k: v for k, v in manifest.items() if k != "bm25"} == {k: v for k, v in built.items() if k != "bm25"}
     assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["中国的首都"], 1)[0][0].id == "zh1"
     again = []
     _build(corpus, tmp_path / "idx", 1, encoders=[encoder], log=again.append)
     assert "up to date" in again[0]
+
+
+def test_splitting_refuses_a_corpus_id_that_ends_as_a_part_id_does(ray_session, tmp_path):
+    """Scoring takes '<id>#<n>' for a part of '<id>': 'Paris#2', a passage of its own, was scored as Paris."""
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["Paris", "Paris#2", "Rome"], "text": ["short", "short too", " ".join(["w"] * 30)]}),
+                   corpus)
+    with pytest.raises(UserError, match=r"the corpus id 'Paris#2' ends as a split passage's part id does"):
+        _build(corpus, tmp_path / "idx", 1, "index.chunk_words=10",
+               encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    assert not (tmp_path / "idx").exists()
+    _build(corpus, tmp_path / "plain", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])  # unsplit: fine

@@ -454,6 +454,11 @@ def test_a_part_an_earlier_ragsift_wrote_without_a_later_column_gets_it_null_so_
     table = pq.read_table(tmp_path / "rag")
     assert table["n_truncated"].to_pylist() == [None, 2] and table.schema.metadata == old.schema.metadata
     assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1).committed == {("rag", 0), ("rag", 1)}
+    (tmp_path / "rag" / "_part-00000.parquet.sha256.tmp").write_text("{")  # a rewrite killed writing its checksum
+    lines.clear()
+    assert ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=1, log=lines.append).committed == {
+        ("rag", 0), ("rag", 1)}
+    assert not (tmp_path / "rag" / "_part-00000.parquet.sha256.tmp").exists() and lines == []
 
 
 def test_a_resume_by_another_ragsift_keeps_its_parts_and_says_which_wrote_them(tmp_path):
