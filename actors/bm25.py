@@ -19,10 +19,10 @@ from schemas.records import Passage
 NO_WORDS = "no_words"  # in bm25/ of a shard whose passages hold no word to index
 # kana (not the middle dot U+30FB, punctuation), iteration / closing marks and the ideographic zero, CJK ideographs
 # (Ext. A, compatibility, Ext. B onwards), half-width katakana
-_UNSPACED = ("\u3005-\u3007\u3040-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+UNSPACED = ("\u3005-\u3007\u3040-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
              "\U00020000-\U0003134f")
 # on text without those characters the same tokens as bm25s' default r"(?u)\b\w\w+\b"
-PATTERN = rf"(?u)[{_UNSPACED}]|[^\W{_UNSPACED}]{{2,}}"
+PATTERN = rf"(?u)[{UNSPACED}]|[^\W{UNSPACED}]{{2,}}"
 TOKENIZATION = {"lower": True, "pattern": PATTERN, "stopwords": "en", "stemmer": "snowball-english"}
 # bm25s' default pattern, which shards built before the CJK tokens (and before a shard recorded its own) used
 BEFORE_CJK = {**TOKENIZATION, "pattern": r"(?u)\b\w\w+\b"}

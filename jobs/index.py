@@ -37,6 +37,7 @@ from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
 MANIFEST = "manifest.json"
+ASIDE = "_manifest.before-bm25.json"  # the manifest while shards' BM25 are rebuilt (_retokenize)
 FORMAT = 2  # 2: per-shard done.json, BM25, index_factory types
 ADD_CHUNK = 65_536  # vectors added to a FAISS index per call
 
@@ -192,14 +193,20 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
     keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
-    previous = _current(out, [done[s] for s in range(n_shards)], extra) if len(done) == n_shards else None
+    # a BM25 refresh killed midway left its manifest aside (_retokenize): still the build's, but for BM25
+    previous = (_current(out, [done[s] for s in range(n_shards)], extra, MANIFEST)
+                or _current(out, [done[s] for s in range(n_shards)], extra, ASIDE)) if len(done) == n_shards else None
     # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
-    if config.index.bm25 and _retokenize(out, [done[s] for s in sorted(done)], config.index, log) and previous:
-        # the manifest again, with this ragsift's BM25 settings: no Ray, no encoder (it encodes nothing)
-        previous = {**previous, "bm25": _bm25_settings(config.index)}
-        (out / f"{MANIFEST}.tmp").write_text(json.dumps(previous, indent=2))
-        os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
+    if config.index.bm25:
+        _retokenize(out, [done[s] for s in sorted(done)], config.index, log)
+        if previous:  # every shard is now tokenized as this ragsift does (k1 and b are in the build key)
+            # the manifest again, with this ragsift's BM25 settings: no Ray, no encoder (it encodes nothing)
+            previous = {**previous, "bm25": _bm25_settings(config.index)}
     if previous and previous.get("bm25") == _bm25_settings(config.index):
+        if _current(out, previous["shards"], extra, MANIFEST) != previous:  # BM25 refreshed now, or by a run killed
+            (out / f"{MANIFEST}.tmp").write_text(json.dumps(previous, indent=2))
+            os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
+        (out / ASIDE).unlink(missing_ok=True)
         # nothing to build: no Ray, no encoder start, and the manifest's build_s stays the build's
         log(f"{out} is up to date: {n_shards} shards built from this corpus with these settings")
         return previous
@@ -326,18 +333,21 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     if cut := manifest["cut_by_embedder"]:
         log(f"warning: {cut:,} of {manifest['count']:,} passages are longer than {config.embedder.model} reads: dense "
-            "retrieval finds them by their start only, and k such passages may not fit a prompt; split them: "
-            "--chunk-words 100 (README: long passages)")
+            "retrieval finds them by their start only, and k such passages may not fit a prompt; "
+            + (f"split them smaller than --chunk-words {config.index.chunk_words} (README: long passages)"
+               if config.index.chunk_words else "split them: --chunk-words 100 (README: long passages)"))
     return manifest
 
 
-def _current(out: Path, shards: list[dict], extra: dict | None) -> dict | None:
-    """The index's manifest, when it lists exactly ``shards`` (each built with this build's key: corpus,
-    embedder, settings) and holds ``extra``; None when it must be written again. (Its BM25 settings, whose
-    tokenization is no setting of the build key, the caller compares.)"""
+def _current(out: Path, shards: list[dict], extra: dict | None, name: str = MANIFEST) -> dict | None:
+    """The index's manifest (``name``), when it lists exactly ``shards`` (each built with this build's key:
+    corpus, embedder, settings) and holds ``extra``; None when it must be written again. (Its BM25 settings,
+    whose tokenization is no setting of the build key, the caller compares.)"""
     try:
-        manifest = read_manifest(out)
-    except (FileNotFoundError, UserError):
+        manifest = json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
         return None
     fresh = manifest.get("format") == FORMAT and manifest.get("shards") == shards
     return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
@@ -351,8 +361,8 @@ def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> bool:
     from actors.bm25 import TOKENIZATION, build_bm25, built_tokenization
 
     stale = [info for info in shards if info["count"] and built_tokenization(out / info["dir"]) != TOKENIZATION]
-    if stale:
-        (out / MANIFEST).unlink(missing_ok=True)
+    if stale and (out / MANIFEST).exists():  # aside, not deleted: a run killed midway finds the build's figures there
+        os.replace(out / MANIFEST, out / ASIDE)
     for info in stale:
         shard = out / info["dir"]
         table = pq.read_table(shard / "passages.parquet", columns=["title", "text"])

@@ -37,3 +37,11 @@ def test_an_overlap_as_long_as_the_part_is_refused_naming_both_fields():
         IndexConfig(chunk_words=100, chunk_overlap=100)
     with pytest.raises(ValueError, match="greater than or equal to 8"):
         IndexConfig(chunk_words=3)
+
+
+def test_each_chinese_or_japanese_character_is_a_word_so_their_unspaced_text_is_split_too():
+    """A Chinese article has no spaces: it was one "word" a clause and never split, its rag rows errors."""
+    text = "東京は日本の首都です。" * 20  # 220 characters, no space
+    parts = split(text, 50)
+    assert [len(p) for p in parts] == [50, 50, 50, 50, 20] and "".join(parts) == text
+    assert count(text, 50) == 5 and split("Tokyo 東京 is big", 3) == ["Tokyo 東京", "is big"]

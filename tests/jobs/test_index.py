@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -802,6 +803,8 @@ def test_chunk_words_splits_long_passages_into_parts_each_searchable_and_counted
     _build(corpus, tmp_path / "idx", 1, "index.chunk_words=100", "index.chunk_overlap=10", encoders=encoders,
            log=again.append)
     assert "up to date" in again[0]
+    # HashEncoder reads 8 words: parts of 100 are longer, and the warning says to split smaller, not to split
+    assert any("split them smaller than --chunk-words 100" in line for line in lines)
     # a run on it says so in its identity (evaluate reads it from the answers' metadata)
     qs = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": ["q"], "question": ["which zebra?"]}), qs)
@@ -896,6 +899,16 @@ def test_an_index_whose_bm25_an_earlier_ragsift_tokenized_is_retokenized_by_a_re
     again = []
     _build(corpus, tmp_path / "idx", 1, encoders=[encoder], log=again.append)
     assert "up to date" in again[0]
+    # a refresh killed after its first shard: the manifest aside, one shard rebuilt; the rerun finishes it
+    # from there, still with no Ray and the build's figures
+    _as_tokenized_before_cjk(tmp_path / "idx")
+    os.replace(tmp_path / "idx" / "manifest.json", tmp_path / "idx" / "_manifest.before-bm25.json")
+    with monkeypatch.context() as patched:
+        patched.setattr(jobs.ray_session, "init_ray", started)
+        finished = _build(corpus, tmp_path / "idx", 1, encoders=None)
+    assert finished["build_s"] == built["build_s"] and finished["bm25"]["tokenization"] == TOKENIZATION
+    assert not (tmp_path / "idx" / "_manifest.before-bm25.json").exists()
+    assert json.loads((tmp_path / "idx" / "manifest.json").read_text()) == finished
 
 
 def test_splitting_refuses_a_corpus_id_that_ends_as_a_part_id_does(ray_session, tmp_path):
