@@ -231,6 +231,8 @@ class IndexConfig(Section):
 
     @model_validator(mode="after")
     def _overlap_inside_the_window(self):
+        if self.chunk_words is None and self.chunk_overlap:
+            raise ValueError(f"index.chunk_overlap ({self.chunk_overlap}) without index.chunk_words: nothing is split")
         if self.chunk_words is not None and self.chunk_overlap >= self.chunk_words:
             raise ValueError(f"index.chunk_overlap ({self.chunk_overlap}) must be less than index.chunk_words "
                              f"({self.chunk_words}): each split passage must move on")

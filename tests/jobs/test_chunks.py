@@ -37,6 +37,8 @@ def test_an_overlap_as_long_as_the_part_is_refused_naming_both_fields():
         IndexConfig(chunk_words=100, chunk_overlap=100)
     with pytest.raises(ValueError, match="greater than or equal to 8"):
         IndexConfig(chunk_words=3)
+    with pytest.raises(ValueError, match=r"index.chunk_overlap \(10\) without index.chunk_words"):
+        IndexConfig(chunk_overlap=10)
 
 
 def test_each_chinese_or_japanese_character_is_a_word_so_their_unspaced_text_is_split_too():
