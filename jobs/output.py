@@ -212,8 +212,8 @@ class ShardedOutput:
                 match = PART.fullmatch(name)
                 if not _OURS.fullmatch(name):  # a notebook's checkpoints, a snapshot folder, a note: not ours
                     self.log(f"leaving {redact(self.output)}/{strategy}/{name} in place: not a file ragsift writes")
-                elif match and self._valid(path):
-                    self._add_new_columns(path)
+                elif match and (schema := self._valid(path)) is not None:
+                    self._add_new_columns(path, schema)
                     self.committed.add((strategy, int(match.group(1))))
                 elif not (name.startswith("_") and name.endswith(".sha256") and name[1:-7] in entries):
                     self.fs.delete_file(path)  # a leftover of an interrupted run, or a damaged part
@@ -231,13 +231,12 @@ class ShardedOutput:
                      + f") and are kept; this one is {self.code}. Where the code changed an answer, the run holds both "
                      "(--force answers every question with this one)")
 
-    def _add_new_columns(self, path: str) -> None:
+    def _add_new_columns(self, path: str, schema: pa.Schema) -> None:
         """Rewrite a part an earlier ragsift committed without columns added since (``n_truncated``), with
         them null: ``pq.read_table("out/rag")`` takes the first part's schema, so a resumed run whose first
         part was old lost the column of every row. Written as a commit is (in progress, its checksum, the
-        rename), so a run killed meanwhile keeps the old part or finds the new one whole."""
-        with self.fs.open_input_file(path) as f:
-            schema = pq.ParquetFile(f).schema_arrow
+        rename), so a run killed meanwhile keeps the old part or finds the new one whole. ``schema``: the part's,
+        as its check read it."""
         missing = [field.name for field in ANSWERS if field.name not in schema.names]
         if not missing:
             return
@@ -285,10 +284,10 @@ class ShardedOutput:
         return [name for e in self.fs.get_file_info(pafs.FileSelector(self.root))
                 if e.type == pafs.FileType.Directory and not (name := e.path.rsplit("/", 1)[-1]).startswith("_")]
 
-    def _valid(self, path: str) -> bool:
-        """A part of this run that is whole: its checksum matches, its footer reads, its identity agrees.
-        A read that fails for another reason (a storage service's 503, a permission) raises: deleting a
-        part because the store hiccupped would answer its shard again for nothing."""
+    def _valid(self, path: str) -> pa.Schema | None:
+        """The schema of a part of this run that is whole: its checksum matches, its footer reads, its identity
+        agrees; None for any other. A read that fails for another reason (a storage service's 503, a permission)
+        raises: deleting a part because the store hiccupped would answer its shard again for nothing."""
         name = f"{redact(self.output)}/{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}"
         try:
             with self.fs.open_input_stream(checksum_path(path)) as f:
@@ -300,21 +299,22 @@ class ShardedOutput:
         if recorded is not None and file_sha256(self.fs, path) != (recorded.get("sha256") if isinstance(recorded, dict)
                                                                     else None):
             self.log(f"damaged part {name} (its checksum does not match): answering its shard again")
-            return False
+            return None
         with self.fs.open_input_file(path) as f:  # a storage error opening it raises
             try:
-                meta = pq.ParquetFile(f).schema_arrow.metadata or {}
+                schema = pq.ParquetFile(f).schema_arrow
+                meta = schema.metadata or {}
                 previous = json.loads(meta.get(b"ragsift", b"{}"))
                 code = meta.get(b"ragsift_code", b"").decode(errors="replace") or None
             except (OSError, ValueError):  # pyarrow: ArrowInvalid, or OSError "Couldn't deserialize thrift"
                 previous = None
         if previous is None:
             self.log(f"damaged part {name} (its footer does not read): answering its shard again")
-            return False
+            return None
         if changed_fields(previous, self.identity, self.defaults, self.speed):
-            return False
+            return None
         self.written_by[code] += 1
-        return True
+        return schema
 
     def skip_shards(self) -> frozenset[int]:
         """Input shards that every strategy has committed already."""
