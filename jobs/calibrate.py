@@ -53,13 +53,13 @@ import yaml
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
-from jobs.evaluate import answer_files, split_index
+from jobs.evaluate import answer_files, reads_split_index
 from jobs.identity import know_model, ranker_name
 from jobs.pools import build_stages, pool_plan, ray_request
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
-from jobs.storage import filesystem, join, open_parquet, read_table, redact
+from jobs.storage import filesystem, join, read_table, redact
 from schemas.config import IndexConfig, speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
@@ -379,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     files = answer_files(join(config.output, PROBE))
     rows = [r for f in files for r in read_table(f).to_pylist()]
     # from the probe's own record (its identity), not the index folder, which may have been rebuilt since
-    chosen = choose(rows, gold, args.keep, parts=any(split_index(open_parquet(f).schema_arrow) for f in files))
+    chosen = choose(rows, gold, args.keep, parts=reads_split_index(files))
     if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
         chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                  **shared)

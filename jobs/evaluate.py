@@ -209,6 +209,11 @@ def split_index(schema: pa.Schema) -> bool:
     return isinstance(identity, dict) and bool(identity.get("index.chunks"))
 
 
+def reads_split_index(files: list[str]) -> bool:
+    """Whether the run of these answer files read an index of split passages (``split_index`` of their parts)."""
+    return any(split_index(open_parquet(f).schema_arrow) for f in files)
+
+
 def gold_needed(questions: str, cols: list[str], files: list[str]) -> tuple[dict, dict[int, dict]]:
     """The gold of the questions these answer files answer: by id (a repeated id's first row), and the
     questions without an id by their row. Only those become Python rows: scoring 300 answers against a

@@ -30,10 +30,10 @@ from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
 from jobs.dataset_card import KINDS, check_hub_repo, push_to_hub, write_dataset
-from jobs.evaluate import answer_files, split_index
+from jobs.evaluate import answer_files, reads_split_index
 from jobs.index import read_manifest
 from jobs.questions import by_first_id, gold_ids, question_columns
-from jobs.storage import filesystem, join, open_parquet, read_table, redact, write_whole
+from jobs.storage import filesystem, join, read_table, redact, write_whole
 from schemas.config import AnswerFormConfig, LabelConfig
 from schemas.errors import UserError
 from schemas.records import Passage
@@ -239,7 +239,7 @@ def read_split_index(output: str, strategies: list[str]) -> bool:
             files = answer_files(join(output, strategy))
         except (FileNotFoundError, UserError):  # a strategy that committed nothing labels nothing
             continue
-        if any(split_index(open_parquet(f).schema_arrow) for f in files):
+        if reads_split_index(files):
             return True
     return False
 
