@@ -193,9 +193,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
     keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
+    built = [done[s] for s in range(n_shards)] if len(done) == n_shards else None
+    on_disk = _current(out, built, extra, MANIFEST) if built else None
     # a BM25 refresh killed midway left its manifest aside (_retokenize): still the build's, but for BM25
-    previous = (_current(out, [done[s] for s in range(n_shards)], extra, MANIFEST)
-                or _current(out, [done[s] for s in range(n_shards)], extra, ASIDE)) if len(done) == n_shards else None
+    previous = on_disk or (_current(out, built, extra, ASIDE) if built else None)
     # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
     if config.index.bm25:
         _retokenize(out, [done[s] for s in sorted(done)], config.index, log)
@@ -203,7 +204,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
             # the manifest again, with this ragsift's BM25 settings: no Ray, no encoder (it encodes nothing)
             previous = {**previous, "bm25": _bm25_settings(config.index)}
     if previous and previous.get("bm25") == _bm25_settings(config.index):
-        if _current(out, previous["shards"], extra, MANIFEST) != previous:  # BM25 refreshed now, or by a run killed
+        # BM25 refreshed now, or by a run killed midway (its manifest set aside, maybe already right but for its place)
+        if on_disk != previous or not (out / MANIFEST).exists():
             (out / f"{MANIFEST}.tmp").write_text(json.dumps(previous, indent=2))
             os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
         (out / ASIDE).unlink(missing_ok=True)
@@ -221,10 +223,11 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     if not first.any():  # an index of nothing would answer every question from no passage
         raise UserError(f"{config.corpus}: no row of its {total_rows:,} can be indexed (no text, no id, "
                         "not UTF-8, or a repeated id)")
-    kept = np.where(first, parts, 0).astype(np.int64)  # the passages each row becomes in the index (summed per shard)
+    kept = np.where(first, parts, 0).astype(np.int64)  # the passages each row becomes in the index
+    passages = [int(kept[bounds[s]:bounds[s + 1]].sum()) for s in range(n_shards)]
     for s in range(n_shards):
         if s not in done:
-            factory_string(config.index, None, int(kept[bounds[s]:bounds[s + 1]].sum()))
+            factory_string(config.index, None, passages[s])
     out.mkdir(parents=True, exist_ok=True)
 
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
@@ -242,7 +245,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     started = time.perf_counter()
     for s in range(n_shards):  # pq_m against the embedder's dims
         if s not in done:
-            factory_string(config.index, dims, int(kept[bounds[s]:bounds[s + 1]].sum()))
+            factory_string(config.index, dims, passages[s])
     if len(done) < n_shards:  # until the new manifest is written, no run may read the old one over shards being rebuilt
         (out / MANIFEST).unlink(missing_ok=True)
 
@@ -273,7 +276,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
             if shard in done:
                 continue
             if shard not in builders:
-                builders[shard] = _ShardBuilder(out / _dir(shard), int(kept[bounds[shard]:bounds[shard + 1]].sum()), dims)
+                builders[shard] = _ShardBuilder(out / _dir(shard), passages[shard], dims)
             problem = skip_reason(pid, text, title) or ("duplicate_id" if not first[i] else None)
             if problem:
                 builders[shard].skipped[problem] += 1
@@ -353,11 +356,11 @@ def _current(out: Path, shards: list[dict], extra: dict | None, name: str = MANI
     return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
 
 
-def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> bool:
+def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> None:
     """Rebuild, from its passages, the BM25 index of each committed shard tokenized otherwise than this ragsift
     tokenizes (no re-encoding): such an index was called up to date, and a query matched none of its tokens.
     The manifest goes first, as for any rebuild: no run starts on shards being swapped, and a running one
-    whose shard restarts stops rather than change its queries' tokens midway. Whether any was rebuilt."""
+    whose shard restarts stops rather than change its queries' tokens midway."""
     from actors.bm25 import TOKENIZATION, build_bm25, built_tokenization
 
     stale = [info for info in shards if info["count"] and built_tokenization(out / info["dir"]) != TOKENIZATION]
@@ -372,7 +375,6 @@ def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> bool:
         shutil.rmtree(shard / "bm25", ignore_errors=True)  # killed here: no bm25/, found stale and rebuilt next time
         (shard / "bm25.tmp").rename(shard / "bm25")
         log(f"{info['dir']}: BM25 rebuilt from its passages (it was tokenized by an earlier ragsift)")
-    return bool(stale)
 
 
 def _dir(shard: int) -> str:
