@@ -11,6 +11,7 @@ import pytest
 
 from engine.stages import GeneratorStage
 from jobs.answer import answer
+from jobs.live_metrics import output_tag
 from schemas.config import StageBatching
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeGenerator
@@ -52,3 +53,22 @@ def test_a_runs_counters_are_exported_as_ray_metrics(ray_session, tmp_path):
     assert found["ray_ragsift_stage_errors_total[generator]"] >= 1  # the POISON question
     assert found["ray_ragsift_stage_replicas_ready[generator]"] == 1 and found["ray_ragsift_roots_in_flight"] == 0
     assert found["ray_ragsift_tokens_total"] > 0
+
+
+def test_a_run_whose_output_path_is_not_ascii_is_answered_and_its_counters_exported(ray_session, tmp_path):
+    """Ray takes only ASCII tag values: a run writing under /home/josé/ stopped at its first progress report
+    (UnicodeEncodeError from Metric.record), nothing answered. Its tag is now the path percent-encoded."""
+    ray = ray_session
+    questions, out = tmp_path / "q.parquet", tmp_path / "runs ünï 答え" / "out"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["question 0", "question 1"]}), questions)
+    actor = ray.remote(FakeGenerator).options(num_cpus=0).remote()
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct"])
+    metrics = answer(config, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())})
+    assert metrics["roots_done"] == 2
+    tag = output_tag(str(out))
+    assert tag.isascii() and "%C3%BC" in tag and output_tag("/data/runs 1/out") == "/data/runs 1/out"
+    deadline, found = time.time() + 60, {}
+    while time.time() < deadline and found.get("ray_ragsift_pairs_done_total") != 2:
+        time.sleep(1)
+        found.update(scrape(ray, tag))
+    assert found["ray_ragsift_pairs_done_total"] == 2
