@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
 from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact
-from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, load_config
+from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -47,6 +47,11 @@ class IndexJobConfig(Section):
     index: IndexConfig = Field(default_factory=IndexConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("corpus")
+    @classmethod
+    def _home(cls, value):
+        return home_expanded(value)
 
 
 def read_manifest(index_dir: str | Path) -> dict:

@@ -55,6 +55,15 @@ class Section(BaseModel):
         return value
 
 
+def home_expanded(value):
+    """A local path with a leading ``~`` expanded (a URI, ``hf:NAME`` and None as they are): pyarrow expands
+    it when it opens questions or an output, and ragsift's own paths (the index, the cache, config.yaml's
+    record) did not, so ``output: ~/runs`` was written under $HOME and recorded under the working directory."""
+    if isinstance(value, str) and value.startswith("~") and "://" not in value:
+        return os.path.expanduser(value)
+    return value
+
+
 _EXPONENT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
@@ -209,7 +218,7 @@ class IndexConfig(Section):
         if "://" in value:
             raise ValueError("an index is a local folder or a shared file system's mount (e.g. /shared/idx), "
                              "not a URI: copy it from object storage to where the retriever replicas run")
-        return value
+        return home_expanded(value)
     shards: int = Field(2, json_schema_extra=SPEED, ge=1)
     index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
         "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")
@@ -497,6 +506,11 @@ class CacheConfig(Section):
                                "this deletes the oldest written until they take 80% of it (the file keeps its size "
                                "and reuses the space; delete the file to give it back); None = never")
 
+    @field_validator("path")
+    @classmethod
+    def _home(cls, value):
+        return home_expanded(value)
+
 
 class RayConfig(Section):
     changes_answers = False
@@ -534,6 +548,11 @@ class RunConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("questions", "output")
+    @classmethod
+    def _home(cls, value):
+        return home_expanded(value)
 
 
 def speed_setting(model: type[BaseModel], key: str) -> bool:

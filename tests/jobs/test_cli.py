@@ -1,6 +1,7 @@
 """The ``ragsift`` command's handling of what goes wrong around a job."""
 
 import argparse
+import os
 import types
 
 import pytest
@@ -261,8 +262,8 @@ def test_a_path_or_model_flag_is_taken_as_it_stands_not_read_as_yaml(path, quest
     # "/data/idx #2" was /data/idx (a comment), silently another index; the others were refused
     config = config_from_args(_args("answer", ["--questions", question_file, "--output", str(tmp_path / "o"),
                                                 "--index-dir", path, "--generator", path]))
-    # a model named by a local path is pinned to the folder it names ("~" is one: the home folder)
-    assert config.index.path == path and config.generator.model == pinned(path)
+    # a model named by a local path is pinned to the folder it names ("~" is one: the home folder, for the index too)
+    assert config.index.path == os.path.expanduser(path) and config.generator.model == pinned(path)
 
 
 def test_jobs_that_pick_their_own_strategies_run_the_strategies_checks_and_need_questions(question_file, tmp_path,

@@ -431,6 +431,31 @@ def test_a_runs_config_yaml_names_local_paths_absolutely_so_it_reruns_from_any_f
     assert written["questions"] == "s3://b/q.parquet"
 
 
+def test_a_leading_tilde_is_the_home_folder_in_every_local_path_and_in_the_record(tmp_path, monkeypatch):
+    """pyarrow expanded `~` in the questions and the output, ragsift did not: `output: ~/runs` was written under
+    $HOME and recorded as <cwd>/~/runs (a `--config` rerun found nothing), `index: {path: ~/idx}` was not found
+    and `cache.path: ~/c.sqlite` was recorded elsewhere than the file used."""
+    import yaml
+
+    from jobs.answer import write_record
+    from jobs.index import IndexJobConfig
+    from strategies.registry import AnswerConfig
+
+    home = tmp_path / "home"
+    (home / "out").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    config = AnswerConfig(questions="~/q.parquet", output="~/out", index={"path": "~/idx"}, cache={"path": "~/c.sqlite"})
+    assert (config.questions, config.output, config.index.path, config.cache.path) == (
+        str(home / "q.parquet"), str(home / "out"), str(home / "idx"), str(home / "c.sqlite"))
+    write_record(config, {})
+    written = yaml.safe_load((home / "out" / "config.yaml").read_text())
+    assert (written["questions"], written["output"], written["index"]["path"], written["cache"]["path"]) == (
+        str(home / "q.parquet"), str(home / "out"), str(home / "idx"), str(home / "c.sqlite"))
+    assert IndexJobConfig(corpus="~/c.parquet", index={"path": "~/idx"}).corpus == str(home / "c.parquet")
+    assert AnswerConfig(questions="s3://b/~q.parquet", output="out~").questions == "s3://b/~q.parquet"
+
+
 def test_a_part_an_earlier_ragsift_wrote_without_a_later_column_gets_it_null_so_the_folder_reads_as_one_table(tmp_path):
     """A run resumed after an upgrade held old parts without `n_truncated` beside new ones with it, and
     pq.read_table("out/rag") took the first part's schema: every row's n_truncated was dropped."""
