@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import re
@@ -138,7 +139,9 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
             raise
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
         line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())[:1000]
-        if name in RESUMABLE and stopped_answering(err):
+        if name in RESUMABLE and getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            line += "; what was committed before it is kept: free space there and the same command resumes"
+        elif name in RESUMABLE and stopped_answering(err):
             # storage that stopped answering mid-run (an S3 server gone, a network file system): not the
             # user's path, and nothing committed is lost
             line += "; what was committed before it is kept: the same command resumes once the storage answers again"

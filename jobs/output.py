@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -356,18 +357,31 @@ class ShardedOutput:
         """``shard`` holds ``questions`` rows per strategy (from the input plan): commit when written."""
         self.expected[shard] = questions
         for strategy in self.strategies:
-            self._maybe_commit(strategy, shard)
+            with self._writing(strategy, shard):
+                self._maybe_commit(strategy, shard)
 
     def write(self, row: dict) -> None:
         key = (row["strategy"], row.pop("_shard"))
         if row.get("error"):
             self.error_rows[row["strategy"], re.sub(r"\d+", "N", row["error"][:200])] += 1
-        part = self.open.get(key) or self._open(*key)
-        part.rows.append(row)
-        part.written += 1
-        if len(part.rows) >= self.row_group_rows:
-            self._flush(part)
-        self._maybe_commit(*key)
+        with self._writing(*key):
+            part = self.open.get(key) or self._open(*key)
+            part.rows.append(row)
+            part.written += 1
+            if len(part.rows) >= self.row_group_rows:
+                self._flush(part)
+            self._maybe_commit(*key)
+
+    @contextmanager
+    def _writing(self, strategy: str, shard: int):
+        # pyarrow's write errors name no file ("[Errno 28] Error writing bytes to file"): the output, the
+        # request cache and Ray's temp folder may each be on another disk
+        try:
+            yield
+        except OSError as err:
+            if err.errno is None or err.filename:
+                raise
+            raise OSError(err.errno, err.strerror or str(err), redact(self._path(strategy, shard))) from err
 
     def _path(self, strategy: str, shard: int) -> str:
         return f"{self.root}/{strategy}/part-{shard:05d}.parquet"
@@ -408,8 +422,16 @@ class ShardedOutput:
         """Close the output; returns the (strategy, shard) parts left uncommitted (empty on success)."""
         left = sorted(self.open)
         for part in self.open.values():
-            part.writer.close()
-            part.stream.close()
+            # a part left open is abandoned (a resume writes it anew), so a failure to close it (the disk
+            # that stopped the run is still full) must not replace the error that stopped the run
+            try:
+                part.writer.close()
+            except OSError:
+                part.writer.is_open = False  # else its __del__ tries again and prints "Exception ignored"
+            try:
+                part.stream.close()
+            except OSError:
+                pass
         self.open.clear()
         return left
 

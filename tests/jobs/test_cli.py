@@ -66,11 +66,23 @@ def test_storage_that_stops_answering_mid_run_says_the_committed_parts_are_kept_
     assert "resumes" not in capsys.readouterr().err
     from ray.exceptions import GetTimeoutError
 
-    # a damaged file, a full disk, a Ray timeout: not storage that stopped answering, which a rerun mends
+    # a damaged file, a Ray timeout: not storage that stopped answering, which a rerun mends
     for other in (OSError("Couldn't deserialize thrift: TProtocolException: Invalid data"),
-                  OSError(28, "No space left on device"), GetTimeoutError("Get timed out: some object(s) not ready.")):
+                  GetTimeoutError("Get timed out: some object(s) not ready.")):
         assert _execute("answer", job_that_raises(other), argparse.Namespace(debug=False)) == 2
         assert "resumes" not in capsys.readouterr().err, other
+
+
+def test_a_full_disk_names_the_file_and_says_to_free_space_and_rerun(capsys):
+    """ENOSPC mid-run said "[Errno 28] Error writing bytes to file" alone: not which disk, nor that the run resumes."""
+    full = OSError(28, "Error writing bytes to file. Detail: [errno 28] No space left on device",
+                   "/runs/out/rag/part-00003.parquet")
+    assert _execute("answer", job_that_raises(full), argparse.Namespace(debug=False)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "/runs/out/rag/part-00003.parquet" in err
+    assert "free space there and the same command resumes" in err
+    assert _execute("evaluate", job_that_raises(full), argparse.Namespace(debug=False)) == 2
+    assert "resumes" not in capsys.readouterr().err
 
 
 def test_sigterm_that_lands_inside_a_ray_call_still_ends_the_job_as_terminated(capsys):

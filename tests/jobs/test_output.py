@@ -413,6 +413,35 @@ def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_
     assert any("NOTES.txt in place" in line for line in said)
 
 
+def test_a_full_disk_names_the_part_it_was_writing_and_closing_the_output_keeps_that_error(tmp_path, monkeypatch):
+    """ENOSPC while a part was written: the error named no file, and closing the output after it (the disk
+    still full) raised again from the first part it could not close, replacing the error, while the parts
+    it never reached printed "Exception ignored in ParquetWriter.__del__" tracebacks."""
+    import errno
+    import gc
+
+    class FullDisk(pq.ParquetWriter):
+        def write_table(self, *args, **kwargs):
+            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+        def close(self):
+            if self.is_open:
+                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(output_module.pq, "ParquetWriter", FullDisk)
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["direct", "rag"], shard_rows=2, row_group_rows=1)
+    with pytest.raises(OSError) as raised:
+        out.write(row("q0", "rag", 0))
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == f"{tmp_path}/rag/part-00000.parquet"
+    assert "No space left on device" in str(raised.value)
+    out.open[("direct", 1)] = out._open("direct", 1)  # another part open when the run stopped
+    assert out.close() == [("direct", 1), ("rag", 0)]  # closing reports what is left, raising nothing
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    gc.collect()
+    assert unraisable == []
+
+
 def test_a_runs_config_yaml_names_local_paths_absolutely_so_it_reruns_from_any_folder(tmp_path, monkeypatch):
     """`questions: data/q.parquet` as typed: `--config out/config.yaml` from another folder did not find it."""
     import yaml
