@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import re
 import sqlite3
 import time
 from collections import OrderedDict
@@ -47,6 +49,7 @@ class RequestCache:
         self.flushed_at = time.monotonic()
         self._db: sqlite3.Connection | None = None
         self.disk_error: str | None = None  # why the disk part was given up for this run
+        self.read_only = False  # the file is read where it lies (a folder this run cannot write): nothing is stored
         self.pruned = 0  # responses deleted when the run opened it, the oldest first, to keep it under its bound
         self.undecodable = 0  # stored rows that could not be read back: looked up as misses
 
@@ -95,7 +98,7 @@ class RequestCache:
         """Write the buffered responses (the engine calls this when a run ends and, through
         ``flush_if_due``, every WRITE_AFTER_S seconds; ``put`` every WRITE_EVERY responses)."""
         self.flushed_at = time.monotonic()
-        if self.pending and self.disk_error is None:
+        if self.pending and self.disk_error is None and not self.read_only:
             try:
                 with self.db:  # one transaction
                     self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
@@ -109,7 +112,7 @@ class RequestCache:
         """Where the stored responses take more than ``max_bytes``, delete the oldest written until they take
         about ``keep`` x ``max_bytes``; returns how many. SQLite reuses the freed pages, so the file stops
         growing, though it does not shrink. Without it the file grew by every response any run computed."""
-        if self.path is None or self.disk_error is not None or not self.path.exists():
+        if self.path is None or self.disk_error is not None or self.read_only or not self.path.exists():
             return 0
         try:
             db = self.db
@@ -136,7 +139,11 @@ class RequestCache:
     def _give_up_disk(self, err: Exception) -> None:
         """A damaged or unreadable cache file costs the run its disk cache (reported in metrics.json's
         request_cache.disk_error), not its answers."""
-        self.disk_error = f"{self.path}: {type(err).__name__}: {err} (delete the file, or run with --no-cache)"
+        damaged = isinstance(err, sqlite3.DatabaseError) and re.search(r"not a database|malformed|corrupt", str(err))
+        # a full or read-only disk leaves the file whole: deleting it would lose every response it holds
+        advice = ("delete the file, or run with --no-cache" if damaged else
+                  "the file is kept; give cache.path a place this run can write, with space, or run with --no-cache")
+        self.disk_error = f"{self.path}: {type(err).__name__}: {err} ({advice})"
         self.pending.clear()
 
     def key(self, request: Request) -> str:
@@ -160,6 +167,13 @@ class RequestCache:
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is None:
+            if self.path.exists() and not os.access(self.path.parent, os.W_OK):
+                # a cache shared read-only (a home an admin prepared, on a read-only mount): SQLite cannot
+                # open it for writing, nor read a WAL file without its lock files, except as immutable
+                self.read_only = True
+                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, timeout=60,
+                                           check_same_thread=False)
+                return self._db
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # WAL: concurrent runs on one machine read while another writes; busy_timeout waits out a writer
             self._db = sqlite3.connect(self.path, timeout=60, check_same_thread=False)

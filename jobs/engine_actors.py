@@ -245,6 +245,7 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
     merged.update(stages=stages, resolved_by=resolved, truncated=summed([p.get("truncated", {}) for p in parts]),
                   request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
+                                 "read_only": any(c.get("read_only") for c in caches),
                                  "pruned": 0, "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
                                  "hits": hits, "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                                  "by_stage": dict(sorted(by_stage.items()))},

@@ -144,6 +144,41 @@ def test_a_cache_folder_that_cannot_be_made_costs_the_disk_part_not_the_run(tmp_
     assert "a-file" in late.disk_error and late.get(other) == (other_response, "memory")
 
 
+def test_a_cache_in_a_folder_the_run_cannot_write_is_read_and_left_as_it_is(tmp_path, monkeypatch):
+    """A home an admin prepared on a read-only mount: the run gave up the cache ("unable to open database file
+    (delete the file, ...)") and found none of the responses it held."""
+    import os
+
+    from engine import cache as cache_module
+
+    path = tmp_path / "shared" / "requests.sqlite"
+    (request, response), (other, other_response) = PAIRS[:2]
+    written = RequestCache(0, path, NAMESPACES)
+    written.put(request, response)
+    written.flush()
+    written.db.close()
+    before = path.read_bytes()
+    real = os.access
+    monkeypatch.setattr(cache_module.os, "access",  # a read-only mount, which root's permissions do not bypass
+                        lambda p, mode: False if mode == os.W_OK and str(p) == str(path.parent) else real(p, mode))
+    cache = RequestCache(0, path, NAMESPACES)
+    assert cache.get(request) == (response, "disk") and cache.read_only and cache.disk_error is None
+    cache.put(other, other_response)
+    cache.flush()
+    assert cache.disk_error is None and not cache.pending and cache.prune(1) == 0
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["requests.sqlite"]
+
+
+def test_a_full_disk_gives_up_the_cache_without_advising_to_delete_it_and_a_damaged_file_with(tmp_path):
+    """"database or disk is full (delete the file, ...)": deleting a whole cache does not free a full disk."""
+    full = RequestCache(0, tmp_path / "c.sqlite", NAMESPACES)
+    full._give_up_disk(sqlite3.OperationalError("database or disk is full"))
+    assert "the file is kept" in full.disk_error and "delete" not in full.disk_error
+    damaged = RequestCache(0, tmp_path / "d.sqlite", NAMESPACES)
+    damaged._give_up_disk(sqlite3.DatabaseError("file is not a database"))
+    assert "delete the file" in damaged.disk_error
+
+
 def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_run(tmp_path):
     path = tmp_path / "c.sqlite"
     (request, response), (other, other_response) = PAIRS[:2]
