@@ -9,6 +9,7 @@ answer (`scored`); costs over all `n`. Printed as a table, written as JSON and M
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import json
 import sys
@@ -461,7 +462,13 @@ def run(args: argparse.Namespace) -> int:
     if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
-    written = write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends it
+    try:
+        written = write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends it
+    except OSError as err:
+        if args.out or err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # a published run on a read-only mount is scored as any other, its files written elsewhere
+        raise UserError(f"cannot write eval.json beside the answers ({err}): pass --out DIR") from err
     print(f"wrote {', '.join(written)} into {redact(out)}", file=sys.stderr)
     print_tables(table, resolved)
     return 0

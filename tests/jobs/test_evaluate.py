@@ -289,3 +289,27 @@ def test_the_parts_of_a_split_passage_are_found_and_cited_as_their_passage(tmp_p
     row = overall(evaluate(answers, qs, k=2)[0])
     assert (row["recall@k any"], row["cite P / R (n)"]) == (100.0, "50.0 / 100.0 (1)")
     assert overall(evaluate(answers, qs, k=1)[0])["recall@k any"] == 0.0  # k parts, not k passages
+
+
+def test_a_run_on_a_read_only_mount_is_scored_and_told_to_write_elsewhere(tmp_path, monkeypatch, capsys):
+    """evaluate of a published run on a read-only mount ended with pyarrow's "[Errno 30] Failed to open local
+    file .../eval.json", not a word of --out."""
+    import errno
+
+    from jobs import evaluate as evaluate_job
+    from jobs.cli import main
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris")], [{"id": "a", "question": "?", "answers": ["Paris"]}])
+    real = evaluate_job.write_reports
+
+    def read_only(table, out, *args, **kwargs):
+        if str(out) == str(answers):
+            raise OSError(errno.EROFS, f"Failed to open local file '{out}/eval.json'. Detail: [errno 30] Read-only file system")
+        return real(table, out, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_job, "write_reports", read_only)
+    assert main(["evaluate", "--answers", answers, "--questions", qs]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Read-only file system" in err and "pass --out DIR" in err
+    assert main(["evaluate", "--answers", answers, "--questions", qs, "--out", str(tmp_path / "scores")]) == 0
+    assert (tmp_path / "scores" / "eval.json").exists()
