@@ -47,6 +47,13 @@ def _sigterm_handler_kept():
     before = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
+    except SystemExit as exit_:
+        # a SIGTERM while ray.init ran (a scheduler's stop in a run's first seconds) met Ray's handler, whose
+        # sys.exit(15) ended the job silently with status 15: the process's own handler says it instead
+        if main and callable(before) and exit_.code == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, before)
+            before(signal.SIGTERM, None)
+        raise
     finally:
         # not where the handler ran meanwhile: it ignores a second SIGTERM during the clean-up (SIG_IGN)
         if main and callable(before) and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:

@@ -105,6 +105,27 @@ def test_sigterm_that_lands_inside_a_ray_call_still_ends_the_job_as_terminated(c
     assert _execute("answer", job_that_raises(KeyboardInterrupt()), argparse.Namespace(debug=False)) == 130  # Ctrl-C
 
 
+def test_sigterm_while_ray_starts_ends_the_job_as_terminated_not_with_rays_silent_status_15(capsys):
+    """ray.init sets a handler of its own (sys.exit(signum)) while it runs: `timeout 4 ragsift answer ...` and a
+    scheduler's stop in a run's first seconds ended it with status 15 and no word."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from jobs.ray_session import _sigterm_handler_kept
+
+    def run(args):
+        with _sigterm_handler_kept():
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # ray.init's, as Ray writes it
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        return 0
+
+    assert _execute("answer", types.SimpleNamespace(run=run), argparse.Namespace(debug=False)) == 143
+    assert capsys.readouterr().err.startswith("ragsift answer: terminated (SIGTERM); what was committed is kept")
+
+
 def test_ray_inits_handler_is_replaced_by_the_clis_again_but_not_once_the_clis_has_run():
     """The CLI's handler ignores a second SIGTERM once it ran (its clean-up must finish); restored after a
     ray.init it had interrupted, it would have raised again in the clean-up."""
