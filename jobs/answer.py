@@ -371,9 +371,23 @@ def with_questions_read(config: AnswerConfig) -> AnswerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    answer(config_from_args(args), log=lambda *a: print(*a, file=sys.stderr), force=args.force,
-           retry_errors=args.retry_errors)
-    return 0
+    config = config_from_args(args)
+    metrics = answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force,
+                     retry_errors=args.retry_errors)
+    return error_status("answer", metrics, config.commit.max_error_share)
+
+
+def error_status(job: str, metrics: dict, limit: float | None) -> int:
+    """A finished run's exit status: 1 where its error rows are over ``limit`` (a share of the pairs this
+    session answered; None: where every one is an error row), else 0. A run whose every prompt was over the
+    context window exited 0, and a `set -e` pipeline published its error rows as answers."""
+    done, errors = metrics.get("roots_done") or 0, sum((metrics.get("error_rows") or {}).values())
+    if not done or not errors or (errors < done if limit is None else errors / done <= limit):
+        return 0
+    why = "all of them" if limit is None else f"more than commit.max_error_share {limit}"
+    print(f"ragsift {job}: error: {errors} of the {done} (question, strategy) pairs answered are error rows ({why}); "
+          "all are committed: each row's `error` says why, and `--retry-errors` answers them again", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,15 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = answer_job.config_from_args(args, default_strategies=ANSWERING)
     gold_columns(config.questions)  # the gold columns are checked before hours of answering
-    answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force,
-                      retry_errors=args.retry_errors)
+    metrics = answer_job.answer(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force,
+                                retry_errors=args.retry_errors)
     # only what this run answered, every question of it: another strategy left in the folder by an
     # earlier, interrupted run would sit in the same table scored on other questions
     table, resolved = evaluate(config.output, config.questions, k=config.retrieval.k, strategies=config.strategies)
     write_reports(table, config.output, resolved)
     print(f"wrote eval.md, eval.json and eval.png into {redact(config.output)}", file=sys.stderr)
     print_tables(table, resolved)
-    return 0
+    return answer_job.error_status("compare", metrics, config.commit.max_error_share)
 
 
 def main(argv: list[str] | None = None) -> int:
