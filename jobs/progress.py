@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rich.text import Text
+
 from engine.loop import Engine
 
 RECENT_S = 60.0  # the rates shown are measured over this much of the recent past
@@ -44,7 +46,8 @@ class Progress:
             self.samples.popleft()
         line = self.line(engine, now)
         if self.display is not None:
-            self.display.update(line, refresh=True)
+            # as Text: a str is rich markup, and `generator[queued=5 running=0]` lost its brackets as a tag
+            self.display.update(Text(line), refresh=True)
         elif now - self.last_line >= self.every_s or (engine.roots_in_flight == 0 and engine.roots_done != self.last_done):
             self.last_line, self.last_done = now, engine.roots_done
             self.log(line)

@@ -80,3 +80,12 @@ def test_replicas_that_take_no_work_yet_are_shown_as_starting_or_restarting(monk
     assert "generator[queued=3 running=1 starting=2]" in lines[-1]
     progress(engine(0, 0, restarting={1}, deaths=(0, 3)))
     assert "generator[queued=3 running=1 restarting=1]" in lines[-1]
+
+
+def test_on_a_terminal_the_live_line_keeps_each_stages_bracketed_counts(monkeypatch, capsys):
+    """rich read `generator[queued=3 running=1 starting=2]` as a markup tag and dropped it from the live line."""
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: 0.0)
+    progress = Progress(lambda line: None, total=10, live=True)
+    progress(engine(0, 0, restarting={0, 1}))
+    progress.close()
+    assert "generator[queued=3 running=1 starting=2]" in capsys.readouterr().err
