@@ -162,6 +162,11 @@ class Generator:
         self.prompts = Prompts(self.llm.get_tokenizer(), llm["max_model_len"], sampling)
         self.prompts.check_template()
 
+    def shutdown(self) -> None:
+        """End vLLM's engine core process, where it runs in one (as StreamingGenerator.shutdown)."""
+        if core := getattr(self.llm.llm_engine, "engine_core", None):
+            core.shutdown()
+
     def generate(self, requests: list[Generate | Judge]) -> list[Generation | Judgment]:
         results: list = [None] * len(requests)
         prompts, params, slots = [], [], []

@@ -76,6 +76,11 @@ class StreamingGenerator(StreamingReplica):
         """vLLM's statistics of this replica since it started (metrics.json, per LLM stage)."""
         return self.stats.summary()
 
+    def shutdown(self) -> None:
+        """End vLLM's engine core process and wait for it (killed with this actor instead, it outlived the
+        job by up to half a minute under load, holding its memory while the next job loaded a model)."""
+        self.engine.shutdown()
+
     async def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (benchmarks compare runs from the same cold state)."""
         await self.engine.reset_prefix_cache()

@@ -33,7 +33,7 @@ from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
 from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed
-from jobs.pools import build_stages, pool_plan, ray_request
+from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
@@ -218,6 +218,8 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     finally:
         progress.close()
         left = out.close()
+    if stages_from_config:
+        stop_llm_engines(stages)
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",

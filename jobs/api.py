@@ -193,7 +193,10 @@ class Session:
         what they held (GPUs, memory) is free for the next Session or job on this Ray."""
         import ray
 
+        from jobs.pools import stop_llm_engines
+
         if self._on_its_ray():  # on another Ray, or none, its pools are gone with theirs: nothing to stop
+            stop_llm_engines(self.stages, wait_s)
             actors = self.actors()
             for actor in actors:
                 ray.kill(actor)

@@ -211,6 +211,18 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     return stages
 
 
+def stop_llm_engines(stages: dict, wait_s: float = 60.0) -> None:
+    """Shut the vLLM engine of each LLM replica down and wait for it (at most ``wait_s``). Left to Ray's
+    shutdown at exit, each replica was killed and its engine core process, orphaned, went its own way up
+    to half a minute later under load, still holding its memory while the next job loaded a model."""
+    import ray
+
+    replicas = {id(r): r for name in ("generator", "judge") if name in stages for r in stages[name].replicas}
+    refs = [r.shutdown.remote() for r in replicas.values() if hasattr(r, "shutdown")]  # an endpoint's pool has none
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=wait_s)  # a replica dead meanwhile answers with its error
+
+
 def start_replicas(pool: Pool, restarts: dict) -> tuple[list, list]:
     """The replicas of ``pool``, and the placement groups made for them (one a replica over several devices)."""
     import ray

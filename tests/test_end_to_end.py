@@ -129,6 +129,30 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
     assert raisf_all["retrievals/q"] == pytest.approx(sum(r["n_retrievals"] for r in raisf) / 10)
 
 
+def vllm_processes() -> set[int]:
+    """Processes that vLLM titled (its engine core, its workers)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"VLLM"):
+                    found.add(int(pid))
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def test_a_finished_answer_leaves_no_vllm_process_behind_on_the_real_model(ten_questions):
+    """The CLI left its replicas to Ray's shutdown at exit, which killed them: vLLM's engine core, orphaned,
+    outlived the command by up to half a minute under load, holding its memory as the next job loaded a model."""
+    tmp, _ = ten_questions
+    index_once(tmp)
+    before = vllm_processes()
+    ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out_exit",
+            "--strategy", "direct", "--generator", "smollm2-135m-instruct", "--no-cache")
+    assert vllm_processes() - before == set()
+
+
 def test_raisf_recurses_through_the_engine_with_the_real_model(ten_questions):
     """Nothing known, nothing relevant: every node decomposes, on the real model and engine; each sub-question
     becomes a child one level down, and a node at D_th answers its sub-questions "unknown" itself."""
