@@ -166,11 +166,13 @@ def run_job(name: str, argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ragsift", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="job", required=True)
-    modules = {}
+    modules, parsers = {}, {}
     for name, (module_name, help_text) in JOBS.items():
         modules[name] = importlib.import_module(module_name)
-        _parser(name, modules[name], sub.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
+        parsers[name] = _parser(name, modules[name], sub.add_parser(name, help=help_text, description=help_text))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the job's own parser: the top one printed `ragsift {demo,index,...}` as the usage
+        parsers[args.job].error(f"unrecognized arguments: {' '.join(unknown)}")
     return _execute(args.job, modules[args.job], args)
 
 

@@ -513,3 +513,14 @@ def test_answer_and_compare_exit_1_when_every_row_they_answered_is_an_error_row(
     monkeypatch.setattr(answer_job, "answer", lambda *args, **kwargs: {"roots_done": 2, "error_rows": {"rag": 1}})
     assert main(["answer", *flags]) == 0
     assert main(["answer", *flags, "--set", "commit.max_error_share=0.25"]) == 1
+
+
+def test_an_unknown_flag_is_refused_with_the_jobs_own_usage(capsys):
+    """`ragsift answer --bogus` printed the top-level usage (`ragsift [-h] {demo,index,...}`), not answer's."""
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["answer", "--questions", "q.parquet", "--bogus", "1"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "usage: ragsift answer" in err
+    assert err.rstrip().endswith("ragsift answer: error: unrecognized arguments: --bogus 1")
