@@ -305,7 +305,7 @@ def _pip_install(requirements: list[str]) -> None:
 
 def add_arguments(p) -> None:
     p.add_argument("action", choices=["list", "prepare"])
-    p.add_argument("names", nargs="*", help="aliases to prepare (default: the offline defaults)")
+    p.add_argument("names", nargs="*", default=[], help="aliases to prepare (default: the offline defaults)")
 
 
 def run(args) -> int:

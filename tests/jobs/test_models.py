@@ -80,3 +80,14 @@ def test_prepare_refuses_an_unknown_name_before_preparing_the_names_given_before
     with pytest.raises(UserError, match="unknown offline model.*'nope'"):
         models.run(argparse.Namespace(action="prepare", names=[models.TEST_GENERATOR, "nope"]))
     assert prepared == []
+
+
+def test_models_without_an_action_asks_for_the_action_only(capsys):
+    """It said "the following arguments are required: action, names", though `models list` takes no names."""
+    import pytest
+
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["models"])
+    assert capsys.readouterr().err.rstrip().endswith("the following arguments are required: action")
