@@ -3,10 +3,12 @@ logit of relevant) or a cross-encoder, scored on held-out questions against the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,11 +56,13 @@ def _train(settings: RelevanceTraining, pairs: list[dict], source: dict, train: 
     # the loss a full pass gives the same training examples before and after: a logged loss is one
     # small batch's, which in-batch negatives and batch order move more than an epoch of training does
     probe = trainer.train_dataset.select(range(min(PROBE_EXAMPLES, len(trainer.train_dataset))))
-    loss_before = round(trainer.evaluate(probe)["eval_loss"], 4)
-    started = time.perf_counter()
-    trainer.train()
-    train_s = time.perf_counter() - started
-    loss_after = round(trainer.evaluate(probe)["eval_loss"], 4)
+    # the Trainer prints its log dicts to stdout, which every job keeps for its results: they go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        loss_before = round(trainer.evaluate(probe)["eval_loss"], 4)
+        started = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - started
+        loss_after = round(trainer.evaluate(probe)["eval_loss"], 4)
     losses = [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]
     started = time.perf_counter()
     scores = relevance_scores(model, test, bi)

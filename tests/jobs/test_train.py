@@ -40,10 +40,11 @@ def trained(tmp_path_factory):
     pq.write_table(questions.slice(180, 20), tmp / "held.parquet")
     # 64 tokens (question + passage head): the tests check that training learns, not how well, and on a CPU
     # half the sequence length takes under 60% of the time (115 -> 68 s for this command)
-    ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
+    relevance = ragsift("train", "relevance", "--questions", SAMPLE_QUESTIONS, "--index-dir", tmp / "idx",
             "--output", tmp / "m_rel", "--exclude", tmp / "held.parquet", "--held-out", "0.25",
             "--negatives", "1", "--random-negatives", "2",
             "--batch-size", "16", "--epochs", "1", "--max-length", "64", "--learning-rate", "1e-4")
+    (tmp / "relevance.stdout").write_text(relevance.stdout)
     rows = questions.slice(0, 180).to_pylist()
     labels = pa.table({"id": [r["id"] for r in rows], "question": [r["question"] for r in rows],
                        "closed_book_answer": [""] * len(rows), "gold_answers": [r["answers"] for r in rows],
@@ -63,6 +64,14 @@ def test_relevance_training_lowers_the_loss_and_separates_held_out_pairs(trained
     assert m["held_out_pairs"] > 50 and m["held_out_auc"] > 0.6
     assert m["held_out_auc_base_cosine"] > 0.5  # the untrained bar the card reports beside it
     assert m["train_examples_per_s"] > 0 and (tmp / "m_rel" / "README.md").exists()
+
+
+def test_training_keeps_the_trainers_log_lines_off_standard_output(trained):
+    """Hugging Face's Trainer printed its log dicts ({'loss': ...}, {'train_runtime': ...}) to stdout, which
+    every other job keeps for its results."""
+    tmp, _ = trained
+    out = (tmp / "relevance.stdout").read_text()
+    assert "'loss'" not in out and "train_runtime" not in out and "eval_loss" not in out
 
 
 def test_the_default_relevance_model_is_a_bi_encoder_with_a_fitted_logit_and_a_cross_encoder_can_be_asked_for(trained):
