@@ -55,7 +55,7 @@ from jobs import metrics as M
 from jobs.chunks import passage_of
 from jobs.evaluate import answer_files, reads_split_index
 from jobs.identity import know_model, ranker_name
-from jobs.pools import build_stages, pool_plan, ray_request
+from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
@@ -398,6 +398,8 @@ def run(args: argparse.Namespace) -> int:
         log("raisf.relevance_threshold not calibrated: no calibration question has a gold passage among its "
             "top k (gold_passage_ids of this index)")
     log(f"wrote {redact(config.output)}/calibrated.yaml and calibration.json")
+    if shared:  # its own pools, shared by two passes (a single pass's are stopped by answer)
+        stop_llm_engines(shared["stages"])
     return 0
 
 

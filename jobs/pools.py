@@ -214,13 +214,27 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
 def stop_llm_engines(stages: dict, wait_s: float = 60.0) -> None:
     """Shut the vLLM engine of each LLM replica down and wait for it (at most ``wait_s``). Left to Ray's
     shutdown at exit, each replica was killed and its engine core process, orphaned, went its own way up
-    to half a minute later under load, still holding its memory while the next job loaded a model."""
+    to half a minute later under load, still holding its memory while the next job loaded a model. A
+    replica still starting or restarting would take the call only once its model had loaded: it is killed."""
     import ray
 
-    replicas = {id(r): r for name in ("generator", "judge") if name in stages for r in stages[name].replicas}
-    refs = [r.shutdown.remote() for r in replicas.values() if hasattr(r, "shutdown")]  # an endpoint's pool has none
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=wait_s)  # a replica dead meanwhile answers with its error
+    ready, starting = {}, {}
+    for name in ("generator", "judge"):  # the judge pool may be the generator's own replicas
+        stage = stages.get(name)
+        for i, replica in enumerate(stage.replicas if stage else []):
+            if hasattr(replica, "shutdown"):  # an endpoint's pool has no engine of its own
+                down = i in getattr(stage, "restarting", ()) or i in getattr(stage, "retired", ())
+                (starting if down else ready)[id(replica)] = replica
+    for replica in starting.values():
+        if id(replica) not in ready:
+            ray.kill(replica, no_restart=True)
+    refs = [replica.shutdown.remote() for replica in ready.values()]
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s) if refs else ([], [])
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - a replica that died meanwhile has no engine left to stop
+            pass
 
 
 def start_replicas(pool: Pool, restarts: dict) -> tuple[list, list]:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.answer import previous_metrics
 from jobs.evaluate import answer_files, evaluate, gold_columns
-from jobs.pools import build_stages, pool_plan, ray_request
+from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
 from jobs.questions import plan_input
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, join, read_table
@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
+    stop_llm_engines(stages)
     return 0
 
 

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from actors.know import WEIGHTS
 from jobs.pools import cpus_requested, pool_plan, ray_request
 from schemas.errors import UserError
@@ -160,3 +162,38 @@ def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placeme
     while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
         assert time.monotonic() < deadline, ray.available_resources()
         time.sleep(0.2)
+
+
+def test_a_jobs_end_shuts_each_ready_llm_engine_down_once_and_kills_a_replica_still_starting(ray_session):
+    """A replica still loading would take the shutdown call only once its model had loaded (the job waited for
+    it); an endpoint's replica has no engine; a judge pool on the generator's replicas is one pool."""
+    from types import SimpleNamespace
+
+    from jobs.pools import stop_llm_engines
+
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class Engine:
+        def __init__(self):
+            self.shutdowns = 0
+
+        def shutdown(self):
+            self.shutdowns += 1
+
+        def count(self):
+            return self.shutdowns
+
+    @ray.remote(num_cpus=0)
+    class Endpoint:
+        def ping(self):
+            return "up"
+
+    ready, starting, endpoint = Engine.remote(), Engine.remote(), Endpoint.remote()
+    ray.get([ready.count.remote(), starting.count.remote(), endpoint.ping.remote()])
+    stages = {"generator": SimpleNamespace(replicas=[ready, starting, endpoint], restarting={1}, retired=set()),
+              "judge": SimpleNamespace(replicas=[ready, starting], restarting={1}, retired=set())}
+    stop_llm_engines(stages, wait_s=30)
+    assert ray.get(ready.count.remote()) == 1 and ray.get(endpoint.ping.remote()) == "up"
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(starting.count.remote(), timeout=30)
