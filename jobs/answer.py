@@ -379,17 +379,23 @@ def run(args: argparse.Namespace) -> int:
     return error_status("answer", metrics, config.commit.max_error_share)
 
 
+ERROR_ROWS_STATUS = 3  # not 1, which any uncaught exception exits with
+
+
 def error_status(job: str, metrics: dict, limit: float | None) -> int:
-    """A finished run's exit status: 1 where its error rows are over ``limit`` (a share of the pairs this
-    session answered; None: where every one is an error row), else 0. A run whose every prompt was over the
-    context window exited 0, and a `set -e` pipeline published its error rows as answers."""
-    done, errors = metrics.get("roots_done") or 0, sum((metrics.get("error_rows") or {}).values())
-    if not done or not errors or (errors < done if limit is None else errors / done <= limit):
+    """A finished run's exit status: ERROR_ROWS_STATUS where its output's error rows are over ``limit`` (a
+    share of all its rows, every strategy's; None: where every row is an error row), else 0. A run whose every
+    prompt was over the context window exited 0, and a `set -e` pipeline published its error rows as answers.
+    The whole output, not this session's part: a resume that answered the last questions well ended 0 over
+    a run of error rows."""
+    checks = (metrics.get("exactly_once") or {}).values()
+    rows, errors = sum(c.get("rows", 0) for c in checks), sum(c.get("errors", 0) for c in checks)
+    if not rows or not errors or (errors < rows if limit is None else errors / rows <= limit):
         return 0
     why = "all of them" if limit is None else f"more than commit.max_error_share {limit}"
-    print(f"ragsift {job}: error: {errors} of the {done} (question, strategy) pairs answered are error rows ({why}); "
-          "all are committed: each row's `error` says why, and `--retry-errors` answers them again", file=sys.stderr)
-    return 1
+    print(f"ragsift {job}: error: {errors} of the output's {rows} rows are error rows ({why}); all are committed: "
+          "each row's `error` says why, and `--retry-errors` answers them again", file=sys.stderr)
+    return ERROR_ROWS_STATUS
 
 
 def main(argv: list[str] | None = None) -> int:

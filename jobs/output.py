@@ -446,7 +446,8 @@ class ShardedOutput:
         Shard by shard, so memory is bounded by one shard: the input's ids of a shard against the
         ids in that shard's part, for each strategy.
         """
-        report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "ok": True} for s in self.strategies}
+        report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "errors": 0, "ok": True}
+                  for s in self.strategies}
         questions = question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
                                   drop_rows=plan.duplicate_rows, max_chars=max_chars,
                                   null_id_prefix=plan.null_id_prefix)
@@ -458,7 +459,9 @@ class ShardedOutput:
                 got = np.empty(0, np.uint64)
                 if (strategy, shard) in self.committed:
                     with self.fs.open_input_file(path) as f:
-                        got = np.sort(hash_ids(pq.read_table(f, columns=["id"])["id"].to_pylist()))
+                        part = pq.read_table(f, columns=["id", "error"])
+                    got = np.sort(hash_ids(part["id"].to_pylist()))
+                    r["errors"] += part.num_rows - part["error"].null_count
                 unique = np.unique(got)
                 r["rows"] += len(got)
                 r["expected"] += len(expected)

@@ -496,23 +496,26 @@ def test_help_offers_each_job_the_strategies_it_takes():
     assert "'rag'" in helps["answer"] and "calibration_probe" not in helps["answer"] and "CSV" in helps["answer"]
 
 
-def test_answer_and_compare_exit_1_when_every_row_they_answered_is_an_error_row(question_file, tmp_path, monkeypatch,
-                                                                               capsys):
+def test_answer_and_compare_exit_3_when_every_row_of_their_output_is_an_error_row(question_file, tmp_path, monkeypatch,
+                                                                                  capsys):
     from jobs import answer as answer_job
     from jobs import compare as compare_job
     from jobs.cli import main
 
-    monkeypatch.setattr(answer_job, "answer", lambda *args, **kwargs: {"roots_done": 1, "error_rows": {"rag": 1}})
+    def output(rows, errors):
+        return lambda *args, **kwargs: {"exactly_once": {"rag": {"rows": rows, "errors": errors}}}
+
+    monkeypatch.setattr(answer_job, "answer", output(1, 1))
     monkeypatch.setattr(compare_job, "evaluate", lambda *args, **kwargs: ([], []))
     monkeypatch.setattr(compare_job, "write_reports", lambda *args, **kwargs: [])
     monkeypatch.setattr(compare_job, "print_tables", lambda *args, **kwargs: None)
     flags = ["--questions", question_file, "--output", str(tmp_path / "o"), "--strategy", "rag"]
-    assert main(["answer", *flags]) == 1
-    assert main(["compare", *flags]) == 1
-    assert capsys.readouterr().err.count("pairs answered are error rows (all of them)") == 2
-    monkeypatch.setattr(answer_job, "answer", lambda *args, **kwargs: {"roots_done": 2, "error_rows": {"rag": 1}})
+    assert main(["answer", *flags]) == 3
+    assert main(["compare", *flags]) == 3
+    assert capsys.readouterr().err.count("rows are error rows (all of them)") == 2
+    monkeypatch.setattr(answer_job, "answer", output(2, 1))
     assert main(["answer", *flags]) == 0
-    assert main(["answer", *flags, "--set", "commit.max_error_share=0.25"]) == 1
+    assert main(["answer", *flags, "--set", "commit.max_error_share=0.25"]) == 3
 
 
 def test_an_unknown_flag_is_refused_with_the_jobs_own_usage(capsys):

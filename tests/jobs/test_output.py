@@ -144,12 +144,14 @@ def test_verify_counts_missing_and_duplicated_ids(tmp_path):
     for qid in ["a", "b", "c"]:
         out.write(row(qid, "rag", 0))
     out.close()
-    assert out.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 0, "missing": 0, "ok": True}
+    assert out.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 0, "missing": 0,
+                                                      "errors": 0, "ok": True}
     bad = ShardedOutput(str(tmp_path / "bad"), IDENTITY, ["rag"], shard_rows=10)
     bad.sealed(0, 3)
     for qid in ["a", "b", "b"]:
         bad.write(row(qid, "rag", 0))
-    assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1, "ok": False}
+    assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1,
+                                                      "errors": 0, "ok": False}
 
 
 def test_a_questions_file_edited_to_the_same_size_is_another_input(tmp_path):
