@@ -112,10 +112,12 @@ class RequestCache:
         """Where the stored responses take more than ``max_bytes``, delete the oldest written until they take
         about ``keep`` x ``max_bytes``; returns how many. SQLite reuses the freed pages, so the file stops
         growing, though it does not shrink. Without it the file grew by every response any run computed."""
-        if self.path is None or self.disk_error is not None or self.read_only or not self.path.exists():
+        if self.path is None or self.disk_error is not None or not self.path.exists():
             return 0
         try:
             db = self.db
+            if self.read_only:  # known once it is open: a run may prune before its first lookup
+                return 0
             pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
                                                                                     "page_size"))
             used = (pages - free) * size
@@ -139,7 +141,8 @@ class RequestCache:
     def _give_up_disk(self, err: Exception) -> None:
         """A damaged or unreadable cache file costs the run its disk cache (reported in metrics.json's
         request_cache.disk_error), not its answers."""
-        damaged = isinstance(err, sqlite3.DatabaseError) and re.search(r"not a database|malformed|corrupt", str(err))
+        damaged = (isinstance(err, sqlite3.DatabaseError) and re.search(r"not a database|malformed|corrupt", str(err))
+                   and not self.read_only)  # a shared file this run cannot write is not its to delete
         # a full or read-only disk leaves the file whole: deleting it would lose every response it holds
         advice = ("delete the file, or run with --no-cache" if damaged else
                   "the file is kept; give cache.path a place this run can write, with space, or run with --no-cache")
@@ -168,11 +171,8 @@ class RequestCache:
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             if self.path.exists() and not os.access(self.path.parent, os.W_OK):
-                # a cache shared read-only (a home an admin prepared, on a read-only mount): SQLite cannot
-                # open it for writing, nor read a WAL file without its lock files, except as immutable
                 self.read_only = True
-                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, timeout=60,
-                                           check_same_thread=False)
+                self._db = _read_only(self.path)
                 return self._db
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # WAL: concurrent runs on one machine read while another writes; busy_timeout waits out a writer
@@ -197,3 +197,16 @@ def decode(text: str) -> Response:
     if name == "Retrieval":
         values["passages"] = [Passage(**p) for p in values["passages"]]
     return RESPONSES[name](**values)
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A cache file in a folder this run cannot write (a home an admin prepared, on a read-only mount), opened
+    for reading: read-only where SQLite can (it then reads a WAL a killed writer left), else as immutable,
+    which needs no lock files but reads only what was checkpointed into the file itself."""
+    uri = path.resolve().as_uri()
+    try:
+        db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60, check_same_thread=False)
+        db.execute("SELECT 1 FROM responses LIMIT 1").fetchall()
+        return db
+    except sqlite3.OperationalError:  # a WAL file's lock files cannot be made here
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=60, check_same_thread=False)
