@@ -77,7 +77,7 @@ SEARCH_TIME = tuple(f"index.{key}" for key in IndexConfig.search_time)  # the re
 def run(args: argparse.Namespace) -> int:
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
     started = time.perf_counter()
-    index_dir = Path(args.index_dir) if args.index_dir else default_index_dir()
+    index_dir = Path(args.index_dir).expanduser() if args.index_dir else default_index_dir()  # as the index job's config
     check_kept(args.output)
     check_kept(str(index_dir), "--index-dir")
     for item in args.set:

@@ -333,12 +333,14 @@ def resolution_markdown(table: list[dict]) -> str:
 def print_table(table: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title="ragsift evaluation (percent)")
     for c in COLUMNS:
         t.add_column(c, justify="left" if c in ("strategy", "dataset") else "right")
     for row in table:
-        t.add_row(*("" if row[c] is None else str(row[c]) for c in COLUMNS),
+        # as Text: a str is rich markup, and a dataset named `squad[v2]` printed as `squad` (`x[/y]` raised)
+        t.add_row(*(Text("" if row[c] is None else str(row[c])) for c in COLUMNS),
                   end_section=row["dataset"] == "ALL")
     Console(width=200).print(t)
 

@@ -1,7 +1,7 @@
 """A run's counters as Ray metrics (``ray.util.metrics``) while it runs: every Ray node's metrics agent
 exports them in Prometheus format (``<node ip>:<metrics_export_port>/metrics``, what Prometheus scrapes
 and the Ray dashboard's Metrics view charts). Ray prefixes each name with ``ray_``; every series has an
-``output`` tag (the run's output directory, percent-encoded past ASCII) so that runs sharing a cluster stay
+``output`` tag (the run's output directory, characters past ASCII percent-encoded) so that runs sharing a cluster stay
 apart.
 
     ragsift_pairs_done_total             (question, strategy) pairs answered
@@ -23,12 +23,12 @@ from urllib.parse import quote
 from engine.loop import Engine
 
 # Ray takes only ASCII tag values (a run under /home/josé/ failed at its first report); printable ASCII
-# but '%' stays as written, so an ASCII path's tag is the path itself
-_TAG_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+# stays as written, so an ASCII path's tag is the path itself, as it was before
+_TAG_SAFE = "".join(chr(c) for c in range(0x20, 0x7F))
 
 
 def output_tag(output: str) -> str:
-    """The ``output`` tag of a run's series: its output path, non-ASCII characters (and '%') percent-encoded."""
+    """The ``output`` tag of a run's series: its output path, characters past ASCII percent-encoded."""
     return quote(output, safe=_TAG_SAFE)
 
 

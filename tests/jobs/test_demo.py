@@ -126,3 +126,33 @@ def test_a_demo_of_other_settings_in_the_same_output_is_refused_unless_forced(tm
     demo.run(demo_args(tmp_path, "--limit", "5"))
     demo.run(demo_args(tmp_path, "--limit", "5", "--force"))
     assert answered == [False, True]  # answer() refuses a different run unless forced (tests/jobs/test_output.py)
+
+
+def test_the_demo_reads_and_builds_a_tilde_index_dir_in_the_same_place(tmp_path, monkeypatch):
+    """`--index-dir=~/idx` (no shell expansion after `=`): the index was built under $HOME (the config expands
+    `~`) and looked for under ./~/idx, so every demo built it again."""
+
+    from jobs import demo as demo_job
+
+    class Reached(Exception):
+        pass
+
+    def ensure_index(index_dir, shards, log):
+        raise Reached(index_dir)
+
+    from jobs.models import ragsift_home
+
+    monkeypatch.setenv("RAGSIFT_HOME", str(ragsift_home()))  # the prepared models stay where they are
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(demo_job, "ensure_index", ensure_index)
+    args = demo_job_args(tmp_path)
+    with pytest.raises(Reached) as reached:
+        demo_job.run(args)
+    assert reached.value.args[0] == tmp_path / "idx"
+
+
+def demo_job_args(tmp_path):
+    from jobs import demo as demo_job
+    from jobs.cli import _parser
+
+    return _parser("demo", demo_job).parse_args(["--index-dir", "~/idx", "--output", str(tmp_path / "o")])

@@ -313,3 +313,16 @@ def test_a_run_on_a_read_only_mount_is_scored_and_told_to_write_elsewhere(tmp_pa
     assert err.count("\n") == 1 and "Read-only file system" in err and "pass --out DIR" in err
     assert main(["evaluate", "--answers", answers, "--questions", qs, "--out", str(tmp_path / "scores")]) == 0
     assert (tmp_path / "scores" / "eval.json").exists()
+
+
+def test_the_printed_table_shows_a_dataset_name_with_brackets_as_written(tmp_path, capsys):
+    """rich read the cells as markup: `squad[v2]` printed as `squad`, and `x[/y]` raised MarkupError."""
+    from jobs.evaluate import print_table
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "Rome")],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "dataset": "squad[v2]"},
+                         {"id": "b", "question": "?", "answers": ["Rome"], "dataset": "x[/y]"}])
+    table, _ = evaluate(answers, qs)
+    print_table(table)
+    out = capsys.readouterr().out
+    assert "squad[v2]" in out and "x[/y]" in out
