@@ -140,7 +140,8 @@ def _run(name: str, module, args: argparse.Namespace) -> int:
         # one line: storage libraries (pyarrow's S3, for one) write several, with terminal colours
         line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", redact_text(str(err))).split())[:1000]
         if name in RESUMABLE and getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
-            line += "; what was committed before it is kept: free space there and the same command resumes"
+            where = "there" if getattr(err, "filename", None) else "on its disk"
+            line += f"; what was committed before it is kept: free space {where} and the same command resumes"
         elif name in RESUMABLE and stopped_answering(err):
             # storage that stopped answering mid-run (an S3 server gone, a network file system): not the
             # user's path, and nothing committed is lost
