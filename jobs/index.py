@@ -11,6 +11,7 @@ so a crash re-does only the unfinished one.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import itertools
 import json
@@ -169,6 +170,16 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     model = loadable(config.embedder.model) if encoders is None else None  # mistyped: one line, no folder made
     out = Path(config.index.path)
     fresh = not out.exists()
+    if out.is_dir() and not os.access(out, os.W_OK):
+        # a shared index on a read-only mount (a script that builds it where it can and else finds it up to
+        # date): no lease, which is a file; a build that has to write says so before Ray starts
+        try:
+            return _build_index(config, log, extra, encoders, model, writable=False)
+        except OSError as err:  # a JSON Lines corpus's Parquet copy goes into the index folder
+            if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise UserError(f"{out}: this process cannot write there (a read-only mount?), and checking it against "
+                            f"this corpus needs to ({err}): run `ragsift index` where it can be written") from err
     try:
         with Lease(str(out), log=log, flag="--index-dir"):
             return _build_index(config, log, extra, encoders, model)
@@ -178,7 +189,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         raise
 
 
-def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None, model: str | None) -> dict:
+def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list | None, model: str | None,
+                 writable: bool = True) -> dict:
     import ray
 
     from jobs.ray_session import init_ray
@@ -202,9 +214,13 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     on_disk = _current(out, built, extra, MANIFEST) if built else None
     # a BM25 refresh killed midway left its manifest aside (_retokenize): still the build's, but for BM25
     previous = on_disk or (_current(out, built, extra, ASIDE) if built else None)
+    stale = _stale_bm25(out, [done[s] for s in sorted(done)]) if config.index.bm25 else []
+    if not writable and not (on_disk and not stale and on_disk.get("bm25") == _bm25_settings(config.index)):
+        raise UserError(f"{out}: not up to date with this corpus and these settings, and this process cannot write "
+                        "there (a read-only mount?): build it where it can be written")
     # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
     if config.index.bm25:
-        _retokenize(out, [done[s] for s in sorted(done)], config.index, log)
+        _retokenize(out, stale, config.index, log)
         if previous:  # every shard is now tokenized as this ragsift does (k1 and b are in the build key)
             # the manifest again, with this ragsift's BM25 settings: no Ray, no encoder (it encodes nothing)
             previous = {**previous, "bm25": _bm25_settings(config.index)}
@@ -213,7 +229,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         if on_disk != previous or not (out / MANIFEST).exists():
             (out / f"{MANIFEST}.tmp").write_text(json.dumps(previous, indent=2))
             os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
-        (out / ASIDE).unlink(missing_ok=True)
+        if (out / ASIDE).exists():  # not unlink(missing_ok): on a read-only mount that fails, the file missing or not
+            (out / ASIDE).unlink()
         # nothing to build: no Ray, no encoder start, and the manifest's build_s stays the build's
         log(f"{out} is up to date: {n_shards} shards built from this corpus with these settings")
         return previous
@@ -333,10 +350,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # whole or not at all: a build killed while writing it left a damaged manifest no run could read
     (out / f"{MANIFEST}.tmp").write_text(json.dumps(manifest, indent=2))
     os.replace(out / f"{MANIFEST}.tmp", out / MANIFEST)
-    for stale in sorted(out.glob("shard-*")):  # a rebuild into fewer shards left the old ones past them, unread
-        if stale.is_dir() and stale.name[6:].isdigit() and int(stale.name[6:]) >= n_shards:
-            shutil.rmtree(stale)
-            log(f"removed {stale.name}, a shard of the index this build replaced")
+    for old in sorted(out.glob("shard-*")):  # a rebuild into fewer shards left the old ones past them, unread
+        if old.is_dir() and old.name[6:].isdigit() and int(old.name[6:]) >= n_shards:
+            shutil.rmtree(old)
+            log(f"removed {old.name}, a shard of the index this build replaced")
     log(f"indexed {manifest['count']:,} passages into {n_shards} shards at {out} "
         f"in {manifest['build_s']} s (skipped: {dict(skipped)})")
     if cut := manifest["cut_by_embedder"]:
@@ -361,14 +378,20 @@ def _current(out: Path, shards: list[dict], extra: dict | None, name: str = MANI
     return manifest if fresh and all(manifest.get(k) == v for k, v in (extra or {}).items()) else None
 
 
-def _retokenize(out: Path, shards: list[dict], index: IndexConfig, log) -> None:
-    """Rebuild, from its passages, the BM25 index of each committed shard tokenized otherwise than this ragsift
-    tokenizes (no re-encoding): such an index was called up to date, and a query matched none of its tokens.
-    The manifest goes first, as for any rebuild: no run starts on shards being swapped, and a running one
-    whose shard restarts stops rather than change its queries' tokens midway."""
-    from actors.bm25 import TOKENIZATION, build_bm25, built_tokenization
+def _stale_bm25(out: Path, shards: list[dict]) -> list[dict]:
+    """The committed shards whose BM25 index was tokenized otherwise than this ragsift tokenizes."""
+    from actors.bm25 import TOKENIZATION, built_tokenization
 
-    stale = [info for info in shards if info["count"] and built_tokenization(out / info["dir"]) != TOKENIZATION]
+    return [info for info in shards if info["count"] and built_tokenization(out / info["dir"]) != TOKENIZATION]
+
+
+def _retokenize(out: Path, stale: list[dict], index: IndexConfig, log) -> None:
+    """Rebuild, from its passages, the BM25 index of each ``stale`` shard (no re-encoding): such an index was
+    called up to date, and a query matched none of its tokens. The manifest goes first, as for any rebuild: no
+    run starts on shards being swapped, and a running one whose shard restarts stops rather than change its
+    queries' tokens midway."""
+    from actors.bm25 import build_bm25
+
     if stale and (out / MANIFEST).exists():  # aside, not deleted: a run killed midway finds the build's figures there
         os.replace(out / MANIFEST, out / ASIDE)
     for info in stale:

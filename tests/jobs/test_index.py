@@ -923,3 +923,30 @@ def test_splitting_refuses_a_corpus_id_that_ends_as_a_part_id_does(ray_session, 
                encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
     assert not (tmp_path / "idx").exists()
     _build(corpus, tmp_path / "plain", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])  # unsplit: fine
+
+
+def test_an_up_to_date_index_on_a_read_only_mount_is_said_so_and_one_that_is_not_is_refused_before_ray(
+        ray_session, squad_slice, tmp_path):
+    """A script that runs `ragsift index` before each job, on nodes that mount the index read-only, failed at the
+    lease ("[Errno 30] Read-only file system: 'idx/_lease.json...'") though there was nothing to build. A real
+    read-only bind mount (this needs root, as CI and the dev box have)."""
+    import subprocess
+
+    import ray
+
+    encoder = [ray.remote(HashEncoder).options(num_cpus=0).remote()]
+    _build(squad_slice[0], tmp_path / "idx", 2, encoders=encoder)
+    mounted = tmp_path / "idx_ro"
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(tmp_path / "idx"), str(mounted)], capture_output=True).returncode:
+        pytest.skip("no bind mounts here (not root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True, capture_output=True)
+        lines = []
+        _build(squad_slice[0], mounted, 2, encoders=encoder, log=lines.append)
+        assert lines == [f"{mounted} is up to date: 2 shards built from this corpus with these settings"]
+        with pytest.raises(UserError, match="not up to date with this corpus and these settings, and this process "
+                                            "cannot write there"):
+            _build(squad_slice[0], mounted, 3, encoders=encoder)
+    finally:
+        subprocess.run(["umount", str(mounted)], capture_output=True)
