@@ -88,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
             "value's time includes their start")
     # the values share the pools, so a request two values make alike is computed once for all of them
     cache = open_cache(base) if base.cache.enabled else None
-    rows = []
+    rows, status = [], 0
     for value, config in configs:
         log(f"--- {args.param}={value}")
         before = previous_metrics(config.output)
         metrics = answer_job.answer(config, log=log, force=args.force, stages=stages,
                                     cache=cache)
+        status = max(status, answer_job.error_status(f"sweep ({args.param}={value})", metrics,
+                                                     config.commit.max_error_share))
         table, _ = evaluate(config.output, config.questions, k=config.retrieval.k)
         for strategy in config.strategies:
             answers = [n for f in answer_files(join(config.output, strategy))
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
     stop_llm_engines(stages)
-    return 0
+    return status
 
 
 def distinct_values(base, param: str, values: str) -> list[tuple[str, object]]:

@@ -223,3 +223,41 @@ def test_a_sweep_without_questions_is_a_one_line_error(tmp_path, capsys):
                  "--strategy", "think_act"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ragsift sweep: error:")
+
+
+def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(tmp_path, monkeypatch, capsys):
+    """It exited 0 whatever its runs held, as answer did."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.ray_session
+    from jobs import sweep as sweep_job
+    from jobs.cli import main
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), questions)
+    answered = []
+
+    def answer(config, **kwargs):  # k=1 fails every row, k=2 none
+        answered.append(config.retrieval.k)
+        Path(config.output).mkdir(parents=True)
+        errors = 1 if config.retrieval.k == 1 else 0
+        return {"exactly_once": {"rag": {"rows": 1, "errors": errors}}, "wall_s": 1, "requests_deduped": 0}
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
+    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
+    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {})
+    monkeypatch.setattr(sweep_job, "stop_llm_engines", lambda stages: None)
+    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
+    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sweep_job, "evaluate", lambda *args, **kwargs: (
+        [{"strategy": "rag", "dataset": "ALL", "acc": 0.0, "F1": 0.0, "LLM calls/q": 1.0}], []))
+    monkeypatch.setattr(sweep_job, "answer_files", lambda *args: ["part"])
+    monkeypatch.setattr(sweep_job, "read_table", lambda *args: pa.table({"n_retrievals": [1]}))
+    code = main(["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", str(questions),
+                 "--output", str(tmp_path / "sweep"), "--strategy", "rag"])
+    assert code == 3 and answered == [1, 2]
+    assert "ragsift sweep (retrieval.k=1): error: 1 of the output's 1 rows are error rows" in capsys.readouterr().err
