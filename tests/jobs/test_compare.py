@@ -168,7 +168,7 @@ def test_compare_scores_the_strategies_it_ran_not_another_left_incomplete_in_the
     pq.write_table(pa.Table.from_pylist([answer_row("a", "direct", "x", "closed_book"),
                                          answer_row("b", "direct", "y", "closed_book")], schema=ANSWERS),
                    out / "direct" / "part-00000.parquet")
-    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)  # the answers above stand for the run's
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: {})  # the answers above stand for the run's
     compare.run(args_for(compare, "--questions", str(questions), "--output", str(out), "--strategy", "direct"))
     table = json.loads((out / "eval.json").read_text())
     assert {r["strategy"] for r in table} == {"direct"}
@@ -191,7 +191,7 @@ def test_compare_and_the_demo_write_their_files_before_printing_so_a_closed_stdo
     (out / "direct").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([answer_row("a", "direct", "x", "closed_book")], schema=ANSWERS),
                    out / "direct" / "part-00000.parquet")
-    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)  # the answers above stand for the run's
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: {})  # the answers above stand for the run's
     monkeypatch.setattr(sys, "stdout", closed_stdout)
     with pytest.raises(SystemExit):
         compare.run(args_for(compare, "--questions", str(questions), "--output", str(out), "--strategy", "direct"))
@@ -247,7 +247,7 @@ def test_compare_says_where_it_wrote_without_the_outputs_credentials(tmp_path, m
     after the query string."""
     questions = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": ["a"], "question": ["A?"], "answers": [["x"]]}), questions)
-    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: None)
+    monkeypatch.setattr(answer_job, "answer", lambda *a, **k: {})
     for name in ("evaluate", "write_reports", "print_tables"):
         monkeypatch.setattr(compare, name, lambda *a, **k: (None, None))
     output = "s3://KEY:SECRET@bucket/out?endpoint_override=127.0.0.1:1&scheme=http"
