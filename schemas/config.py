@@ -390,8 +390,8 @@ class OutputConfig(Section):
     row_group_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
     max_error_share: float | None = Field(
         None, json_schema_extra=SPEED, ge=0, le=1,
-        description="a finished run whose error rows are more than this share of the pairs it answered ends with "
-                    "exit status 1 (everything committed, as without it); None = only a run whose every row is an "
+        description="a finished run whose error rows are more than this share of its output's rows ends with "
+                    "exit status 3 (everything committed, as without it); None = only a run whose every row is an "
                     "error row does")
 
 
