@@ -9,7 +9,6 @@ answer (`scored`); costs over all `n`. Printed as a table, written as JSON and M
 from __future__ import annotations
 
 import argparse
-import errno
 import io
 import json
 import sys
@@ -23,7 +22,7 @@ from jobs.chunks import passage_of
 from jobs.output import PART, claimed, unfinished
 from jobs.question_sources import as_parquet
 from jobs.questions import by_first_id, gold_ids, question_columns, stand_in_row
-from jobs.storage import check_kept, filesystem, join, open_parquet, read_table, redact, uri_of
+from jobs.storage import check_kept, filesystem, join, open_parquet, read_table, redact, unwritable, uri_of
 from schemas.errors import UserError
 from schemas.tables import SchemaError
 
@@ -467,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = write_reports(table, out, resolved, short)  # before the table is printed: a closed stdout (`| head`) ends it
     except OSError as err:
-        if args.out or err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if args.out or not unwritable(err):
             raise
         # a published run on a read-only mount is scored as any other, its files written elsewhere
         raise UserError(f"cannot write eval.json beside the answers ({err}): pass --out DIR") from err

@@ -11,7 +11,6 @@ so a crash re-does only the unfinished one.
 from __future__ import annotations
 
 import argparse
-import errno
 import hashlib
 import itertools
 import json
@@ -32,7 +31,7 @@ from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
-from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact
+from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact, unwritable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -176,7 +175,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         try:
             return _build_index(config, log, extra, encoders, model, writable=False)
         except OSError as err:  # a JSON Lines corpus's Parquet copy goes into the index folder
-            if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            if not unwritable(err):
                 raise
             raise UserError(f"{out}: this process cannot write there (a read-only mount?), and checking it against "
                             f"this corpus needs to ({err}): run `ragsift index` where it can be written") from err

@@ -3,6 +3,7 @@ and credentials kept out of logs; ids hashed for the exactly-once checks of what
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -17,6 +18,11 @@ import pyarrow.parquet as pq
 
 from schemas.errors import UserError
 from schemas.tables import SchemaError
+
+
+def unwritable(err: OSError) -> bool:
+    """Whether ``err`` says the place cannot be written here (a read-only mount, no permission)."""
+    return err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
