@@ -32,7 +32,7 @@ from jobs.identity import (
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
-from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed
+from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed, unfinished
 from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
@@ -81,9 +81,32 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     # index manifest and resolves every model name): a mistyped --index-dir must not leave a manifest
     # behind, nor (with --force) discard an output it cannot replace. A finished output is left alone
     # before that: "nothing to do" needs neither.
+    if read_only(config.output):
+        return _finished_read_only(config, plan, log, force or retry_errors)
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
+
+
+def read_only(output: str) -> bool:
+    """Whether ``output`` is a local folder this process cannot write (a read-only mount, another's files)."""
+    return "://" not in output and os.path.isdir(output) and not os.access(output, os.W_OK)
+
+
+def _finished_read_only(config: AnswerConfig, plan, log, writes: bool) -> dict:
+    """A rerun over a finished output this process cannot write (a pipeline that runs `answer` before it
+    evaluates, on a node that mounts the runs read-only) has nothing to do, as anywhere; its lease, a file,
+    failed with EROFS. An output that needs writing is refused in one line, before Ray starts."""
+    check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational)
+    short = unfinished(config.output, set(config.strategies))
+    missing = [s for s in config.strategies if not os.path.isdir(os.path.join(config.output, s))]
+    if writes or short or missing or not claimed(config.output):
+        why = ("--force and --retry-errors write there" if writes else short
+               or (f"it has no answers of {', '.join(missing)}" if missing else "it holds no run"))
+        raise UserError(f"{config.output}: this process cannot write there (a read-only mount?), and {why}: "
+                        "answer into a folder it can write (--output)")
+    log(f"nothing to do: every strategy's parts of {config.output} are committed (read-only here: nothing written)")
+    return previous_metrics(config.output) or {}
 
 
 def know_labels_generator(model: str | None) -> str | None:
@@ -218,8 +241,11 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     finally:
         progress.close()
         left = out.close()
-    if stages_from_config:
-        stop_llm_engines(stages)
+        if stages_from_config:
+            # after a failure or an interrupt too, if briefly (the user waits for the prompt): left to Ray's
+            # exit, an engine core outlived the command holding its memory; a committed run does not fail here
+            with suppress(Exception):
+                stop_llm_engines(stages, wait_s=60.0 if sys.exc_info()[0] is None else 15.0)
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",

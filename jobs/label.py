@@ -330,7 +330,9 @@ def run(args: argparse.Namespace) -> int:
     if args.push_to_hub:
         push_to_hub(str(Path(filesystem(config.output)[1]) / "labels" / "dataset"), args.push_to_hub)
         print(f"pushed labels/dataset to the hub as {args.push_to_hub}", file=sys.stderr)
-    return 0
+    # labels of error rows are none: a run whose every prompt failed published an empty dataset with status 0
+    return answer_job.error_status("label", answer_job.previous_metrics(config.output) or {},
+                                   config.commit.max_error_share)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,12 +131,13 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
 
 
 def vllm_processes() -> set[int]:
-    """Processes that vLLM titled (its engine core, its workers)."""
+    """Processes that vLLM titled (its engine core, its workers) of runs started here: those of the CLI runs
+    of these tests work in the repo, as their driver did (another job's on this machine, elsewhere)."""
     found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"VLLM"):
+                if f.read().startswith(b"VLLM") and os.readlink(f"/proc/{pid}/cwd") == str(REPO):
                     found.add(int(pid))
         except OSError:  # gone meanwhile
             pass
@@ -150,6 +152,30 @@ def test_a_finished_answer_leaves_no_vllm_process_behind_on_the_real_model(ten_q
     before = vllm_processes()
     ragsift("answer", "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "out_exit",
             "--strategy", "direct", "--generator", "smollm2-135m-instruct", "--no-cache")
+    assert vllm_processes() - before == set()
+
+
+def test_an_interrupted_answer_leaves_no_vllm_process_behind_on_the_real_model(ten_questions):
+    """Ctrl-C (or a scheduler's SIGTERM) mid-run: the engines were stopped only after a finished run, so an
+    interrupted one left its engine core to outlive the command, as a retry of the same command loaded a model."""
+    tmp, _ = ten_questions
+    index_once(tmp)
+    before = vllm_processes()
+    out = tmp / "out_interrupted"
+    with tempfile.TemporaryFile("w+") as said:
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "answer", "--questions", str(SAMPLE_QUESTIONS),
+                                 "--index-dir", str(tmp / "idx"), "--output", str(out), "--strategy", "rag",
+                                 "--generator", "smollm2-135m-instruct", "--no-cache", "--set", "commit.shard_rows=2"],
+                                cwd=REPO, stdout=said, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": ""})
+        deadline = time.time() + 600
+        while not list((out / "rag").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+        said.seek(0)
+        assert proc.returncode == 130, said.read()[-3000:]
+    assert len(list((out / "rag").glob("part-*.parquet"))) < 100  # it was stopped, not finished
     assert vllm_processes() - before == set()
 
 

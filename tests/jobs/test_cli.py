@@ -3,6 +3,7 @@
 import argparse
 import os
 import types
+from pathlib import Path
 
 import pytest
 
@@ -516,6 +517,29 @@ def test_answer_and_compare_exit_3_when_every_row_of_their_output_is_an_error_ro
     monkeypatch.setattr(answer_job, "answer", output(2, 1))
     assert main(["answer", *flags]) == 0
     assert main(["answer", *flags, "--set", "commit.max_error_share=0.25"]) == 3
+
+
+def test_label_exits_3_when_every_row_it_answered_is_an_error_row(question_file, tmp_path, monkeypatch, capsys):
+    """A label run whose every prompt failed published an empty dataset and exited 0."""
+    import json
+
+    from jobs import label as label_job
+    from jobs.cli import main
+
+    def labelled(errors):
+        def label(config, **kwargs):
+            Path(config.output).mkdir(exist_ok=True)
+            Path(config.output, "metrics.json").write_text(json.dumps(
+                {"exactly_once": {"raisf_labels": {"rows": 4, "errors": errors}}}))
+            return {}
+        return label
+
+    flags = ["--questions", question_file, "--output", str(tmp_path / "o")]
+    monkeypatch.setattr(label_job, "label", labelled(4))
+    assert main(["label", *flags]) == 3
+    assert "4 of the output's 4 rows are error rows (all of them)" in capsys.readouterr().err
+    monkeypatch.setattr(label_job, "label", labelled(1))
+    assert main(["label", *flags]) == 0
 
 
 def test_an_unknown_flag_is_refused_with_the_jobs_own_usage(capsys):

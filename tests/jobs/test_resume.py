@@ -144,3 +144,47 @@ def test_a_run_killed_after_its_last_commit_gets_its_record_from_the_rerun(tmp_p
                        engine={"window": 8})
     answer(one, log=lambda *_: None)  # a rerun of one of the strategies: the record already covers it
     assert (out / "metrics.json").read_bytes() == before
+
+
+def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished_one_is_refused(tmp_path, monkeypatch):
+    """A pipeline that runs `answer` before it evaluates, on a node that mounts the runs read-only: the rerun of
+    a finished run failed with EROFS at its lease, a file, instead of saying there is nothing to do. On a real
+    read-only bind mount (this needs root, as CI and the dev box have)."""
+    import shutil
+
+    import jobs.ray_session
+    from jobs.answer import answer
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "runs" / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(15)], "question": [f"question {i}" for i in range(15)]}),
+                   questions)
+    finish(start(questions, out))
+    before = (out / "metrics.json").read_bytes()
+    shutil.copytree(out, tmp_path / "runs" / "half")
+    (tmp_path / "runs" / "half" / "rag" / "part-00001.parquet").unlink()
+    runs = tmp_path / "ro"
+    runs.mkdir()
+    mounted = runs / "out"
+    if subprocess.run(["mount", "--bind", str(tmp_path / "runs"), str(runs)], capture_output=True).returncode:
+        pytest.skip("no bind mounts here (not root)")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *a, **k: (_ for _ in ()).throw(AssertionError("Ray")))
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(runs)], check=True, capture_output=True)
+        config = AnswerConfig(questions=str(questions), output=str(mounted), strategies=["direct", "rag"],
+                              commit={"shard_rows": 10}, engine={"window": 8})
+        log = []
+        metrics = answer(config, log=log.append)
+        assert log == [f"nothing to do: every strategy's parts of {mounted} are committed (read-only here: nothing written)"]
+        assert metrics["roots_done"] == 30 and (mounted / "metrics.json").read_bytes() == before
+        with pytest.raises(UserError, match="cannot write there .*--force and --retry-errors write there"):
+            answer(config, log=log.append, retry_errors=True)
+        with pytest.raises(UserError, match="cannot write there .*it has no answers of least_to_most"):
+            answer(config.model_copy(update={"strategies": ["direct", "least_to_most"]}), log=log.append)
+        with pytest.raises(UserError, match=r"cannot write there .*is not finished .*rag has 1 of its 2 parts"):
+            answer(config.model_copy(update={"output": str(runs / "half")}), log=log.append)
+        with pytest.raises(UserError, match="holds output of a different run"):
+            answer(config.model_copy(update={"commit": config.commit.model_copy(update={"shard_rows": 5})}), log=log.append)
+    finally:
+        subprocess.run(["umount", str(runs)], capture_output=True)
