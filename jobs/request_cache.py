@@ -85,7 +85,7 @@ def know_embedder(model: str | None) -> str | None:
 
 def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
-             if llm.endpoint else {"model": revision(llm.model), "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
+             if llm.endpoint else {"model": revision(llm.model, llm.engine_kwargs.get("revision")), "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
                                    "engine_kwargs": by_content(llm.engine_kwargs), "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
@@ -116,17 +116,38 @@ def by_content(value):
     return f"{os.path.abspath(path)}@{digest([stat.st_size, stat.st_mtime_ns])}"
 
 
-def revision(model: str | None) -> str:
+def revision(model: str | None, hub_revision: str | None = None) -> str:
     """A model and the revision of its files: for a local directory, every file's name, size and
     modification time (a retrained model in the same place is a new revision; hashing gigabytes of
-    weights at every start is not worth it); otherwise the name itself."""
+    weights at every start is not worth it); for one file (a GGUF), its size and time; for a hub name,
+    the commit its local cache resolves ``hub_revision`` (the default branch) to and that snapshot's
+    files: keyed by the name alone, a model updated on the hub answered from the old one's responses.
+    A hub model not in this machine's cache (downloaded by the replicas elsewhere) is its name."""
     if not model:
         return "none"
     path = Path(resolve(model))
-    if not path.is_dir():
-        return model
-    files = [(f, (s := (path / f).stat()).st_size, s.st_mtime_ns) for f in model_files(str(path))]
-    return f"{model}@{digest(files)}"
+    if path.is_file():
+        stat = path.stat()
+        return f"{model}@{digest([stat.st_size, stat.st_mtime_ns])}"
+    if path.is_dir():
+        return f"{model}@{digest(files_of(path))}"
+    snapshot = hub_snapshot(model, hub_revision)
+    return f"{model}@{digest([snapshot.name, files_of(snapshot)])}" if snapshot else model
+
+
+def files_of(path: Path) -> list:
+    return [(f, (s := (path / f).stat()).st_size, s.st_mtime_ns) for f in model_files(str(path))]
+
+
+def hub_snapshot(name: str, hub_revision: str | None) -> Path | None:
+    """The folder of the Hugging Face cache's snapshot of ``name`` at ``hub_revision``, None where it has none."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, "config.json", revision=hub_revision)
+    except ValueError:  # not a repository id (huggingface_hub's validation error is a ValueError)
+        return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def digest(value) -> str:
