@@ -85,7 +85,8 @@ def know_embedder(model: str | None) -> str | None:
 
 def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
-             if llm.endpoint else {"model": revision(llm.model, llm.engine_kwargs.get("revision")), "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
+             if llm.endpoint else {"model": revision(llm.model, llm.engine_kwargs.get("revision")),
+                                   "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
                                    "engine_kwargs": by_content(llm.engine_kwargs), "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
