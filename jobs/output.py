@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -155,6 +156,14 @@ def unfinished(output: str, strategies: set[str] | None = None) -> str | None:
             + "; ".join(f"{s} has {n} of its {shards} parts" for s, n in sorted(short.items())))
 
 
+CONVERSION_STALE_S = 3600.0  # a question file's conversion untouched this long was killed: no driver converts so slowly
+
+
+def stale(info: pafs.FileInfo, age_s: float) -> bool:
+    """Whether ``info``'s file was last written over ``age_s`` ago (a store that gives no time: not known, kept)."""
+    return info.mtime is not None and time.time() - info.mtime.timestamp() > age_s
+
+
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
@@ -199,10 +208,12 @@ class ShardedOutput:
             f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)
         # a conversion of the questions killed before its rename (jobs/question_sources.py write_input); this
-        # run's own was renamed before the lease it runs under was taken
+        # run's own was renamed before the lease it runs under was taken, but a second driver converts before
+        # it asks for the lease, and lost its file mid-write (a traceback, not "another driver holds it")
         inputs = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/_input", allow_not_found=True))
-        for left in [e.path for e in inputs if re.fullmatch(r"\.questions-[0-9a-f]+\.parquet\.tmp", e.base_name)]:
-            self.fs.delete_file(left)
+        for left in inputs:
+            if re.fullmatch(r"\.questions-[0-9a-f]+\.parquet\.tmp", left.base_name) and stale(left, CONVERSION_STALE_S):
+                self.fs.delete_file(left.path)
         for strategy in self.strategies:
             self.fs.create_dir(f"{self.root}/{strategy}", recursive=True)
             entries = self._entries(strategy)

@@ -1,3 +1,6 @@
+import os
+import time
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -268,12 +271,17 @@ def test_a_resume_finishes_or_removes_parts_in_progress_of_either_name_and_kille
     (tmp_path / "rag" / "part-00001.parquet.tmp").write_bytes(b"an earlier ragsift's leftover")
     (tmp_path / "rag" / "_part-00002.parquet.tmp").write_bytes(b"a leftover")
     (tmp_path / "_input").mkdir()
-    (tmp_path / "_input" / ".questions-0123abcd.parquet.tmp").write_bytes(b"a killed conversion")
+    killed = tmp_path / "_input" / ".questions-0123abcd.parquet.tmp"
+    killed.write_bytes(b"a killed conversion")
+    os.utime(killed, (time.time() - 7200, time.time() - 7200))
+    # a second driver's, converting now before it asks for the lease (which names this one): its file stays
+    (tmp_path / "_input" / ".questions-4567cdef.parquet.tmp").write_bytes(b"a conversion under way")
     (tmp_path / "_input" / "questions-0123456789abcdef.parquet").write_bytes(b"the questions")
     again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     assert again.committed == {("rag", 0)}
     assert sorted(p.name for p in (tmp_path / "rag").iterdir()) == ["_part-00000.parquet.sha256", "part-00000.parquet"]
-    assert [p.name for p in (tmp_path / "_input").iterdir()] == ["questions-0123456789abcdef.parquet"]
+    assert sorted(p.name for p in (tmp_path / "_input").iterdir()) == [".questions-4567cdef.parquet.tmp",
+                                                                       "questions-0123456789abcdef.parquet"]
 
 
 def test_an_output_recorded_when_the_failure_settings_were_part_of_the_identity_still_resumes(tmp_path):
