@@ -33,7 +33,7 @@ from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
 from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed, unfinished
-from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
+from jobs.pools import STOP_AFTER_FAILURE_S, build_stages, pool_plan, ray_request, stop_llm_engines
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
@@ -245,7 +245,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
             # after a failure or an interrupt too, if briefly (the user waits for the prompt): left to Ray's
             # exit, an engine core outlived the command holding its memory; a committed run does not fail here
             with suppress(Exception):
-                stop_llm_engines(stages, wait_s=60.0 if sys.exc_info()[0] is None else 15.0)
+                stop_llm_engines(stages, wait_s=60.0 if sys.exc_info()[0] is None else STOP_AFTER_FAILURE_S)
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",

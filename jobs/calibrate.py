@@ -47,6 +47,7 @@ import argparse
 import json
 import math
 import sys
+from contextlib import ExitStack
 
 import yaml
 
@@ -55,7 +56,7 @@ from jobs import metrics as M
 from jobs.chunks import passage_of
 from jobs.evaluate import answer_files, reads_split_index
 from jobs.identity import know_model, ranker_name
-from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
+from jobs.pools import build_stages, llm_engines_stopped, pool_plan, ray_request
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
@@ -369,37 +370,38 @@ def run(args: argparse.Namespace) -> int:
     cols = question_columns(config.questions)
     if "answers" not in cols:
         raise UserError(f"{config.questions}: calibration needs gold `answers`")
-    shared = {}
+    shared, stopped = {}, ExitStack()
     if reads_all(config.raisf):
         pass_config(config, config.raisf.know_threshold, config.raisf.relevance_threshold)  # fails fast
         shared = shared_stages(config)
-    answer_job.answer(config, log=log, force=args.force, **shared)
-    gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
-                                                             if c in cols]]).to_pylist())
-    files = answer_files(join(config.output, PROBE))
-    rows = [r for f in files for r in read_table(f).to_pylist()]
-    # from the probe's own record (its identity), not the index folder, which may have been rebuilt since
-    chosen = choose(rows, gold, args.keep, parts=reads_split_index(files))
-    if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
-        chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
-                                                                 **shared)
-    values = config_values(config, chosen, source_sha256(given.questions), len(rows), questions=given.questions,
-                           converted=sha256_of(config.questions) if config.questions != given.questions else None)
-    fs, root = filesystem(config.output)
-    with fs.open_output_stream(f"{root}/calibration.json") as f:
-        f.write(json.dumps(chosen, indent=2).encode())
-    with fs.open_output_stream(f"{root}/calibrated.yaml") as f:
-        f.write(calibrated_yaml(values).encode())
-    for field, result in chosen.items():
-        extra = {k: {kk: vv for kk, vv in v.items() if kk != "curve"} if isinstance(v, dict) else v
-                 for k, v in result.items() if k not in ("value", "curve")}
-        log(f"{field} = {result['value']}  {extra}")
-    if "raisf.relevance_threshold" not in chosen:  # not written: a run with this file keeps the config's own cut
-        log("raisf.relevance_threshold not calibrated: no calibration question has a gold passage among its "
-            "top k (gold_passage_ids of this index)")
-    log(f"wrote {redact(config.output)}/calibrated.yaml and calibration.json")
-    if shared:  # its own pools, shared by two passes (a single pass's are stopped by answer)
-        stop_llm_engines(shared["stages"])
+        # its own pools, shared by two passes (a single pass's are stopped by answer), however it ends
+        stopped.enter_context(llm_engines_stopped(shared["stages"]))
+    with stopped:
+        answer_job.answer(config, log=log, force=args.force, **shared)
+        gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
+                                                                 if c in cols]]).to_pylist())
+        files = answer_files(join(config.output, PROBE))
+        rows = [r for f in files for r in read_table(f).to_pylist()]
+        # from the probe's own record (its identity), not the index folder, which may have been rebuilt since
+        chosen = choose(rows, gold, args.keep, parts=reads_split_index(files))
+        if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
+            chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
+                                                                     **shared)
+        values = config_values(config, chosen, source_sha256(given.questions), len(rows), questions=given.questions,
+                               converted=sha256_of(config.questions) if config.questions != given.questions else None)
+        fs, root = filesystem(config.output)
+        with fs.open_output_stream(f"{root}/calibration.json") as f:
+            f.write(json.dumps(chosen, indent=2).encode())
+        with fs.open_output_stream(f"{root}/calibrated.yaml") as f:
+            f.write(calibrated_yaml(values).encode())
+        for field, result in chosen.items():
+            extra = {k: {kk: vv for kk, vv in v.items() if kk != "curve"} if isinstance(v, dict) else v
+                     for k, v in result.items() if k not in ("value", "curve")}
+            log(f"{field} = {result['value']}  {extra}")
+        if "raisf.relevance_threshold" not in chosen:  # not written: a run with this file keeps the config's own cut
+            log("raisf.relevance_threshold not calibrated: no calibration question has a gold passage among its "
+                "top k (gold_passage_ids of this index)")
+        log(f"wrote {redact(config.output)}/calibrated.yaml and calibration.json")
     return 0
 
 

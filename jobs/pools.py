@@ -9,6 +9,7 @@ for the run metadata.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,6 +236,22 @@ def stop_llm_engines(stages: dict, wait_s: float = 60.0) -> None:
             ray.get(ref)
         except Exception:  # noqa: BLE001 - a replica that died meanwhile has no engine left to stop
             pass
+
+
+@contextmanager
+def llm_engines_stopped(stages: dict):
+    """Stop the LLM engines of ``stages`` when the block ends, however it ends: after an error, Ctrl-C or
+    SIGTERM too, if briefly (the user waits for the prompt back), and never raising over the error."""
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):
+            stop_llm_engines(stages, wait_s=STOP_AFTER_FAILURE_S)
+        raise
+    stop_llm_engines(stages)
+
+
+STOP_AFTER_FAILURE_S = 15.0
 
 
 def start_replicas(pool: Pool, restarts: dict) -> tuple[list, list]:

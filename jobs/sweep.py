@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.answer import previous_metrics
 from jobs.evaluate import answer_files, evaluate, gold_columns
-from jobs.pools import build_stages, pool_plan, ray_request, stop_llm_engines
+from jobs.pools import build_stages, llm_engines_stopped, pool_plan, ray_request
 from jobs.questions import plan_input
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, join, read_table
@@ -39,9 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    import ray
-
     from jobs.ray_session import init_ray
 
     log = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
@@ -76,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         answer_job.check_output(config, force=args.force, plan=plans[config.limit])
     init_ray(base.ray, *ray_request(base, pools))
     stages = build_stages(base, needs, pools)
+    with llm_engines_stopped(stages):
+        return _sweep(args, base, configs, stages, log)
+
+
+def _sweep(args, base, configs, stages: dict, log) -> int:
+    import ray
+
     started = time.perf_counter()
     # the first value to answer waited for the replicas to start (50 s of its 63 s), so times did not compare
     # waited on, not got: a replica that cannot start (or keeps dying as it starts) is the engine's to report
@@ -110,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             log(f"{args.param}={value}: {metrics['wall_s']} s, {metrics['requests_deduped']} requests answered from the cache")
     write(rows, args.param, base.output)
-    stop_llm_engines(stages)
     return status
 
 

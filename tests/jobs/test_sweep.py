@@ -250,7 +250,7 @@ def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(
     monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
     monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
     monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {})
-    monkeypatch.setattr(sweep_job, "stop_llm_engines", lambda stages: None)
+    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: None)
     monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
     monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
     monkeypatch.setattr(sweep_job, "evaluate", lambda *args, **kwargs: (
@@ -261,3 +261,35 @@ def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(
                  "--output", str(tmp_path / "sweep"), "--strategy", "rag"])
     assert code == 3 and answered == [1, 2]
     assert "ragsift sweep (retrieval.k=1): error: 1 of the output's 1 rows are error rows" in capsys.readouterr().err
+
+
+def test_a_sweep_stopped_midway_stops_its_llm_engines_too(tmp_path, monkeypatch):
+    """They were stopped only after the last value: Ctrl-C (or a failing value) left the engine cores to Ray's
+    exit, which they outlived holding their memory."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.ray_session
+    from jobs import sweep as sweep_job
+    from jobs.cli import main
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), questions)
+    stopped = []
+
+    def answer(config, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))
+    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
+    stages = {"generator": SimpleNamespace(replicas=[])}
+    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: stages)
+    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: stopped.append((stages, wait_s)))
+    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
+    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    code = main(["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", str(questions),
+                 "--output", str(tmp_path / "sweep"), "--strategy", "rag"])
+    assert code == 130 and stopped == [(stages, 15.0)]
