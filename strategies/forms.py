@@ -29,13 +29,18 @@ from strategies.structured import parse_as, schema_of
 
 SHORT, YES_NO, YES_NO_REASONED, VERDICT = "short", "yes_no", "yes_no_reasoned", "verdict"
 YES_NO_FORMS = (YES_NO, YES_NO_REASONED)
-REASON_TOKENS = 200  # room for the reasoning's 600 characters and the JSON around it
+REASONING_CHARS = 600
+# room for the reasoning and the JSON around it in any script: a character of the basic multilingual plane is at
+# most 3 UTF-8 bytes and a byte-level BPE spends at most a token a byte (600 characters: Qwen2.5 ~130 tokens in
+# English, ~440 in Japanese, ~600 in Hindi; SmolLM2 ~1,160 in Japanese). 200 cut a Japanese reasoning off before its
+# answer, an empty answer to a yes/no question; the generation ends with its JSON, so the room is only reserved
+REASON_TOKENS = 3 * REASONING_CHARS + 40
 
 
 class ReasonedYesNo(BaseModel):
     """A yes/no answer after its reasoning, in that order (the order guided decoding writes them in)."""
 
-    reasoning: str = Field(max_length=600)
+    reasoning: str = Field(max_length=REASONING_CHARS)
     answer: Literal["yes", "no"]
 
 

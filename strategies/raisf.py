@@ -44,7 +44,7 @@ from strategies.base import (
     prompt,
     structured,
 )
-from strategies.forms import final_answer, final_request, form_of, traced
+from strategies.forms import choices, final_answer, final_request, form_of, traced
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 UNKNOWN = "unknown"
@@ -162,7 +162,10 @@ class RAISF(Routine):
                 return Done(done.answer, done.resolved_by, [p.id for p in relevant])
         if not c.decomposition:  # the paper's "No QDM": what no passage (or, without M_rel, no knowledge) answers is unknown
             item.trace.append({"step": "no_relevant_passage" if c.passage_relevance else "not_known"})
-            return Done(UNKNOWN, "unknown")
+            if choices(form_of(item, self.forms), self.forms) is None:
+                return Done(UNKNOWN, "unknown")
+            # a yes/no question or a claim has no "unknown" among its answers: the model's own choice, closed-book
+            return (yield from self.answer(item, "answer_closed", "unknown", prompt("raisf/answer").format(question=q)))
         subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
         if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), a closed-book answer: its own label
             return (yield from self.answer(item, "synthesize", EMPTY_DECOMPOSITION, prompt("raisf/answer").format(question=q)))

@@ -77,3 +77,18 @@ def test_a_template_that_changes_a_messages_text_makes_such_a_message_an_error_n
     with pytest.raises(ValueError, match="changes a message's text"):
         chat_token_ids(tokenizer, chat, special_tokens(tokenizer))
     assert chat_token_ids(tokenizer, [{"role": "user", "content": " Who? "}], special_tokens(tokenizer))  # as before
+
+
+@pytest.mark.parametrize("text", ["The capital of France is Paris, its largest city by population. ",
+                                  "富士山は日本で一番高い山であり、その標高は三千七百七十六メートルです。",
+                                  "भारत की राजधानी नई दिल्ली है और यह एक बहुत बड़ा शहर है जिसमें कई लोग रहते हैं।",
+                                  "Москва является столицей России и крупнейшим городом страны."])
+def test_a_reasoned_yes_no_at_its_longest_fits_its_token_budget_in_any_script(tokenizer, text):
+    """The budget was 200 tokens for 600 characters of reasoning: a Japanese reasoning was cut off before its
+    answer, and a yes/no question got an empty answer."""
+    import json
+
+    from strategies.forms import REASON_TOKENS, REASONING_CHARS
+
+    longest = json.dumps({"reasoning": (text * REASONING_CHARS)[:REASONING_CHARS], "answer": "yes"}, ensure_ascii=False)
+    assert len(tokenizer(longest)["input_ids"]) <= REASON_TOKENS

@@ -6,10 +6,10 @@ Used only in tests of strategy control flow: ``respond(request, item)`` plays th
 from strategies.base import Ask, Done, Item, Spawn
 
 
-def drive(strategy, question, respond, depth=0, log=None):
+def drive(strategy, question, respond, depth=0, log=None, kind=None):
     """Run one item to Done; returns (Done, item). ``log`` collects (depth, request) in order."""
     log = [] if log is None else log
-    item = Item(question, depth=depth)
+    item = Item(question, depth=depth, kind=kind)
     step = strategy.start(item)
     while not isinstance(step, Done):
         if isinstance(step, Spawn):

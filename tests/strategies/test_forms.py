@@ -7,7 +7,7 @@ import pytest
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
 from strategies.base import Item, clean_answer
-from strategies.forms import final_answer, final_request, form_of, is_yes_no_question, misnamed
+from strategies.forms import REASON_TOKENS, final_answer, final_request, form_of, is_yes_no_question, misnamed
 from strategies.registry import AnswerConfig, make_strategy
 
 
@@ -97,7 +97,7 @@ def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_fr
     forms = AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"})
     assert form_of(Item("Is it?", kind="yes-no"), forms) == "yes_no_reasoned"
     request = final_request("Question: q\nAnswer:", "yes_no_reasoned", forms)
-    assert isinstance(request, Generate) and request.json_schema and request.max_tokens == 200
+    assert isinstance(request, Generate) and request.json_schema and request.max_tokens == REASON_TOKENS
     assert "reasoning" in request.messages[0][1] and request.messages[1] == ("user", "Question: q\nAnswer:")
     schema = json.loads(request.json_schema)
     assert list(schema["properties"]) == ["reasoning", "answer"]  # the order guided decoding writes them in

@@ -7,6 +7,7 @@ import pytest
 from schemas.records import (
     Generate,
     Generation,
+    Judge,
     Judgment,
     Passage,
     Retrieval,
@@ -157,6 +158,20 @@ def test_no_decomposition_ablation_gives_unknown():
     done, _ = drive(RAISF(RaisfConfig(decomposition=False)), "Q", Script(), log=log)
     assert (done.answer, done.resolved_by) == ("unknown", "unknown")
     assert all(not (isinstance(r, Generate) and r.json_schema) for _, r in log)
+
+
+def test_no_decomposition_ablation_answers_a_yes_no_question_or_a_claim_in_its_choices_not_unknown():
+    """"unknown" is no answer of a closed set: a yes/no question got it, scored wrong and breaking the set."""
+    def respond(request, item):
+        if isinstance(request, Judge) and request.step == "answer_closed":
+            return Judgment(request.choices[-1], {c: 0.5 + 0.1 * (i == len(request.choices) - 1)
+                                                  for i, c in enumerate(request.choices)}, 20, 1)
+        return Script()(request, item)
+
+    for question, kind, answer in (("Is Paris in Spain?", "yes-no", "no"), ("Paris is in Spain.", "claim", "REFUTES")):
+        done, item = drive(RAISF(RaisfConfig(decomposition=False)), question, respond, kind=kind)
+        assert (done.answer, done.resolved_by) == (answer, "unknown")
+        assert [t["step"] for t in item.trace][-2:] == ["no_relevant_passage", "answer_closed"]
 
 
 def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_answering():
