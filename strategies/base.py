@@ -162,21 +162,42 @@ def number_texts(texts: list[str]) -> str:
 
 
 # "Answer:", "Final answer -", "**Answer:**", "The answer is:", "The answer to the question is:"
-_PREFIX = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:final\s+)?answer(?:\s+to\s+(?:the|this)\s+question)?(?:\s+is)?"
-                     r"\s*[*_]*\s*[:\-]\s*[*_]*\s*", re.IGNORECASE)
+_LEAD = r"^\s*[*_#]*\s*(?:the\s+)?(?:final\s+|short\s+)?answer(?:\s+to\s+(?:the|this)\s+question)?"
+# "Answer: X", "**Final answer** - X", "The answer is: X"; a dash only with a space before it ("answer-key" is a word)
+_PREFIX = re.compile(_LEAD + r"(?:\s+is)?\s*[*_]*\s*(?::|\s[-\u2013\u2014])\s*[*_]*\s*", re.IGNORECASE)
+_IS = re.compile(_LEAD + r"\s+is\s+", re.IGNORECASE)  # "The answer is Paris."
+_HEADING = re.compile(_LEAD + r"\s*[*_#]*\s*$", re.IGNORECASE)  # "Answer", "### Final Answer" over the answer's line
+_BULLET = re.compile(r"^[-*\u2022]\s+")  # "- Paris" (not "1. ", which begins names: "1. FC Koeln")
+_CITED = re.compile(r"(?:\s*\[\d+(?:\s*[,\u2013-]\s*\d+)*\])+(?=\W*$)")  # "Paris [1]", "Paris [1, 3]."
+_QUOTES = {'"': '"', "\u201c": "\u201d", "\u2018": "\u2019", "'": "'"}
 
 
 _FENCE = re.compile(r"^\s*```[\w-]*\s*$")
 
 
+def _unquoted(text: str) -> str:
+    """``text`` without one pair of quotes around all of it ("Paris", \u201cParis\u201d); quotes that close
+    inside it are the answer's own ("Hey Jude" and "Let It Be")."""
+    close = _QUOTES.get(text[:1])
+    if close and len(text) > 1 and text.endswith(close) and close not in text[1:-1]:
+        return text[1:-1].strip()
+    return text
+
+
 def clean_answer(text: str) -> str:
-    """First non-empty line of a generation, without an 'Answer:' prefix or wrapping quotes; a code
-    fence's own lines ("```", "```json") are not the answer, the line inside is, and so is a lead-in
-    line ending in ':' ("Sure! Here is the answer:") that has a line after it."""
+    """First non-empty line of a generation, without an 'Answer:' lead-in ("The answer is", "Short answer:"),
+    a list bullet, citation marks ("[1]") or wrapping quotes; a code fence's own lines ("```", "```json") are
+    not the answer, the line inside is, and so is a lead-in line ending in ':' ("Sure! Here is the answer:")
+    or a heading ("**Answer**") that has a line after it."""
     lines = [line for line in text.strip().splitlines() if not _FENCE.match(line)]
     for i, line in enumerate(lines):
-        line = _PREFIX.sub("", line.strip().strip('"')).strip().strip('"').strip()
-        if line and not (line.endswith(":") and any(rest.strip() for rest in lines[i + 1:])):
+        more = any(rest.strip() for rest in lines[i + 1:])
+        if more and _HEADING.match(line):
+            continue
+        line = _unquoted(_BULLET.sub("", line.strip()))
+        line = _IS.sub("", _PREFIX.sub("", line)).strip()
+        line = _unquoted(_CITED.sub("", line).strip())
+        if line and not (line.endswith(":") and more):
             return line
     return ""
 

@@ -1,3 +1,5 @@
+import pytest
+
 from schemas.records import Generate, Generation, Passage, Retrieval, Retrieve
 from strategies.base import Ask, Done, Item, StrategySettings, clean_answer, prompt
 from strategies.raisf import RaisfConfig, relevance_requests
@@ -83,6 +85,22 @@ def test_an_answer_loses_the_lead_ins_small_models_write_before_it():
     assert clean_answer("Sure! Here is the answer:\n\nParis\n") == "Paris"
     assert clean_answer("Bora Bora: 10,605") == "Bora Bora: 10,605"  # a colon inside an answer stays
     assert clean_answer("Note:") == "Note:"  # a last line ending in ':' is all there is
+
+
+@pytest.mark.parametrize("said, answer", [
+    ("Answer\nParis", "Paris"), ("**Answer**\nParis", "Paris"), ("### Final Answer\nParis", "Paris"),  # headings
+    ("The answer is Paris.", "Paris."), ("Short answer: Paris", "Paris"), ("Final answer - Paris", "Paris"),
+    ("Paris [1]", "Paris"), ("Paris [1, 3].", "Paris."), ("Answer:\n- Paris\n- Lyon", "Paris"),
+    ("\u201cParis\u201d", "Paris"), ('The answer is: "Paris"', "Paris"),
+    # the answer's own words stay
+    ("answer-key", "answer-key"), ("Answer-Smith", "Answer-Smith"), ('"Hey Jude" and "Let It Be"', '"Hey Jude" and "Let It Be"'),
+    ("1. FC K\u00f6ln", "1. FC K\u00f6ln"), ("The Answer Man", "The Answer Man"), ("Answer", "Answer"),
+    ("[1] Paris", "[1] Paris"),
+    ("Rock 'n' Roll", "Rock 'n' Roll"), ("Star Wars: Episode IV", "Star Wars: Episode IV")])
+def test_an_answer_is_what_a_reader_takes_from_the_models_line(said, answer):
+    """Each of the first kind scored no EM against "Paris": a heading taken as the answer, a citation mark,
+    curly quotes, "The answer is" without a colon; and "answer-key" lost its "answer-"."""
+    assert clean_answer(said) == answer
 
 
 def test_prompts_are_read_once_per_process():
