@@ -9,7 +9,8 @@ import re
 from schemas.records import utf8
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-_LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*(.+?)\s*$")
+# "1. A?", "1.A?", "2) B?", "- C?"; not "1.5 million ...?" (a decimal) nor "**Sub-questions:**" (bold, not a bullet)
+_LIST_ITEM = re.compile(r"^\s*(?:\d+[.)](?!\d)\s*|[-*•]\s+)(.+?)\s*$")
 _MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 _WORDS = re.compile(r"\w+")
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
@@ -55,6 +56,16 @@ def parse_json_object(text: str) -> dict | None:
             continue
         if isinstance(value, dict):
             return value
+    # an object followed by prose with a brace in it ("replace {name} ..."), or by a second object
+    decoder, start = json.JSONDecoder(), text.find("{")
+    while start >= 0:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            return _surrogate_free(value)
+        start = text.find("{", start + 1)
     return None
 
 

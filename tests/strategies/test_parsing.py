@@ -67,3 +67,16 @@ def test_items_without_a_letter_or_digit_are_no_items_and_repeats_differ_in_more
     assert parse_string_list('{"q": ["...", "Who directed Jaws?", "who directed jaws", "Who is 1?"]}', "q", 4) == (
         ["Who directed Jaws?", "Who is 1?"], True)
     assert parse_string_list("1. ...\n2. Où est-il ?", "q", 4) == (["Où est-il ?"], False)
+
+
+def test_a_bold_heading_is_no_sub_question_a_decimal_keeps_its_digits_and_an_object_before_prose_is_read():
+    """Seen where JSON is not enforced (an endpoint that ignores response_format): "**Sub-questions:**" became a
+    sub-question that was spawned, "1.5 million ..." lost its "1.", and a valid object before prose with a brace
+    in it ("replace {name}") gave no sub-question at all."""
+    listed = "**Sub-questions:**\n1. Who directed Jaws?\n2) When was he born?\n- Where?\n1.Who else?"
+    assert parse_string_list(listed, "sub_questions", 5) == (
+        ["Who directed Jaws?", "When was he born?", "Where?", "Who else?"], False)
+    assert parse_string_list("1.5 million people live where?\n2. Who?", "q", 4) == (["Who?"], False)
+    prose = '{"sub_questions": ["Who directed Jaws?", "When was he born?"]}\nNote: replace {name} with the director.'
+    assert parse_string_list(prose, "sub_questions", 4) == (["Who directed Jaws?", "When was he born?"], True)
+    assert parse_json_object('{"a": 1} and {"b": 2}') == {"a": 1}
