@@ -404,7 +404,7 @@ class AnswerFormConfig(Section):
     passages, synthesised from sub-answers, fallbacks) answers in it. Changes answers.
 
     short = a brief free-text answer; yes_no = guided choice of yes / no; yes_no_reasoned = up to
-    three sentences of reasoning, then yes / no (one JSON generation of at most 200 tokens; no default
+    three sentences of reasoning, then yes / no (one JSON generation of at most 1,840 tokens; no default
     uses it: on our tuning slices it did not beat the choice for the 0.5B or 1.5B model through the
     strategies, results/README.md "Yes/no with reasoning first"); verdict = guided choice among
     ``verdicts``. A root question's form comes from its dataset, else its kind, else yes_no
@@ -427,6 +427,13 @@ class AnswerFormConfig(Section):
     verdicts: list[str] = Field(
         default_factory=lambda: ["SUPPORTS", "REFUTES"],
         description="the choices of a verdict (FEVER's labels); add 'NOT ENOUGH INFO' for three-way claims")
+    verdict_cut: float | None = Field(
+        None, ge=0, le=1,
+        description="with two verdicts, a claim is answered with the first where the model's probability of it "
+                    "(over the two) is at least this, else with the second; None = the likelier. A model's verdict "
+                    "probabilities can rank claims and still favour one label for all of them: Qwen2.5-Coder-0.5B "
+                    "answered REFUTES to 200 of 200 DEV FEVER claims at AUC 0.69 (results/README.md, 'Claims'). "
+                    "Choose it on claims you do not report")
 
     @field_validator("verdicts")
     @classmethod

@@ -97,7 +97,7 @@ class CalibrationProbe(Routine):
             return final_request(user, form, self.forms, step=step)
 
         def answered(response) -> str:
-            return final_answer(response, form)
+            return final_answer(response, form, self.forms)
 
         know, confidence, assessed, raisf_closed, ta_closed, top_k, ta_top, migres_top = yield [
             know_request(q, self.raisf),

@@ -23,4 +23,4 @@ class Direct(Routine):
         form = form_of(item, forms)
         response = yield final_request(prompt("direct/user").format(question=item.question), form, forms)
         item.trace.append(traced("answer", response))
-        return Done(final_answer(response, form), "closed_book")
+        return Done(final_answer(response, form, forms), "closed_book")

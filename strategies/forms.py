@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from engine.steps import Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment
-from strategies.base import answer_messages, clean_answer, prompt
+from strategies.base import answer_messages, clean_answer, passes, prompt
 from strategies.structured import parse_as, schema_of
 
 SHORT, YES_NO, YES_NO_REASONED, VERDICT = "short", "yes_no", "yes_no_reasoned", "verdict"
@@ -129,9 +129,14 @@ def final_request(user: str, form: str, config: AnswerFormConfig, step: str = "a
     return Judge((("system", system), ("user", user)), options, stage="generator", step=step)
 
 
-def final_answer(response: Generation | Judgment, form: str) -> str:
-    """The answer ``response`` gives to a final step asked in ``form`` (see the module docstring for choices)."""
+def final_answer(response: Generation | Judgment, form: str, config: AnswerFormConfig | None = None) -> str:
+    """The answer ``response`` gives to a final step asked in ``form`` (see the module docstring for choices);
+    a verdict between two labels by ``config.verdict_cut`` where one is set."""
     if isinstance(response, Judgment):
+        cut = config.verdict_cut if config is not None and form == VERDICT and len(config.verdicts) == 2 else None
+        if cut is not None and response.probs:
+            first, second = config.verdicts
+            return first if passes(response.probs.get(first, 0.0), cut) else second
         return chosen(response)
     if form == YES_NO_REASONED:
         reasoned = parse_as(ReasonedYesNo, response.text)

@@ -62,4 +62,4 @@ class LeastToMost(Routine):
         response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
         item.trace.append(traced(name, response))
-        return final_answer(response, form)
+        return final_answer(response, form, self.forms)

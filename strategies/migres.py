@@ -323,7 +323,7 @@ class MIGRES(Routine):
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step="final")
         iterations[-1]["final"] = response_text(response)
-        return self.done(item, final_answer(response, form), ending, iterations, info)
+        return self.done(item, final_answer(response, form, self.forms), ending, iterations, info)
 
     def max_iterations(self, item: Item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations

@@ -29,4 +29,4 @@ class RetrieveThenRead(Routine):
         item.trace.append(traced("read", response))
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations; with none
         # retrieved (BM25 finds no word of the question) the answer is the model's own, not a grounded one
-        return Done(final_answer(response, form), "passages" if item.passages else "closed_book")
+        return Done(final_answer(response, form, forms), "passages" if item.passages else "closed_book")

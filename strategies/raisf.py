@@ -200,7 +200,7 @@ class RAISF(Routine):
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step=step)
         item.trace.append(traced(step, response))
-        return Done(final_answer(response, form), resolved_by)
+        return Done(final_answer(response, form, self.forms), resolved_by)
 
 
 def judge_stages(config: RaisfConfig, every_module: bool = False) -> set[str]:

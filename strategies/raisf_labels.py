@@ -56,7 +56,7 @@ class RaisfLabels(Routine):
         decomposed = next(rest) if "decomposition" in self.collect else None
         if closed.error:
             return Done("", "error", error=closed.error)
-        answer = final_answer(closed, form)
+        answer = final_answer(closed, form, self.forms)
         item.trace.append(traced("closed_book", closed))
         if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)

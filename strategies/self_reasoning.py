@@ -157,7 +157,7 @@ class SelfReasoning(Routine):
                                                            question=item.question), form, self.forms, step="read")
             item.trace.append(traced("fallback_read", read))
             # a plain read cites nothing: its passages are the retrieval, not citations
-            return Done(final_answer(read, form), "fallback")
+            return Done(final_answer(read, form, self.forms), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
         item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
         answer = verdict(t.answer, self.forms.verdicts) if form == VERDICT else clean_answer(t.answer)
@@ -165,7 +165,7 @@ class SelfReasoning(Routine):
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
             item.trace.append(traced("read_analysis", read))
-            answer = final_answer(read, form)
+            answer = final_answer(read, form, self.forms)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have

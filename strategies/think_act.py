@@ -199,7 +199,7 @@ class ThinkThenAct(Routine):
         form = form_of(item, self.forms)
         response = yield final_request(user_prompt, form, self.forms, step=step)
         item.trace.append(traced(step, response))
-        return Done(final_answer(response, form), resolved_by)
+        return Done(final_answer(response, form, self.forms), resolved_by)
 
 
 def references(query: str, position: int) -> list[int]:

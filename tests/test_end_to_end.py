@@ -155,6 +155,21 @@ def test_a_finished_answer_leaves_no_vllm_process_behind_on_the_real_model(ten_q
     assert vllm_processes() - before == set()
 
 
+def test_a_verdict_cut_decides_a_claims_label_on_the_real_model(tmp_path):
+    """SmolLM2 gives SUPPORTS the larger probability for claims; a cut of 1 on it (which nothing passes)
+    answers every claim with the second label, whatever the likelier one."""
+    claims = ["Paris is the capital of France.", "The Moon is made of cheese.",
+              "Water boils at 100 degrees Celsius at sea level.", "Mount Everest is in Brazil."]
+    pq.write_table(pa.table({"id": [f"c{i}" for i in range(4)], "question": claims, "kind": ["claim"] * 4}),
+                   tmp_path / "claims.parquet")
+    ragsift("answer", "--questions", tmp_path / "claims.parquet", "--output", tmp_path / "out", "--strategy", "direct",
+            "--generator", "smollm2-135m-instruct", "--no-cache", "--set", "answer_form.verdict_cut=1.0")
+    rows = pq.read_table(tmp_path / "out" / "direct").to_pylist()
+    probs = [next(t["probs"] for t in json.loads(r["trace"]) if "probs" in t) for r in rows]
+    assert [r["answer"] for r in rows] == ["REFUTES"] * 4
+    assert any(p["SUPPORTS"] > p["REFUTES"] for p in probs)  # the likelier label was not what decided
+
+
 def test_an_interrupted_answer_leaves_no_vllm_process_behind_on_the_real_model(ten_questions):
     """Ctrl-C (or a scheduler's SIGTERM) mid-run: the engines were stopped only after a finished run, so an
     interrupted one left its engine core to outlive the command, as a retry of the same command loaded a model."""

@@ -141,3 +141,18 @@ def test_setting_one_kinds_form_keeps_the_other_kinds_defaults():
     forms = AnswerFormConfig(by_kind={"yes-no": "yes_no_reasoned"})
     assert forms.by_kind == {"yes-no": "yes_no_reasoned", "claim": "verdict"}
     assert AnswerFormConfig(by_kind={"claim": "short"}).by_kind["claim"] == "short"
+
+
+def test_a_verdict_cut_answers_the_first_label_at_or_above_it_and_otherwise_the_likelier_label_stands():
+    """The 0.5B model gave REFUTES the larger probability for every FEVER claim, yet its P(SUPPORTS) ranks
+    them (AUC 0.69): a cut on it answers both labels."""
+    judged = Judgment("REFUTES", {"SUPPORTS": 0.2, "REFUTES": 0.8})
+    assert final_answer(judged, "verdict", AnswerFormConfig()) == "REFUTES"  # no cut: the likelier
+    assert final_answer(judged, "verdict") == "REFUTES"
+    assert final_answer(judged, "verdict", AnswerFormConfig(verdict_cut=0.15)) == "SUPPORTS"
+    assert final_answer(judged, "verdict", AnswerFormConfig(verdict_cut=0.25)) == "REFUTES"
+    assert final_answer(Judgment("SUPPORTS", {"SUPPORTS": 1.0, "REFUTES": 0.0}), "verdict",
+                        AnswerFormConfig(verdict_cut=1.0)) == "REFUTES"  # a cut of 1 passes nothing
+    three = AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"], verdict_cut=0.1)
+    assert final_answer(judged, "verdict", three) == "REFUTES"  # three labels: the likelier
+    assert final_answer(Judgment("yes", {"yes": 0.2, "no": 0.8}), "yes_no", AnswerFormConfig(verdict_cut=0.1)) == "no"
