@@ -190,18 +190,19 @@ class Session:
 
     def close(self, wait_s: float = 60.0) -> None:
         """Stop the pools (and Ray, if this Session started it); return once they are gone, so that
-        what they held (GPUs, memory) is free for the next Session or job on this Ray."""
+        what they held (GPUs, memory) is free for the next Session or job on this Ray, or after ``wait_s``."""
         import ray
 
         from jobs.pools import stop_llm_engines
 
+        deadline = time.monotonic() + wait_s  # for the engines and the actors together (it waited for each in turn)
         if self._on_its_ray():  # on another Ray, or none, its pools are gone with theirs: nothing to stop
             stop_llm_engines(self.stages, wait_s)
             actors = self.actors()
             for actor in actors:
                 ray.kill(actor)
             if not self.started_ray:
-                wait_until_dead(actors, wait_s)
+                wait_until_dead(actors, max(0.0, deadline - time.monotonic()))
                 for stage in self.stages.values():  # the devices a multi-device replica's group reserved
                     for group in getattr(stage, "placement_groups", []):
                         ray.util.remove_placement_group(group)

@@ -393,3 +393,30 @@ def test_a_session_whose_first_pools_failed_on_its_own_ray_leaves_the_users_ray_
     monkeypatch.setattr(jobs.api, "wait_until_dead", lambda actors, wait_s: None)
     session.close()
     assert stopped == ["a replica on the user's Ray"]  # its pools, not the Ray
+
+
+def test_a_sessions_close_waits_wait_s_in_all_not_for_the_engines_and_again_for_the_actors(monkeypatch):
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.api
+    import jobs.pools
+    from jobs.api import Session
+
+    clock = [100.0]
+    monkeypatch.setattr(jobs.api.time, "monotonic", lambda: clock[0])
+    waited = []
+
+    def stop(stages, wait_s):  # the engines took 25 s to stop
+        waited.append(("engines", wait_s))
+        clock[0] += 25.0
+
+    monkeypatch.setattr(jobs.pools, "stop_llm_engines", stop)
+    monkeypatch.setattr(jobs.api, "wait_until_dead", lambda actors, wait_s: waited.append(("actors", wait_s)))
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    session = Session(generator="smollm2-135m-instruct")
+    session.stages = {"generator": SimpleNamespace(replicas=["r"])}
+    monkeypatch.setattr(session, "_on_its_ray", lambda: True)
+    session.close(wait_s=30.0)
+    assert waited == [("engines", 30.0), ("actors", 5.0)]
