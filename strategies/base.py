@@ -107,17 +107,22 @@ class Routine:
 def structured(item: Item, request: Generate, parse: Callable[[str], tuple[T, bool]], step: str):
     """``value, ok, response = yield from structured(...)``: a structured output under guided decoding.
 
-    ``parse(text) -> (value, ok)``. An output that does not parse was cut off by the token budget
-    (guided decoding allows nothing else): it is counted, kept in the trace and asked once more with
-    twice the tokens; the second try's value is returned whether it parsed or not (``ok`` tells,
-    and that failure is counted too). The strategy's fallback decides what an unparsed value means.
+    ``parse(text) -> (value, ok)``. An output that does not parse is counted and kept in the trace. One
+    cut off by the token budget (or not known not to be) is asked once more with twice the tokens, and the
+    second try's value is returned whether it parsed or not (``ok`` tells, and that failure is counted too);
+    one the model finished is not (its JSON whole but its value rejected, as an empty answer: greedy
+    decoding wrote the same again, a long generation for nothing). The strategy's fallback decides what an
+    unparsed value means.
     """
     response = yield request
     value, ok = parse(response.text)
     if ok:
         return value, ok, response
     item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
-    item.trace.append({"step": step, "parsed": False, "output": response.text, "retry": True})
+    finished = response.finish_reason == "stop"
+    item.trace.append({"step": step, "parsed": False, "output": response.text, "retry": not finished})
+    if finished:
+        return value, ok, response
     response = yield replace(request, max_tokens=2 * request.max_tokens)
     value, ok = parse(response.text)
     if not ok:

@@ -182,6 +182,25 @@ def test_an_unparseable_trajectory_is_retried_once_then_falls_back_to_a_plain_re
     assert done.resolved_by == "passages" and item.counts["parse_failures"] == 1
 
 
+def test_a_whole_trajectory_whose_answer_is_empty_is_not_asked_again_but_one_cut_off_is():
+    """The model filled its analysis to the schema's bound and wrote "answer": "", a JSON it had finished:
+    asked again with twice the tokens, greedy decoding wrote the same, a long generation for nothing."""
+    def respond(finish):
+        def answer(request, item):
+            if isinstance(request, Retrieve):
+                return Retrieval(PASSAGES[: request.k])
+            if request.json_schema:
+                return Generation(json.dumps(trajectory(answer="")), 300, 120, finish_reason=finish)
+            return Generation("Paris", 300, 2)
+        return answer
+
+    for finish, tries in (("stop", 1), ("length", 2), (None, 2)):  # None: not known (a response cached before)
+        log = []
+        done, item = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q", respond(finish), log=log)
+        assert len([r for _, r in log if isinstance(r, Generate) and r.json_schema]) == tries
+        assert (done.answer, done.resolved_by) == ("Paris", "fallback") and item.counts["parse_failures"] == tries
+
+
 def test_a_claim_whose_trajectory_fails_falls_back_to_a_verdict_not_free_text():
     s = SelfReasoning(SelfReasoningConfig())
     item = Item("The Eiffel Tower is in Rome.", kind="claim")
