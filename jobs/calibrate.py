@@ -34,6 +34,10 @@ between; every candidate value is then scored offline against the gold answers (
                                 sub-questions' nodes read and cut as at t0: an approximation
     migres.relevance_threshold  the largest delta at which ``--keep`` (0.8) of the questions keep a
                                 passage of their top N (MIGRES Section 4 / Table 11)
+    answer_form.verdict_cut     (claims with two verdicts in the slice) answer the first verdict when its
+                                probability in rag's read of the top k is >= t, else the second: likewise
+                                (ties -> the higher t). The likelier label can be the same for every
+                                claim while the probability still ranks them (results/README.md, "Claims")
 
 Writes ``<output>/calibrated.yaml`` (a config file for ``--config``: the values, every setting that
 decides answers they were measured under, and a ``calibration`` section naming the slice, the sha256
@@ -73,7 +77,7 @@ DECOMPOSITION_PASS = "decomposition_pass"
 # every field calibrate may choose: the file holds its choice, never the base config's value
 CHOSEN = {"raisf.know_threshold", "raisf.relevance_threshold", "think_act.context", "think_act.top_sentences",
           "think_act.answer_prompt", "think_act.beta_threshold", "think_act.ambiguity_threshold",
-          "migres.relevance_threshold"}
+          "migres.relevance_threshold", "answer_form.verdict_cut"}
 # the run's own, not what its answers were measured under: which questions (and how their file is read),
 # where it writes, and the calibration record, which the file writes anew
 RUN_OWN = {"questions", "output", "strategies", "limit", "input.columns", "input.split", "commit", "calibration"}
@@ -150,9 +154,11 @@ def first_step(row: dict, step: str) -> dict | None:
     return next((t for t in json.loads(row["trace"] or "[]") if t.get("step") == step), None)
 
 
-def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = False) -> dict:
+def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = False,
+           verdicts: tuple[str, str] = ("SUPPORTS", "REFUTES")) -> dict:
     """Every threshold from the probe rows joined with their gold; a dict per config field. ``parts``: the
-    probe read an index of split passages (index.chunk_words), a part of a gold passage counting as gold."""
+    probe read an index of split passages (index.chunk_words), a part of a gold passage counting as gold;
+    ``verdicts``: the two labels of a claim (answer_form.verdicts), where the probe recorded claims."""
     probes = []
     for row in rows:
         g = gold.get(row["id"])
@@ -212,6 +218,12 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = F
     best = [p["migres_scores"][0] for p, _ in probes if p["migres_scores"] and math.isfinite(p["migres_scores"][0])]
     if best:
         out["migres.relevance_threshold"] = {"value": keep_threshold(best, keep), "n": len(best), "keep": keep}
+    claims = [(p["verdict_p_first"], g) for p, g in probes if p.get("verdict_p_first") is not None]
+    if claims:
+        first, second = verdicts
+        cut, curve = switch_threshold([s for s, _ in claims], [quality(first, g["answers"]) for _, g in claims],
+                                      [quality(second, g["answers"]) for _, g in claims])
+        out["answer_form.verdict_cut"] = {"value": cut, "n": len(claims), "curve": curve}
     return out
 
 
@@ -383,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         files = answer_files(join(config.output, PROBE))
         rows = [r for f in files for r in read_table(f).to_pylist()]
         # from the probe's own record (its identity), not the index folder, which may have been rebuilt since
-        chosen = choose(rows, gold, args.keep, parts=reads_split_index(files))
+        chosen = choose(rows, gold, args.keep, parts=reads_split_index(files), verdicts=tuple(config.answer_form.verdicts[:2]))
         if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
             chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                      **shared)

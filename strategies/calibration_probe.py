@@ -20,6 +20,8 @@ answers and for the score the threshold cuts, so every candidate value can be sc
                                   rewrite of an INCOMPLETE query is not probed)
     migres.relevance_threshold    the ranker's scores of the top-N passages MIGRES retrieves (delta
                                   is set so that a share of questions keeps a passage, its Section 4)
+    answer_form.verdict_cut       for a claim between two verdicts, P(first verdict) of rag's read of the
+                                  top-k passages (``verdict_p_first``)
 
 Every answer is in the question's form, as the strategies answer. The final answer is RA-ISF's
 closed-book one; the probes are in the trace.
@@ -29,10 +31,10 @@ from __future__ import annotations
 
 from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig
-from schemas.records import Judge, Rank, Retrieve
+from schemas.records import Judge, Judgment, Rank, Retrieve
 from strategies.base import Routine, Solve, format_passages, prompt
 from strategies.filtering import passage_requests
-from strategies.forms import final_answer, final_request, form_of
+from strategies.forms import VERDICT, final_answer, final_request, form_of
 from strategies.migres import MigresConfig
 from strategies.raisf import (
     RaisfConfig,
@@ -138,6 +140,8 @@ class CalibrationProbe(Routine):
         probe.update(relevance_p_yes=relevance_scores(judged, len(item.passages), self.raisf), read=answered(read),
                      raisf_read=answered(raisf_read),
                      migres_scores=sorted(migres_rank.scores, reverse=True) if migres_rank else [])
+        if form == VERDICT and len(self.forms.verdicts) == 2 and isinstance(read, Judgment) and read.probs:
+            probe["verdict_p_first"] = read.probs.get(self.forms.verdicts[0], 0.0)
         reads = []
         for style, c, n in reads_of:
             chosen = [pools[c][i] for i in ranked[c].indices[:n]] if c in ranked else []

@@ -470,6 +470,27 @@ def test_demo_command_runs_on_the_embedded_data(tmp_path):
     assert {(r["strategy"], r["n"]) for r in table if r["dataset"] == "ALL"} == {("direct", 4), ("rag", 4)}
 
 
+def test_calibrate_on_claims_chooses_a_verdict_cut_on_the_real_model(ten_questions, tmp_path):
+    """A slice with claims: calibrate writes answer_form.verdict_cut, chosen on P(first verdict) of rag's read."""
+    import yaml
+
+    tmp, _ = ten_questions
+    index_once(tmp)
+    claims = ["Paris is the capital of France.", "The Moon is made of cheese.", "Water boils at 100 degrees Celsius.",
+              "Mount Everest is in Brazil.", "The Eiffel Tower is in Paris.", "Cats are reptiles."]
+    gold = ["SUPPORTS", "REFUTES", "SUPPORTS", "REFUTES", "SUPPORTS", "REFUTES"]
+    pq.write_table(pa.table({"id": [f"c{i}" for i in range(6)], "question": claims, "kind": ["claim"] * 6,
+                             "answers": [[g] for g in gold]}), tmp_path / "claims.parquet")
+    ragsift("calibrate", "--set", IN_BATCH, "--questions", tmp_path / "claims.parquet", "--index-dir", tmp / "idx",
+            "--output", tmp_path / "cal", "--generator", "smollm2-135m-instruct", "--no-cache")
+    chosen = json.loads((tmp_path / "cal" / "calibration.json").read_text())["answer_form.verdict_cut"]
+    assert chosen["n"] == 6 and 0.0 <= chosen["value"] <= 1.0
+    written = yaml.safe_load((tmp_path / "cal" / "calibrated.yaml").read_text())
+    assert written["answer_form"]["verdict_cut"] == chosen["value"]
+    probes = [json.loads(r["trace"])[0] for r in pq.read_table(tmp_path / "cal" / "calibration_probe").to_pylist()]
+    assert all(0.0 <= p["verdict_p_first"] <= 1.0 for p in probes)
+
+
 def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questions):
     """`ragsift calibrate` on the real model: one probe pass (sub-queries answered as Think-then-Act
     answers them) gives think_act's context, beta' and ambiguity cut; an answer run with the written

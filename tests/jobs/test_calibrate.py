@@ -232,6 +232,40 @@ def test_choose_reads_probe_rows_against_gold():
     assert config.calibration.chosen["raisf.know_threshold"] == 0.95
 
 
+def test_the_probe_records_p_first_verdict_of_rags_read_for_a_claim_and_nothing_for_a_question():
+    def respond_claim(request, item):
+        if isinstance(request, Judge) and request.stage == "generator":  # a verdict, in the claim's form
+            p = 0.3 if request.step == "read" else 0.6
+            return Judgment("REFUTES", {"SUPPORTS": p, "REFUTES": 1 - p})
+        return respond(request, item)
+
+    probe = CalibrationProbe(RaisfConfig(k=3), ThinkActConfig(), MigresConfig(passages_per_query=3))
+    p = drive(probe, "Paris is in France.", respond_claim, kind="claim")[1].trace[0]
+    assert p["verdict_p_first"] == 0.3 and p["read"] == "REFUTES"
+    assert "verdict_p_first" not in drive(probe, "Who?", respond)[1].trace[0]
+
+
+def test_a_slice_with_claims_chooses_the_verdict_cut_from_p_first_verdict_of_rags_read():
+    """The 0.5B model's likelier verdict was REFUTES for every claim while its P(SUPPORTS) ranked them."""
+    def row(qid, p_supports, said):
+        probe = {"step": "probe", "know_p_yes": 0.1, "ta_beta": 0.1, "raisf_closed": said, "ta_closed": said, "read": said,
+                 "ta_retrieval": {"context:sentences:3": said}, "top_k": [], "relevance_p_yes": [], "migres_scores": [],
+                 "ta_p_ambiguous": 0.1, "ta_sub_queries": None}
+        if p_supports is not None:
+            probe["verdict_p_first"] = p_supports
+        return {"id": qid, "error": None, "trace": json.dumps([probe])}
+
+    scored = [(0.05, "REFUTES"), (0.09, "REFUTES"), (0.12, "SUPPORTS"), (0.2, "SUPPORTS"), (0.1, "REFUTES")]
+    rows = [row(str(i), p, "REFUTES") for i, (p, _) in enumerate(scored)] + [row("q", None, "Paris")]
+    gold = {**{str(i): {"answers": [g]} for i, (_, g) in enumerate(scored)}, "q": {"answers": ["Paris"]}}
+    chosen = choose(rows, gold, keep=0.8)
+    assert chosen["answer_form.verdict_cut"]["value"] == 0.11 and chosen["answer_form.verdict_cut"]["n"] == 5
+    own = choose([row("0", 0.3, "WRONG"), row("1", 0.1, "RIGHT")], {"0": {"answers": ["WRONG"]}, "1": {"answers": ["RIGHT"]}},
+                 keep=0.8, verdicts=("WRONG", "RIGHT"))  # the configured labels
+    assert own["answer_form.verdict_cut"]["value"] == 0.2
+    assert "answer_form.verdict_cut" not in choose(rows[-1:], gold, keep=0.8)  # no claim in the slice: nothing chosen
+
+
 def test_the_calibrated_config_names_the_models_its_thresholds_were_measured_with(tmp_path):
     """A P('yes') threshold belongs to the model that judged: without the judge in the file, the 1.5B
     judge's 0.71 would be applied to the 0.5B generator's scores."""
