@@ -33,13 +33,18 @@ def slices(out: Path, questions: str) -> None:
         pq.write_table(claims.slice(start, n), out / f"{name}.parquet")
 
 
-def rows_of(run: str, questions: str, strategy: str) -> list[tuple[float, str, str]]:
-    """(P(first verdict), the answer, the gold) per claim of ``run``."""
+def rows_of(run: str, questions: str, strategy: str, labels: list[str]) -> list[tuple[float, str, str]]:
+    """(P(first verdict), the answer, the gold) per claim of ``run``: the last step whose probabilities are
+    the verdicts' (an earlier judgment, Think-then-Act's assessment, has its own); rows without one (questions,
+    or a verdict written as text) are left out."""
     gold = {r["id"]: r["answers"][0] for r in pq.read_table(questions, columns=["id", "answers"]).to_pylist()}
     out = []
     for row in pq.read_table(Path(run) / strategy).to_pylist():
-        probs = next(t["probs"] for t in json.loads(row["trace"]) if "probs" in t)
-        out.append((next(iter(probs.values())), row["answer"], gold[row["id"]]))
+        verdicts = [t["probs"] for t in json.loads(row["trace"] or "[]") if set(t.get("probs") or ()) == set(labels)]
+        if verdicts and row["id"] in gold:
+            out.append((verdicts[-1][labels[0]], row["answer"], gold[row["id"]]))
+    if not out:
+        raise SystemExit(f"{run}/{strategy}: no row has a verdict among {labels} with its probabilities")
     return out
 
 
@@ -55,6 +60,7 @@ def scores(rows: list[tuple[float, str, str]], answers: list[str], labels: list[
 
 
 def choose(rows: list[tuple[float, str, str]], labels: list[str]) -> float:
+    """The accuracy-best cut, midway between two neighbouring probabilities (never on one), ties the lower."""
     ps = sorted({p for p, _, _ in rows})
     cuts = [0.0] + [(a + b) / 2 for a, b in zip(ps, ps[1:])] + [1.0]
     acc = lambda cut: sum((p >= cut) == (g == labels[0]) for p, _, g in rows)  # noqa: E731
@@ -77,9 +83,9 @@ def main() -> None:
     if args.command == "slices":
         return slices(args.out, args.questions)
     labels = args.labels.split(",")
-    tune, check = rows_of(*args.choose, args.strategy), rows_of(*args.check, args.strategy)
+    tune, check = rows_of(*args.choose, args.strategy, labels), rows_of(*args.check, args.strategy, labels)
     chosen = choose(tune, labels)
-    result = {"cut": round(chosen, 4), "labels": labels, "strategy": args.strategy,
+    result = {"cut": chosen, "labels": labels, "strategy": args.strategy,
               "tune": {"run": args.choose[0], "likelier": scores(tune, [a for _, a, _ in tune], labels),
                        "at_cut": scores(tune, [labels[0] if p >= chosen else labels[1] for p, _, _ in tune], labels)},
               "check": {"run": args.check[0], "its_answers": scores(check, [a for _, a, _ in check], labels),

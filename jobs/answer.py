@@ -71,6 +71,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
             f"({config.calibration.questions}): its scores here are fitted, not measured")
     if said := calibrated_for_others(config):
         log(f"warning: {said}")
+    if said := cut_not_taken(config):
+        log(f"warning: {said}")
     strategies = {n: make_strategy(n, config) for n in config.strategies}
     needs = set().union(*(s.stages for s in strategies.values()))
     learned = know_labels_generator(config.know.model) if "know" in needs else None
@@ -136,6 +138,16 @@ def calibrated_for_others(config: AnswerConfig) -> str | None:
     return ("this config's thresholds were calibrated with " + ", ".join(f"{k} {record[k]}" for k in models)
             + " (its calibration record), this run has " + ", ".join(map(str, models.values()))
             + ": they are cuts on those models' scores; `ragsift calibrate` for these")
+
+
+def cut_not_taken(config: AnswerConfig) -> str | None:
+    """Which strategies of the run answer claims in text that ``answer_form.verdict_cut`` does not decide."""
+    if config.answer_form.verdict_cut is None:
+        return None
+    text = [s for s in config.strategies if s == "self_reasoning" or (s == "migres" and config.migres.answer_step == "main")]
+    return (f"answer_form.verdict_cut decides a claim's verdict where it is a choice; {' and '.join(text)} "
+            f"{'answers claims from its' if len(text) == 1 else 'answer claims from their'} own text "
+            "(Self-Reasoning's trajectory, MIGRES's main module), where it does not") if text else None
 
 
 def calibrated_on(config: AnswerConfig, sha256: str | None) -> bool:

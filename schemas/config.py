@@ -430,10 +430,19 @@ class AnswerFormConfig(Section):
     verdict_cut: float | None = Field(
         None, ge=0, le=1,
         description="with two verdicts, a claim is answered with the first where the model's probability of it "
-                    "(over the two) is at least this, else with the second; None = the likelier. A model's verdict "
-                    "probabilities can rank claims and still favour one label for all of them: Qwen2.5-Coder-0.5B "
-                    "answered REFUTES to 200 of 200 DEV FEVER claims at AUC 0.69 (results/README.md, 'Claims'). "
-                    "Choose it on claims you do not report")
+                    "(over the two) is at least this, else with the second (1: always the second, as every ragsift "
+                    "cut); None = the likelier. Where a claim's verdict is a guided choice: not Self-Reasoning's "
+                    "trajectory answer nor MIGRES's main-module answer (answer_step: main), which are text. A "
+                    "model's verdict probabilities can rank claims and still favour one label for all of them: "
+                    "Qwen2.5-Coder-0.5B answered REFUTES to 200 of 200 DEV FEVER claims at AUC 0.69 "
+                    "(results/README.md, 'Claims'). `ragsift calibrate` chooses it on a slice with claims")
+
+    @model_validator(mode="after")
+    def _cut_between_two(self):
+        # with three labels the cut would silently do nothing, and still keep a run from resuming
+        if self.verdict_cut is not None and len(self.verdicts) != 2:
+            raise ValueError(f"verdict_cut decides between two verdicts; these are {len(self.verdicts)}: {self.verdicts}")
+        return self
 
     @field_validator("verdicts")
     @classmethod

@@ -22,5 +22,5 @@ class Direct(Routine):
         forms = self.settings.forms
         form = form_of(item, forms)
         response = yield final_request(prompt("direct/user").format(question=item.question), form, forms)
-        item.trace.append(traced("answer", response))
+        item.trace.append(traced("answer", response, form, forms))
         return Done(final_answer(response, form, forms), "closed_book")

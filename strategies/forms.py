@@ -154,15 +154,17 @@ def chosen(judgment: Judgment) -> str:
     return max(judgment.probs, key=judgment.probs.get) if judgment.probs else judgment.label
 
 
-def response_text(response: Generation | Judgment) -> str:
-    """What a final step answered, for traces: what the model wrote, or the choice a judgment answers."""
-    return chosen(response) if isinstance(response, Judgment) else response.text
+def response_text(response: Generation | Judgment, form: str | None = None, config: AnswerFormConfig | None = None) -> str:
+    """What a final step answered, for traces: what the model wrote, or the choice taken from a judgment
+    (by ``config``'s verdict cut where one applies)."""
+    return final_answer(response, form, config) if isinstance(response, Judgment) else response.text
 
 
-def traced(step: str, response: Generation | Judgment) -> dict:
+def traced(step: str, response: Generation | Judgment, form: str | None = None,
+           config: AnswerFormConfig | None = None) -> dict:
     """A final step's trace entry: its output and, for a choice, the probabilities it was taken by (its
     guided label can name the other choice: a row whose trace said REFUTES answered SUPPORTS)."""
-    entry = {"step": step, "output": response_text(response)}
+    entry = {"step": step, "output": response_text(response, form, config)}
     if isinstance(response, Judgment) and response.probs:
-        entry["probs"] = {choice: round(p, 4) for choice, p in response.probs.items()}
+        entry["probs"] = {choice: round(p, 6) for choice, p in response.probs.items()}
     return entry

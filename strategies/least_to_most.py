@@ -61,5 +61,5 @@ class LeastToMost(Routine):
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
         response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
-        item.trace.append(traced(name, response))
+        item.trace.append(traced(name, response, form, self.forms))
         return final_answer(response, form, self.forms)

@@ -62,7 +62,7 @@ from strategies.forms import (
     final_answer,
     final_request,
     form_of,
-    response_text,
+    traced,
 )
 from strategies.parsing import parse_json_object, parse_string_list, string_list_schema
 from strategies.structured import schema_of
@@ -322,7 +322,8 @@ class MIGRES(Routine):
         user = prompt("migres/final").format(information=information(info), question=item.question)
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step="final")
-        iterations[-1]["final"] = response_text(response)
+        said = traced("final", response, form, self.forms)  # the choice taken, and the probabilities it was taken by
+        iterations[-1].update(final=said["output"], **({"final_probs": said["probs"]} if "probs" in said else {}))
         return self.done(item, final_answer(response, form, self.forms), ending, iterations, info)
 
     def max_iterations(self, item: Item) -> int:

@@ -26,7 +26,7 @@ class RetrieveThenRead(Routine):
         user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
         form = form_of(item, forms)
         response = yield final_request(user, form, forms, step="read")
-        item.trace.append(traced("read", response))
+        item.trace.append(traced("read", response, form, forms))
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations; with none
         # retrieved (BM25 finds no word of the question) the answer is the model's own, not a grounded one
         return Done(final_answer(response, form, forms), "passages" if item.passages else "closed_book")

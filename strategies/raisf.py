@@ -199,7 +199,7 @@ class RAISF(Routine):
         """M(...): the answer step, in the form the question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step=step)
-        item.trace.append(traced(step, response))
+        item.trace.append(traced(step, response, form, self.forms))
         return Done(final_answer(response, form, self.forms), resolved_by)
 
 

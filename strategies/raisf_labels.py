@@ -57,7 +57,7 @@ class RaisfLabels(Routine):
         if closed.error:
             return Done("", "error", error=closed.error)
         answer = final_answer(closed, form, self.forms)
-        item.trace.append(traced("closed_book", closed))
+        item.trace.append(traced("closed_book", closed, form, self.forms))
         if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
             if not ok:

@@ -198,7 +198,7 @@ class ThinkThenAct(Routine):
         """The answer step, in the form the (user's) question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user_prompt, form, self.forms, step=step)
-        item.trace.append(traced(step, response))
+        item.trace.append(traced(step, response, form, self.forms))
         return Done(final_answer(response, form, self.forms), resolved_by)
 
 

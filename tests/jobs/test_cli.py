@@ -551,3 +551,15 @@ def test_an_unknown_flag_is_refused_with_the_jobs_own_usage(capsys):
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "usage: ragsift answer" in err
     assert err.rstrip().endswith("ragsift answer: error: unrecognized arguments: --bogus 1")
+
+
+def test_a_verdict_cut_with_strategies_that_answer_claims_in_text_is_said_to_pass_them_by():
+    from jobs.answer import cut_not_taken
+    from strategies.registry import AnswerConfig
+
+    assert cut_not_taken(AnswerConfig(strategies=["rag", "self_reasoning"])) is None  # no cut
+    said = cut_not_taken(AnswerConfig(strategies=["rag", "self_reasoning", "migres"], answer_form={"verdict_cut": 0.2}))
+    assert said.startswith("answer_form.verdict_cut decides a claim's verdict where it is a choice; self_reasoning answers")
+    assert cut_not_taken(AnswerConfig(strategies=["rag", "migres"], answer_form={"verdict_cut": 0.2})) is None
+    assert "migres" in cut_not_taken(AnswerConfig(strategies=["migres"], answer_form={"verdict_cut": 0.2},
+                                                  migres={"answer_step": "main"}))

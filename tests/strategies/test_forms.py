@@ -7,7 +7,7 @@ import pytest
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Generation, Judge, Judgment, Passage, Retrieval
 from strategies.base import Item, clean_answer
-from strategies.forms import REASON_TOKENS, final_answer, final_request, form_of, is_yes_no_question, misnamed
+from strategies.forms import REASON_TOKENS, final_answer, final_request, form_of, is_yes_no_question, misnamed, traced
 from strategies.registry import AnswerConfig, make_strategy
 
 
@@ -90,7 +90,7 @@ def test_the_trace_of_a_choice_shows_the_answer_taken_and_its_probabilities_not_
     done = s.resume(item, [Judgment("REFUTES", {"SUPPORTS": 0.61234, "REFUTES": 0.38766})])
     assert done.answer == "SUPPORTS"
     assert item.trace[-1] == {"step": step.requests[0].step, "output": "SUPPORTS",
-                              "probs": {"SUPPORTS": 0.6123, "REFUTES": 0.3877}}
+                              "probs": {"SUPPORTS": 0.61234, "REFUTES": 0.38766}}  # six decimals: a cut between two
 
 
 def test_a_reasoned_yes_no_writes_its_reasoning_before_the_answer_and_is_read_from_the_answer_field():
@@ -153,6 +153,9 @@ def test_a_verdict_cut_answers_the_first_label_at_or_above_it_and_otherwise_the_
     assert final_answer(judged, "verdict", AnswerFormConfig(verdict_cut=0.25)) == "REFUTES"
     assert final_answer(Judgment("SUPPORTS", {"SUPPORTS": 1.0, "REFUTES": 0.0}), "verdict",
                         AnswerFormConfig(verdict_cut=1.0)) == "REFUTES"  # a cut of 1 passes nothing
-    three = AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"], verdict_cut=0.1)
-    assert final_answer(judged, "verdict", three) == "REFUTES"  # three labels: the likelier
+    with pytest.raises(ValueError, match="verdict_cut decides between two verdicts; these are 3"):
+        AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"], verdict_cut=0.1)  # it would do nothing
+    # the trace says the label taken, not the likelier one
+    assert traced("read", judged, "verdict", AnswerFormConfig(verdict_cut=0.15)) == {
+        "step": "read", "output": "SUPPORTS", "probs": {"SUPPORTS": 0.2, "REFUTES": 0.8}}
     assert final_answer(Judgment("yes", {"yes": 0.2, "no": 0.8}), "yes_no", AnswerFormConfig(verdict_cut=0.1)) == "no"

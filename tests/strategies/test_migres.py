@@ -227,6 +227,8 @@ def test_a_yes_no_question_is_answered_yes_or_no_by_the_main_module_and_the_clos
     closing = log[-1][1]  # unanswered at T: the closing answer is a guided yes / no on the generator
     assert isinstance(closing, Judge) and closing.choices == ("yes", "no") and closing.stage == "generator"
     assert (done.answer, done.resolved_by) == ("no", "max_iterations")
+    # the trace says the choice taken and the probabilities it was taken by (it had the choice alone)
+    assert trace(item)["iterations"][-1]["final"] == "no" and trace(item)["iterations"][-1]["final_probs"]["no"] == 0.7
 
 
 def test_the_leaf_schema_asks_for_a_statement_citing_a_passage_that_exists():
