@@ -38,7 +38,7 @@ from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
 from jobs.request_cache import open_cache
-from jobs.storage import check_kept, filesystem, redact, write_whole
+from jobs.storage import check_kept, filesystem, read_only, redact, write_whole
 from schemas.config import load_config, validated
 from schemas.errors import UserError
 from strategies.forms import misnamed
@@ -88,11 +88,6 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     pools = pool_plan(config, needs) if stages is None and (force or not claimed(config.output)) else None
     with Lease(config.output, log=log) as lease:  # one driver per output: a second one is refused, naming the first
         return _answer(config, plan, strategies, needs, pools, stages, log, force, retry_errors, cache, lease.check)
-
-
-def read_only(output: str) -> bool:
-    """Whether ``output`` is a local folder this process cannot write (a read-only mount, another's files)."""
-    return "://" not in output and os.path.isdir(output) and not os.access(output, os.W_OK)
 
 
 def _finished_read_only(config: AnswerConfig, plan, log, writes: bool) -> dict:
@@ -237,6 +232,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
 
     # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
     cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
+    failed = False
     try:
         if split:
             # each engine actor opens the disk part of the cache (a sweep's or a Session's too); its memory
@@ -250,14 +246,20 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                             progress_every_s=progress.every_s, log=log, cache=cache)
             engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
             engine_metrics, roots_done = engine.metrics(), engine.roots_done
+    except BaseException:
+        failed = True
+        raise
     finally:
-        progress.close()
-        left = out.close()
-        if stages_from_config:
-            # after a failure or an interrupt too, if briefly (the user waits for the prompt): left to Ray's
-            # exit, an engine core outlived the command holding its memory; a committed run does not fail here
-            with suppress(Exception):
-                stop_llm_engines(stages, wait_s=60.0 if sys.exc_info()[0] is None else STOP_AFTER_FAILURE_S)
+        try:
+            progress.close()
+            left = out.close()
+        finally:
+            if stages_from_config:
+                # after a failure, an interrupt or a commit that failed too, if briefly (the user waits for the
+                # prompt): left to Ray's exit, an engine core outlived the command holding its memory; a
+                # committed run does not fail here
+                with suppress(Exception):
+                    stop_llm_engines(stages, wait_s=STOP_AFTER_FAILURE_S if failed else 60.0)
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",
@@ -420,7 +422,10 @@ def run(args: argparse.Namespace) -> int:
 ERROR_ROWS_STATUS = 3  # not 1, which any uncaught exception exits with
 
 
-def error_status(job: str, metrics: dict, limit: float | None) -> int:
+RETRY_HINT = "`--retry-errors` answers them again"
+
+
+def error_status(job: str, metrics: dict, limit: float | None, hint: str = RETRY_HINT) -> int:
     """A finished run's exit status: ERROR_ROWS_STATUS where its output's error rows are over ``limit`` (a
     share of all its rows, every strategy's; None: where every row is an error row), else 0. A run whose every
     prompt was over the context window exited 0, and a `set -e` pipeline published its error rows as answers.
@@ -432,7 +437,7 @@ def error_status(job: str, metrics: dict, limit: float | None) -> int:
         return 0
     why = "all of them" if limit is None else f"more than commit.max_error_share {limit}"
     print(f"ragsift {job}: error: {errors} of the output's {rows} rows are error rows ({why}); all are committed: "
-          "each row's `error` says why, and `--retry-errors` answers them again", file=sys.stderr)
+          f"each row's `error` says why, and {hint}", file=sys.stderr)
     return ERROR_ROWS_STATUS
 
 

@@ -321,6 +321,8 @@ def config_values(config, chosen: dict, fingerprint: str | None, n: int, questio
     for field, result in chosen.items():
         section, key = field.split(".")
         values.setdefault(section, {})[key] = result["value"]
+    if "answer_form.verdict_cut" in chosen:  # a cut on P(first verdict): the labels' order goes with it
+        values["answer_form"]["verdicts"] = list(config.answer_form.verdicts)
     values["calibration"] = {
         "questions": redact(questions or config.questions), "questions_sha256": fingerprint,
         **({"converted_sha256": converted} if converted else {}),

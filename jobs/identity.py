@@ -52,10 +52,12 @@ def judge_revisions(config: AnswerConfig) -> dict:
     decides its answers too. A judge no strategy asks decides nothing: its retraining left a rag run, or
     RA-ISF judged by the generator, refused on resume (outputs that recorded it stay resumable: output.py)."""
     needs = stages_asked(config)
-    return {**({"know.model_revision": revision(config.know.model),
+    # a hub judge by its name: its commit is known only once downloaded, which a run's replicas do after its
+    # identity is taken, so a killed first run's resume would find another
+    return {**({"know.model_revision": revision(config.know.model, hub=False),
                 "know.embedder_revision": know_embedder(config.know.model)} if "know" in needs else {}),
-            **({"reranker.model_revision": revision(config.reranker.model)} if "ranker" in needs else {}),
-            **({"nli.model_revision": revision(config.nli.model)} if "nli" in needs else {})}
+            **({"reranker.model_revision": revision(config.reranker.model, hub=False)} if "ranker" in needs else {}),
+            **({"nli.model_revision": revision(config.nli.model, hub=False)} if "nli" in needs else {})}
 
 
 def stages_asked(config: AnswerConfig) -> set[str]:

@@ -327,12 +327,16 @@ def run(args: argparse.Namespace) -> int:
     summary = label(config, log=lambda *a: print(*a, file=sys.stderr), force=args.force, source=given.questions)
     print(json.dumps(summary, indent=2))
     print(f"wrote {redact(join(config.output, 'labels'))}: <kind>.parquet and .jsonl, and dataset/", file=sys.stderr)
-    if args.push_to_hub:
+    # labels of error rows are none: a run whose every prompt failed published an empty dataset with status 0
+    status = answer_job.error_status("label", answer_job.previous_metrics(config.output) or {},
+                                     config.commit.max_error_share, hint="a new --output labels them anew")
+    if args.push_to_hub and status:
+        print(f"ragsift label: not pushed to the hub ({args.push_to_hub}): the labels above come from too few answers",
+              file=sys.stderr)
+    elif args.push_to_hub:
         push_to_hub(str(Path(filesystem(config.output)[1]) / "labels" / "dataset"), args.push_to_hub)
         print(f"pushed labels/dataset to the hub as {args.push_to_hub}", file=sys.stderr)
-    # labels of error rows are none: a run whose every prompt failed published an empty dataset with status 0
-    return answer_job.error_status("label", answer_job.previous_metrics(config.output) or {},
-                                   config.commit.max_error_share)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

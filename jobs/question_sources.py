@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
-from jobs.storage import file_sha256, filesystem, read_table, redact, uri_of
+from jobs.storage import file_sha256, filesystem, read_only, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
@@ -256,6 +256,17 @@ def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:
     the conversion runs before the output's lease and identity check, so other questions must not
     overwrite the file an earlier run answered from, nor a second driver the file a first one reads."""
     fs, root = filesystem(output)
+    if read_only(output):  # a rerun over a finished run on a read-only mount: its copy is there, or none can be
+        scratch = tempfile.mkdtemp(prefix="ragsift-input-")
+        try:
+            pq.write_table(table, copy := f"{scratch}/questions.parquet")
+            path = f"{root}/_input/questions-{digest or file_sha256(pafs.LocalFileSystem(), copy)[:16]}.parquet"
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            return uri_of(output, path)
+        raise UserError(f"{output}: this process cannot write there (a read-only mount?), and these questions' converted "
+                        "copy is not in it: answer into a folder it can write (--output)")
     fs.create_dir(f"{root}/_input", recursive=True)
     tmp = f"{root}/_input/.questions-{uuid.uuid4().hex}.parquet.tmp"
     pq.write_table(table, tmp, filesystem=fs)

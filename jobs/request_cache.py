@@ -117,13 +117,13 @@ def by_content(value):
     return f"{os.path.abspath(path)}@{digest([stat.st_size, stat.st_mtime_ns])}"
 
 
-def revision(model: str | None, hub_revision: str | None = None) -> str:
+def revision(model: str | None, hub_revision: str | None = None, hub: bool = True) -> str:
     """A model and the revision of its files: for a local directory, every file's name, size and
     modification time (a retrained model in the same place is a new revision; hashing gigabytes of
-    weights at every start is not worth it); for one file (a GGUF), its size and time; for a hub name,
-    the commit its local cache resolves ``hub_revision`` (the default branch) to and that snapshot's
-    files: keyed by the name alone, a model updated on the hub answered from the old one's responses.
-    A hub model not in this machine's cache (downloaded by the replicas elsewhere) is its name."""
+    weights at every start is not worth it); for one file (a GGUF), its size and time; for a hub name
+    (``hub``), the commit its local cache resolves ``hub_revision`` (the default branch) to: keyed by the
+    name alone, a model updated on the hub answered from the old one's responses. A hub model not in this
+    machine's cache (downloaded by the replicas elsewhere, or not yet) is its name; without ``hub``, always."""
     if not model:
         return "none"
     path = Path(resolve(model))
@@ -132,8 +132,8 @@ def revision(model: str | None, hub_revision: str | None = None) -> str:
         return f"{model}@{digest([stat.st_size, stat.st_mtime_ns])}"
     if path.is_dir():
         return f"{model}@{digest(files_of(path))}"
-    snapshot = hub_snapshot(model, hub_revision)
-    return f"{model}@{digest([snapshot.name, files_of(snapshot)])}" if snapshot else model
+    snapshot = hub_snapshot(model, hub_revision) if hub else None
+    return f"{model}@{snapshot.name}" if snapshot else model  # the commit: its files arrive one by one
 
 
 def files_of(path: Path) -> list:

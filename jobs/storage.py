@@ -25,6 +25,11 @@ def unwritable(err: OSError) -> bool:
     return err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+def read_only(output: str) -> bool:
+    """Whether ``output`` is a local folder this process cannot write (a read-only mount, another's files)."""
+    return "://" not in output and os.path.isdir(output) and not os.access(output, os.W_OK)
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if re.match(r"^[A-Za-z][\w+.-]*://\*\*\*@", uri):  # redact()'s placeholder, read back from a recorded config
         raise UserError(f"{uri}: its credentials were left out where it was recorded (config.yaml, a manifest): "

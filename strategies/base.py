@@ -111,8 +111,8 @@ def structured(item: Item, request: Generate, parse: Callable[[str], tuple[T, bo
     cut off by the token budget (or not known not to be) is asked once more with twice the tokens, and the
     second try's value is returned whether it parsed or not (``ok`` tells, and that failure is counted too);
     one the model finished is not (its JSON whole but its value rejected, as an empty answer: greedy
-    decoding wrote the same again, a long generation for nothing). The strategy's fallback decides what an
-    unparsed value means.
+    decoding wrote the same again, a long generation for nothing; under sampling, temperature > 0, a second
+    draw is not asked for either). The strategy's fallback decides what an unparsed value means.
     """
     response = yield request
     value, ok = parse(response.text)

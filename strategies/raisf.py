@@ -13,7 +13,8 @@ in the question's form (forms.py); the answer from passages reads them with rag'
 ``answer_prompt: paper`` (the paper's Appendix G instruction answered worse on the same passages on
 two tuning sets).
 Ablations (paper Table 2): no self-knowledge (go straight to retrieval), no passage relevance
-(decompose when the model does not know), no decomposition ("unknown" when nothing is relevant).
+(decompose when the model does not know), no decomposition ("unknown" when nothing is relevant; a yes/no
+question or a claim, whose answers hold no "unknown", gets its closed-book choice, ``closed_book``).
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ class RAISF(Routine):
             if choices(form_of(item, self.forms), self.forms) is None:
                 return Done(UNKNOWN, "unknown")
             # a yes/no question or a claim has no "unknown" among its answers: the model's own choice, closed-book
-            return (yield from self.answer(item, "answer_closed", "unknown", prompt("raisf/answer").format(question=q)))
+            # (its own label: Table 7's "unknown" stays the questions nothing answered)
+            return (yield from self.answer(item, "answer_closed", "closed_book", prompt("raisf/answer").format(question=q)))
         subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
         if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), a closed-book answer: its own label
             return (yield from self.answer(item, "synthesize", EMPTY_DECOMPOSITION, prompt("raisf/answer").format(question=q)))

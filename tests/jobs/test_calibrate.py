@@ -264,6 +264,9 @@ def test_a_slice_with_claims_chooses_the_verdict_cut_from_p_first_verdict_of_rag
                  keep=0.8, verdicts=("WRONG", "RIGHT"))  # the configured labels
     assert own["answer_form.verdict_cut"]["value"] == 0.2
     assert "answer_form.verdict_cut" not in choose(rows[-1:], gold, keep=0.8)  # no claim in the slice: nothing chosen
+    # the cut is on P(first verdict): the file carries the labels' order with it, defaults or not
+    values = config_values(AnswerConfig(questions="claims.parquet"), {"answer_form.verdict_cut": {"value": 0.11}}, "f" * 64, 5)
+    assert values["answer_form"] == {"verdict_cut": 0.11, "verdicts": ["SUPPORTS", "REFUTES"]}
 
 
 def test_the_calibrated_config_names_the_models_its_thresholds_were_measured_with(tmp_path):

@@ -535,11 +535,16 @@ def test_label_exits_3_when_every_row_it_answered_is_an_error_row(question_file,
         return label
 
     flags = ["--questions", question_file, "--output", str(tmp_path / "o")]
+    pushed = []
+    monkeypatch.setattr(label_job, "push_to_hub", lambda folder, repo: pushed.append(repo))
+    monkeypatch.setattr(label_job, "check_hub_repo", lambda repo: None)
     monkeypatch.setattr(label_job, "label", labelled(4))
-    assert main(["label", *flags]) == 3
-    assert "4 of the output's 4 rows are error rows (all of them)" in capsys.readouterr().err
+    assert main(["label", *flags, "--push-to-hub", "me/labels"]) == 3 and pushed == []  # nothing published
+    err = capsys.readouterr().err
+    assert "4 of the output's 4 rows are error rows (all of them)" in err and "a new --output labels them anew" in err
+    assert "--retry-errors" not in err  # label has none
     monkeypatch.setattr(label_job, "label", labelled(1))
-    assert main(["label", *flags]) == 0
+    assert main(["label", *flags, "--push-to-hub", "me/labels"]) == 0 and pushed == ["me/labels"]
 
 
 def test_an_unknown_flag_is_refused_with_the_jobs_own_usage(capsys):

@@ -29,6 +29,9 @@ def test_a_hub_model_updated_in_the_local_cache_is_another_revision(tmp_path, mo
     assert revision("org/m") != first
     assert revision("org/m", "a" * 40) == first  # a revision pinned in engine_kwargs
     assert revision("org/other") == "org/other"  # not in this machine's cache: its name, as before
+    (tmp_path / "models--org--m" / "snapshots" / ("a" * 40) / "tokenizer.json").write_text("{}")
+    assert revision("org/m", "a" * 40) == first  # a file downloaded later into the same commit: the same model
+    assert revision("org/m", hub=False) == "org/m"  # a run's identity: the name (known before any download)
 
 
 def test_a_one_file_model_rewritten_in_place_is_another_revision(tmp_path):

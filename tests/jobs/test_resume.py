@@ -188,3 +188,25 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
             answer(config.model_copy(update={"commit": config.commit.model_copy(update={"shard_rows": 5})}), log=log.append)
     finally:
         subprocess.run(["umount", str(runs)], capture_output=True)
+
+
+def test_questions_converted_before_are_found_on_a_read_only_mount_and_new_ones_are_refused_in_one_line(tmp_path):
+    """A JSON Lines / CSV / datasets input is converted into <output>/_input before the run looks at its output:
+    on a read-only mount that write failed with EROFS, before "nothing to do" could be said."""
+    from jobs.question_sources import write_input
+    from schemas.errors import UserError
+
+    runs, mounted = tmp_path / "runs", tmp_path / "ro"
+    (runs / "out").mkdir(parents=True)
+    mounted.mkdir()
+    table = pa.table({"id": ["a", "b"], "question": ["Who?", "Where?"]})
+    copy = write_input(table, str(runs / "out"))
+    if subprocess.run(["mount", "--bind", str(runs), str(mounted)], capture_output=True).returncode:
+        pytest.skip("no bind mounts here (not root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True, capture_output=True)
+        assert write_input(table, str(mounted / "out")) == copy.replace(str(runs), str(mounted))
+        with pytest.raises(UserError, match="cannot write there .*converted copy is not in it"):
+            write_input(pa.table({"id": ["c"], "question": ["When?"]}), str(mounted / "out"))
+    finally:
+        subprocess.run(["umount", str(mounted)], capture_output=True)

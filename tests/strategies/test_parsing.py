@@ -37,7 +37,9 @@ def test_never_raises_and_honours_the_contract(text, limit):
 def test_valid_json_round_trips(values):
     items, ok = parse_string_list(json.dumps({"sub_questions": values}), "sub_questions", 10)
     expected, seen = [], set()
-    for v in (" ".join(x.split()) for x in values):  # items with a letter or digit, repeats up to case and punctuation
+    # a list marker an item begins with ("1. ", "* ") is not the item's (as a numbered line outside JSON);
+    # items with a letter or digit, repeats up to case and punctuation
+    for v in (" ".join(re.sub(r"^\s*(?:\d+[.)]|[-*•])\s+", "", x).split()) for x in values):
         words = tuple(re.findall(r"\w+", v.lower()))
         if re.search(r"[^\W_]", v) and words not in seen:
             seen.add(words)

@@ -170,7 +170,7 @@ def test_no_decomposition_ablation_answers_a_yes_no_question_or_a_claim_in_its_c
 
     for question, kind, answer in (("Is Paris in Spain?", "yes-no", "no"), ("Paris is in Spain.", "claim", "REFUTES")):
         done, item = drive(RAISF(RaisfConfig(decomposition=False)), question, respond, kind=kind)
-        assert (done.answer, done.resolved_by) == (answer, "unknown")
+        assert (done.answer, done.resolved_by) == (answer, "closed_book")
         assert [t["step"] for t in item.trace][-2:] == ["no_relevant_passage", "answer_closed"]
 
 
