@@ -31,7 +31,7 @@ from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
-from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, redact, unwritable
+from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -169,7 +169,7 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
     model = loadable(config.embedder.model) if encoders is None else None  # mistyped: one line, no folder made
     out = Path(config.index.path)
     fresh = not out.exists()
-    if out.is_dir() and not os.access(out, os.W_OK):
+    if read_only(str(out)):
         # a shared index on a read-only mount (a script that builds it where it can and else finds it up to
         # date): no lease, which is a file; a build that has to write says so before Ray starts
         try:

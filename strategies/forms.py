@@ -133,7 +133,7 @@ def final_answer(response: Generation | Judgment, form: str, config: AnswerFormC
     """The answer ``response`` gives to a final step asked in ``form`` (see the module docstring for choices);
     a verdict between two labels by ``config.verdict_cut`` where one is set."""
     if isinstance(response, Judgment):
-        cut = config.verdict_cut if config is not None and form == VERDICT and len(config.verdicts) == 2 else None
+        cut = config.verdict_cut if config is not None and form == VERDICT else None  # two verdicts (its validator)
         if cut is not None and response.probs:
             first, second = config.verdicts
             return first if passes(response.probs.get(first, 0.0), cut) else second
@@ -154,17 +154,12 @@ def chosen(judgment: Judgment) -> str:
     return max(judgment.probs, key=judgment.probs.get) if judgment.probs else judgment.label
 
 
-def response_text(response: Generation | Judgment, form: str | None = None, config: AnswerFormConfig | None = None) -> str:
-    """What a final step answered, for traces: what the model wrote, or the choice taken from a judgment
-    (by ``config``'s verdict cut where one applies)."""
-    return final_answer(response, form, config) if isinstance(response, Judgment) else response.text
-
-
 def traced(step: str, response: Generation | Judgment, form: str | None = None,
            config: AnswerFormConfig | None = None) -> dict:
     """A final step's trace entry: its output and, for a choice, the probabilities it was taken by (its
     guided label can name the other choice: a row whose trace said REFUTES answered SUPPORTS)."""
-    entry = {"step": step, "output": response_text(response, form, config)}
+    # the output: what the model wrote, or the choice taken from a judgment (by a verdict cut where one applies)
+    entry = {"step": step, "output": final_answer(response, form, config) if isinstance(response, Judgment) else response.text}
     if isinstance(response, Judgment) and response.probs:
         entry["probs"] = {choice: round(p, 6) for choice, p in response.probs.items()}
     return entry
