@@ -785,6 +785,14 @@ def validated(cls: type[BaseModel], data: dict) -> BaseModel:
         return cls.model_validate(data)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}{_quote_hint(e)}" for e in err.errors()
         )
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from None
+
+
+def _quote_hint(error: dict) -> str:
+    # YAML reads TRUE / False as booleans: `--set 'answer_form.verdicts=[TRUE, FALSE]'` said only that each
+    # "should be a valid string"
+    if error["type"] == "string_type" and isinstance(error.get("input"), bool):
+        return f" (YAML reads {str(error['input']).lower()} as a boolean: quote the text)"
+    return ""

@@ -167,6 +167,14 @@ def test_verdicts_are_distinct_labels_at_least_one(verdicts):
         load_config(AnswerConfig, None, [f"answer_form.verdicts={verdicts}"])
 
 
+def test_a_label_yaml_reads_as_a_boolean_is_refused_with_how_to_quote_it():
+    """`answer_form.verdicts=[TRUE, FALSE]` said "Input should be a valid string", not why nor what to write."""
+    with pytest.raises(ConfigError, match=r"answer_form.verdicts.0: .*YAML reads true as a boolean: quote the text"):
+        load_config(AnswerConfig, None, ["answer_form.verdicts=[TRUE, FALSE]"])
+    quoted = load_config(AnswerConfig, None, ['answer_form.verdicts=["TRUE", "FALSE"]'])
+    assert quoted.answer_form.verdicts == ["TRUE", "FALSE"]
+
+
 @pytest.mark.parametrize("bind, ok", [("abc", False), ("0-", False), ("all", True), ("nobind", True),
                                       ("0-7", True), ("0,2,4-5|6-7", True)])
 def test_a_thread_binding_vllm_cannot_read_fails_naming_the_field(bind, ok):
