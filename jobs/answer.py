@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections import Counter
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 import yaml
@@ -33,7 +33,7 @@ from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
 from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed, unfinished
-from jobs.pools import STOP_AFTER_FAILURE_S, build_stages, pool_plan, ray_request, stop_llm_engines
+from jobs.pools import build_stages, llm_engines_stopped, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
@@ -232,34 +232,25 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
 
     # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
     cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
-    failed = False
-    try:
-        if split:
-            # each engine actor opens the disk part of the cache (a sweep's or a Session's too); its memory
-            # part is the actor's own, so a request two engines make alike is computed by each
-            engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
-                                         Todo(out.committed, out.retrying), out.write, report, log,
-                                         cache=cache, report_every_s=progress.every_s)
-            roots_done = engine_metrics["roots_done"]
-        else:
-            engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
-                            progress_every_s=progress.every_s, log=log, cache=cache)
-            engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
-            engine_metrics, roots_done = engine.metrics(), engine.roots_done
-    except BaseException:
-        failed = True
-        raise
-    finally:
+    # left to Ray's exit, an engine core outlived the command holding its memory: the engines are stopped
+    # once the parts are committed or given up (out.close), however the run ends
+    with llm_engines_stopped(stages) if stages_from_config else nullcontext():
         try:
+            if split:
+                # each engine actor opens the disk part of the cache (a sweep's or a Session's too); its memory
+                # part is the actor's own, so a request two engines make alike is computed by each
+                engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
+                                             Todo(out.committed, out.retrying), out.write, report, log,
+                                             cache=cache, report_every_s=progress.every_s)
+                roots_done = engine_metrics["roots_done"]
+            else:
+                engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
+                                progress_every_s=progress.every_s, log=log, cache=cache)
+                engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
+                engine_metrics, roots_done = engine.metrics(), engine.roots_done
+        finally:
             progress.close()
             left = out.close()
-        finally:
-            if stages_from_config:
-                # after a failure, an interrupt or a commit that failed too, if briefly (the user waits for the
-                # prompt): left to Ray's exit, an engine core outlived the command holding its memory; a
-                # committed run does not fail here
-                with suppress(Exception):
-                    stop_llm_engines(stages, wait_s=STOP_AFTER_FAILURE_S if failed else 60.0)
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
 
     metrics = {**metadata, "covers": "this session's work; exactly_once covers the whole output",

@@ -241,14 +241,17 @@ def stop_llm_engines(stages: dict, wait_s: float = 60.0) -> None:
 @contextmanager
 def llm_engines_stopped(stages: dict):
     """Stop the LLM engines of ``stages`` when the block ends, however it ends: after an error, Ctrl-C or
-    SIGTERM too, if briefly (the user waits for the prompt back), and never raising over the error."""
+    SIGTERM too, if briefly (the user waits for the prompt back). Stopping never raises: not over the
+    block's error, and not after work the block has done (committed answers do not fail for it)."""
+    failed = False
     try:
         yield
     except BaseException:
-        with suppress(Exception):
-            stop_llm_engines(stages, wait_s=STOP_AFTER_FAILURE_S)
+        failed = True
         raise
-    stop_llm_engines(stages)
+    finally:
+        with suppress(Exception):
+            stop_llm_engines(stages, wait_s=STOP_AFTER_FAILURE_S if failed else 60.0)
 
 
 STOP_AFTER_FAILURE_S = 15.0

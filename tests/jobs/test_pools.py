@@ -197,3 +197,23 @@ def test_a_jobs_end_shuts_each_ready_llm_engine_down_once_and_kills_a_replica_st
     assert ray.get(ready.count.remote()) == 1 and ray.get(endpoint.ping.remote()) == "up"
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(starting.count.remote(), timeout=30)
+
+
+def test_engines_are_stopped_however_the_block_ends_and_stopping_them_never_fails_work_done(monkeypatch):
+    """answer, sweep and calibrate share this: a stop that raised after a sweep's runs were committed failed
+    the sweep (answer alone swallowed it), and a failed block stops its engines within 15 s."""
+    import jobs.pools
+    from jobs.pools import llm_engines_stopped
+
+    waits = []
+
+    def stop(stages, wait_s):
+        waits.append(wait_s)
+        raise RuntimeError("a replica died while stopping")
+
+    monkeypatch.setattr(jobs.pools, "stop_llm_engines", stop)
+    with llm_engines_stopped({}):
+        pass
+    with pytest.raises(KeyboardInterrupt), llm_engines_stopped({}):
+        raise KeyboardInterrupt
+    assert waits == [60.0, 15.0]
