@@ -19,13 +19,14 @@ SEARCH_DEFAULTS = IndexConfig()
 class ShardRetriever:
     def __init__(self, shard_dir: str, nprobe: int | None = SEARCH_DEFAULTS.nprobe,
                  ef_search: int | None = SEARCH_DEFAULTS.hnsw_ef_search, bm25: bool = False,
-                 built: str | None = None, embedder: str | None = None):
+                 built: str | None = None, embedder: str | None = None, gpu: bool = False):
         """``built`` / ``embedder``: the passages_sha256 the run's manifest recorded for this shard, and the
         embedder it names. Ray restarts a dead shard actor from its folder: an index rebuilt in place from
         other passages, or by another embedder of the same dimension, since the run started would be read
         silently, and the run would answer its later questions from another corpus or from vectors its
         queries are not comparable with. (The vectors' bytes are not compared: a rebuild of the same passages
-        by the same embedder on another CPU differs in them, and the run resumes on it, as its identity does.)"""
+        by the same embedder on another CPU differs in them, and the run resumes on it, as its identity does.)
+        ``gpu``: search on the GPU this actor reserved (its pool's ``num_gpus``), never on one merely visible."""
         import faiss
 
         from actors.bm25 import BM25Shard
@@ -38,7 +39,7 @@ class ShardRetriever:
             faiss.extract_index_ivf(index).nprobe = nprobe
         if ef_search is not None and hasattr(index, "hnsw"):
             index.hnsw.efSearch = ef_search
-        self.index = _to_gpu_if_available(faiss, index)
+        self.index = _on_gpu(faiss, index) if gpu else index
         self.store = PassageStore(shard_dir)
         self.bm25 = BM25Shard(shard_dir, self.store) if bm25 else None
 
@@ -111,7 +112,9 @@ def _is_ivf(faiss, index) -> bool:
         return False
 
 
-def _to_gpu_if_available(faiss, index):
-    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
-        return faiss.index_cpu_to_all_gpus(index)
-    return index
+def _on_gpu(faiss, index):
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
+        raise RuntimeError(f"retrieval.num_gpus_per_shard > 0, but this FAISS ({faiss.__version__}) sees no GPU "
+                           "(faiss-cpu, or no CUDA device visible): install the `.[gpu]` extra, or set it to 0")
+    # the device Ray gave this actor is the first it sees (CUDA_VISIBLE_DEVICES); the resources live as long as it
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)

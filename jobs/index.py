@@ -32,7 +32,7 @@ from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
 from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
-from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, home_expanded, load_config
+from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
 
@@ -257,11 +257,11 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     if encoders is None:
         from actors.encoder import Encoder
 
-        emb = config.embedder
         actor = ray.remote(Encoder).options(**encoder_options(emb))
         threads = encoder_threads(emb, len(os.sched_getaffinity(0)))  # the cores this job may use
         log(f"{emb.replicas} encoder replica(s) of {threads} thread(s)")
-        encoders = [actor.remote(model, emb.batch_size, emb.device, threads) for _ in range(emb.replicas)]
+        # cpu unless the replica reserved a GPU: "cuda when available" encoded on a GPU Ray did not give it
+        encoders = [actor.remote(model, emb.batch_size, device_of(emb), threads) for _ in range(emb.replicas)]
     dims = ray.get(encoders[0].dims.remote())
     started = time.perf_counter()
     for s in range(n_shards):  # pq_m against the embedder's dims

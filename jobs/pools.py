@@ -144,9 +144,9 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
     if bm25 and not manifest.get("bm25"):
         raise UserError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
-    return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, 0,
+    return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, config.retrieval.num_gpus_per_shard,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25,
-                       s.get("passages_sha256"), manifest.get("embedder"))
+                       s.get("passages_sha256"), manifest.get("embedder"), config.retrieval.num_gpus_per_shard > 0)
                       for s in manifest["shards"]), config.retrieval.shard_resources)
 
 

@@ -208,7 +208,8 @@ class IndexConfig(Section):
     search_time: ClassVar[tuple[str, ...]] = ("nprobe", "hnsw_ef_search")  # the rest is how the index is built
     path: str = Field(".ragsift/index", json_schema_extra=SPEED,  # a location: a run's identity holds its manifest's digest
                       description="directory holding manifest.json and shard-*/; a local folder or a shared file "
-                                  "system's mount (each retriever replica memory-maps its shards)")
+                                  "system's mount, which each retriever replica opens as files: it reads its shard's FAISS index "
+                                  "and passages into memory (its BM25 index is memory-mapped)")
 
     @field_validator("path")
     @classmethod
@@ -258,7 +259,12 @@ class RetrievalConfig(Section):
     bm25_weight: float = Field(1.0, ge=0, description="hybrid: weight of the BM25 ranking")
     fusion_candidates: int = Field(50, ge=1, description="hybrid: hits taken from each ranking before fusion "
                                    "(k when k is larger)")
-    num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0)
+    num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0, description="CPUs each shard actor "
+                                      "(its FAISS index, passages and BM25 index) reserves")
+    num_gpus_per_shard: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each shard actor reserves; "
+                                      "> 0 searches its FAISS index on its GPU (faiss-gpu, the `.[gpu]` extra). At 0 "
+                                      "the index stays on the CPU even where FAISS sees GPUs: copied onto them "
+                                      "unreserved, it would sit beside vLLM's preallocated memory unseen by Ray")
     shard_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED,
                                               description="Ray custom resources each shard actor asks for (placement, "
                                               "as a pool's `resources`)")

@@ -950,3 +950,50 @@ def test_an_up_to_date_index_on_a_read_only_mount_is_said_so_and_one_that_is_not
             _build(squad_slice[0], mounted, 3, encoders=encoder)
     finally:
         subprocess.run(["umount", str(mounted)], capture_output=True)
+
+
+def test_a_shard_goes_to_a_gpu_only_when_its_actor_reserved_one(ray_session, tmp_path, monkeypatch):
+    """Every shard actor copied its index onto every GPU FAISS saw, though its pool reserved none: beside
+    vLLM's preallocated memory, unseen by Ray. Asked for one without a GPU FAISS, it says what to change."""
+    import faiss
+    import ray
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["alpha", "beta"]}), corpus)
+    _build(corpus, tmp_path / "idx", 1, encoders=[ray.remote(HashEncoder).options(num_cpus=0).remote()])
+    shard = str(tmp_path / "idx" / "shard-000")
+    moved = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1, raising=False)
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index: moved.append(index) or index, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda res, device, index: moved.append(index) or index, raising=False)
+    assert ShardRetriever(shard).size() == 2 and moved == []
+    assert ShardRetriever(shard, gpu=True).size() == 2 and len(moved) == 1
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0, raising=False)
+    with pytest.raises(RuntimeError, match=r"retrieval.num_gpus_per_shard > 0, but this FAISS .* sees no GPU"):
+        ShardRetriever(shard, gpu=True)
+
+
+def test_an_index_encoder_runs_on_the_cpu_unless_its_replica_reserved_a_gpu(tmp_path, monkeypatch):
+    """`ragsift index` gave the encoder embedder.device as it was (None): the actor took "cuda when
+    available", a GPU Ray had not given it, where an answer run's encoders stay on the CPU."""
+    import ray
+
+    made = []
+
+    class Remote:
+        def options(self, **options):
+            return self
+
+        def remote(self, *args):
+            made.append(args)
+            raise RuntimeError("stop before the build")
+
+    monkeypatch.setattr("jobs.ray_session.init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ray, "remote", lambda cls: Remote())
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["a"], "text": ["alpha"]}), corpus)
+    for overrides, device in (((), "cpu"), (("embedder.num_gpus=1",), None), (("embedder.device=cuda:1",), "cuda:1")):
+        with pytest.raises(RuntimeError, match="stop before the build"):
+            _build(corpus, tmp_path / "idx", 1, *overrides)
+        assert made.pop()[2] == device

@@ -25,6 +25,11 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     assert {name: len(pool.replicas) for name, pool in plan.items()} == {
         "generator": 1, "encoder": 1, "shards": 2, "ranker": 1, "know": 1}
     assert [args[0] for args in plan["shards"].replicas] == [str(tmp_path / "s0"), str(tmp_path / "s1")]
+    # shards search on the CPU unless they reserve GPUs (FAISS saw every GPU, unreserved)
+    assert plan["shards"].num_gpus == 0 and not any(args[-1] for args in plan["shards"].replicas)
+    gpu_shards = pool_plan(config.model_copy(update={"retrieval": config.retrieval.model_copy(
+        update={"num_gpus_per_shard": 0.5})}), {"retriever"})["shards"]
+    assert gpu_shards.num_gpus == 0.5 and all(args[-1] is True for args in gpu_shards.replicas)
     # generator 1 + embedder 0.5 + 2 shards x 0.25 + cross-encoder 0.5 + know 0.5
     assert cpus_requested(plan) == 3.0
     assert cpus_requested(pool_plan(config, {"generator"})) == 1.0
