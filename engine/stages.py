@@ -128,6 +128,7 @@ class Stage:
     name: str
     streaming = False  # True where replicas stream results back (one Ray streaming call per batch)
     share = 1.0  # of each replica's budget this engine may use (several engine actors share the replicas)
+    restarts_unreadable: str | None = None  # why Ray's actor table could not be read, said once by the supervisor
 
     def __init__(self, replicas: list, batching: StageBatching, name: str | None = None):
         self.name = name or self.name
@@ -276,7 +277,14 @@ class Stage:
 
     def ray_restarts(self, replica: int) -> int | None:
         """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
-        return actor_restarts(self.replicas[replica])
+        return self._restarts_of(self.replicas[replica])
+
+    def _restarts_of(self, actor) -> int | None:
+        try:
+            return actor_restarts(actor)
+        except Exception as err:  # noqa: BLE001 - Ray's private table (a Ray upgrade may change it): the run goes on
+            self.restarts_unreadable = f"{type(err).__name__}: {err}"
+            return None
 
     def restart(self, replica: int) -> None:
         """Kill a stuck replica so Ray restarts it (its actor has ``max_restarts``)."""
@@ -489,16 +497,14 @@ class NLIStage(Stage):
 
 
 def actor_restarts(actor) -> int | None:
-    """How often Ray restarted ``actor``, or None where Ray cannot say (not a Ray actor)."""
+    """How often Ray restarted ``actor``, or None where Ray cannot say (not a Ray actor); raises where
+    Ray's actor table cannot be read."""
     actor_id = getattr(actor, "_actor_id", None)
     if actor_id is None:
         return None
     from ray._private import state  # Ray's GCS actor table; ray.util.state needs the dashboard
 
-    try:
-        return int(state.actors(actor_id.hex()).get("NumRestarts", 0))
-    except Exception:  # noqa: BLE001 - only a diagnosis: without it the run goes on unchanged
-        return None
+    return int(state.actors(actor_id.hex()).get("NumRestarts", 0))
 
 
 class RetrieverStage(Stage):
@@ -518,7 +524,7 @@ class RetrieverStage(Stage):
         self.shard_deaths = [0] * len(shards)  # Ray's restart count of each shard actor, as last seen
 
     def shard_restarts(self, shard: int) -> int | None:
-        return actor_restarts(self.shards[shard])
+        return self._restarts_of(self.shards[shard])
 
     def _plan(self, batch: list[Retrieve]):
         methods = [r.method or self.retrieval.method for r in batch]

@@ -28,6 +28,7 @@ class Supervisor:
         # replicas the engine killed, probed once Ray counts their restart: (stage, replica, restarts awaited, deadline)
         self.killed: list[tuple[Stage, int, int, float]] = []
         self.last_kill_poll = 0.0
+        self.said_unreadable = False
 
     def probe_restarting(self) -> None:
         """At the start of a run: replicas not yet ready (new ones, or left restarting by an earlier run) take
@@ -102,6 +103,11 @@ class Supervisor:
                 self._count_deaths(stage, replica)
             for shard in range(len(getattr(stage, "shards", ()))):
                 self._count_shard_deaths(stage, shard)
+        why = next((stage.restarts_unreadable for stage in self.stages.values() if stage.restarts_unreadable), None)
+        if why and not self.said_unreadable:  # it was swallowed in silence: the watch was off and nobody knew
+            self.said_unreadable = True
+            self.log(f"warning: Ray's actor table cannot be read ({why}): a replica that dies while it starts or "
+                     "idles is noticed only when a call to it fails or times out (engine.*.batching.timeout_s)")
 
     def _count_shard_deaths(self, stage, shard: int) -> None:
         """A retriever shard actor (its FAISS and BM25 indexes) is no replica of the stage, but it dies as one

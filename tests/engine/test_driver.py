@@ -199,3 +199,27 @@ def test_a_replica_still_starting_when_a_run_ends_gives_no_figures_without_being
     stage = StreamingGeneratorStage([Replica()], LLMBatching())
     assert stage.engine_stats() == [{"error": "no figures: the replica had not started"}]
 
+
+
+def test_a_ray_whose_actor_table_cannot_be_read_is_said_once_and_the_run_goes_on(monkeypatch):
+    """Ray's private actor table (a Ray upgrade may move it) failed in silence: the watch for replicas that
+    die while starting was off and nothing said so."""
+    from types import SimpleNamespace
+
+    import ray._private.state
+
+    retriever, ranker, _ = shared_encoders(monkeypatch)
+    said = []
+    from engine.supervision import Supervisor
+
+    supervisor = Supervisor({"retriever": retriever, "ranker": ranker}, log=said.append)
+    retriever.replicas = ranker.replicas = [SimpleNamespace(_actor_id=bytes.fromhex("ab"))] * 2
+
+    def unreadable(actor_id):
+        raise KeyError("NumRestarts moved")
+
+    monkeypatch.setattr(ray._private.state, "actors", unreadable)
+    supervisor.watch(0.0, force=True)
+    supervisor.watch(10.0, force=True)
+    assert supervisor.restarts == 0 and len(said) == 1
+    assert said[0].startswith("warning: Ray's actor table cannot be read (KeyError: 'NumRestarts moved')")
