@@ -111,7 +111,7 @@ class PlacementGroupConfig(Section):
 
 
 class LLMConfig(Section):
-    """One pool of vLLM replicas (the generator; later judges), or of clients of an OpenAI-compatible endpoint."""
+    """One pool of vLLM replicas (the generator, or a judge of its own), or of clients of an OpenAI-compatible endpoint."""
 
     model: str = Field(DEFAULT_GENERATOR, description="offline alias, local HF dir, or hub name; with `endpoint`, "
                        "the model name the server serves")
@@ -132,7 +132,8 @@ class LLMConfig(Section):
                                         "into; stages may sit on different nodes")
     placement_group: PlacementGroupConfig = Field(
         default_factory=PlacementGroupConfig, description="used when tensor_parallel_size x pipeline_parallel_size > 1")
-    gpu_memory_utilization: float = Field(0.9, json_schema_extra=SPEED, gt=0, le=1)
+    gpu_memory_utilization: float = Field(0.9, json_schema_extra=SPEED, gt=0, le=1, description="share of each GPU "
+                                          "vLLM preallocates for weights and KV cache (GPU replicas)")
     cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1,
                                  description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens a GiB)")
     cpu_threads_bind: str = Field(
@@ -155,13 +156,16 @@ class LLMConfig(Section):
                     "batch = one LLM.generate per micro-batch, which returns when its longest sequence ends. "
                     "Same prompts and sampling either way (vLLM's CPU kernels are not batch-invariant, so a near-tie "
                     "between tokens can differ, as between two batch sizes)")
-    seed: int = 0
-    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
+    seed: int = Field(0, description="vLLM's sampling seed (an endpoint's `seed`): at temperature > 0 another seed "
+                      "draws other samples (and keys other request-cache entries)")
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1, description="actors of this pool, each a whole engine; "
+                          "requests go to the least loaded")
     num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs of a one-device replica (1 on GPU); "
                             "a replica over several devices takes them from its placement group's bundles instead")
-    num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0)
+    num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0, description="Ray CPUs each replica reserves")
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="more of vLLM's engine arguments "
+                                          "(vllm.LLM's; AsyncEngineArgs' under serving: async); unused with `endpoint`")
 
     @property
     def world_size(self) -> int:
@@ -182,19 +186,23 @@ class LLMConfig(Section):
 class SamplingConfig(Section):
     """Defaults for vllm.SamplingParams; greedy so runs are reproducible."""
 
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.0, ge=0, description="of every generation (judgments are always greedy); 0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; 1 = off")
+    max_tokens: int = Field(48, ge=1, description="completion budget of a generation whose step names none (a short "
+                            "answer); structured steps (trajectories, sub-question lists) set their own")
 
 
 class EmbedderConfig(Section):
-    model: str = DEFAULT_EMBEDDER
-    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1)
+    model: str = Field(DEFAULT_EMBEDDER, description="sentence-transformers model (offline alias, folder or hub "
+                       "name) that `ragsift index` encodes passages with; a run encodes queries with its index's")
+    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1, description="texts per encode call")
     device: str | None = Field(None, json_schema_extra=SPEED, description="None = the GPU when num_gpus > 0 (cuda when "
                                "available), else cpu")
-    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
-    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
-    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1, description="encoder actors (query encoding; in "
+                          "`ragsift index`, passage encoding)")
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0, description="Ray CPUs each replica reserves")
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each replica reserves (> 0: it "
+                            "encodes there)")
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
     threads: int | None = Field(
         None, json_schema_extra=SPEED, ge=1, description="torch threads per encoder replica in `ragsift index`; "
@@ -220,7 +228,8 @@ class IndexConfig(Section):
             raise ValueError("an index is a local folder or a shared file system's mount (e.g. /shared/idx), "
                              "not a URI: copy it from object storage to where the retriever replicas run")
         return home_expanded(value)
-    shards: int = Field(2, json_schema_extra=SPEED, ge=1)
+    shards: int = Field(2, json_schema_extra=SPEED, ge=1, description="shards the corpus is cut into (in corpus "
+                        "order), each searched by its own actor; results merge to the same top k")
     index_type: Literal["flat", "ivf_flat", "ivf_pq", "hnsw"] = Field(
         "flat", description="flat = exact inner product; ivf_* = inverted lists (trained); hnsw = graph")
     nlist: int | None = Field(None, ge=1, description="IVF lists per shard; None = 4*sqrt(shard rows)")
@@ -252,7 +261,7 @@ class IndexConfig(Section):
 class RetrievalConfig(Section):
     """How a ``Retrieve`` request is served: dense (FAISS), BM25, or both fused by reciprocal rank."""
 
-    k: int = Field(5, ge=1, le=1000)
+    k: int = Field(5, ge=1, le=1000, description="passages a retrieval returns (where the strategy asks for no other k)")
     method: Literal["dense", "bm25", "hybrid"] = Field("dense", description="default for requests that name none")
     rrf_k: int = Field(60, ge=1, description="reciprocal rank fusion constant: score = sum w / (rrf_k + rank)")
     dense_weight: float = Field(1.0, ge=0, description="hybrid: weight of the dense ranking")
@@ -273,12 +282,13 @@ class RetrievalConfig(Section):
 class CrossEncoderPool(Section):
     """A pool of sentence-transformers CrossEncoder actors."""
 
-    batch_size: int = Field(32, json_schema_extra=SPEED, ge=1)
-    max_length: int = Field(512, ge=16)
-    device: str | None = Field(None, json_schema_extra=SPEED)
-    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
-    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
-    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    batch_size: int = Field(32, json_schema_extra=SPEED, ge=1, description="pairs per forward pass")
+    max_length: int = Field(512, ge=16, description="tokens of a (query, text) pair; longer pairs are truncated")
+    device: str | None = Field(None, json_schema_extra=SPEED, description="torch device; None = cuda when num_gpus "
+                               "> 0, else cpu")
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1, description="actors of this pool")
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0, description="Ray CPUs each replica reserves")
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each replica reserves")
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
 
 
@@ -303,19 +313,21 @@ class KnowConfig(Section):
     ``raisf.judges: trained``."""
 
     model: str | None = Field(None, description="directory written by `ragsift train know`")
-    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1)
-    device: str | None = Field(None, json_schema_extra=SPEED)
-    replicas: int = Field(1, json_schema_extra=SPEED, ge=1)
-    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0)
-    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0)
+    batch_size: int = Field(64, json_schema_extra=SPEED, ge=1, description="questions per encode call")
+    device: str | None = Field(None, json_schema_extra=SPEED, description="torch device of its encoder; None = "
+                               "cuda when num_gpus > 0, else cpu")
+    replicas: int = Field(1, json_schema_extra=SPEED, ge=1, description="actors of this pool")
+    num_cpus: float = Field(0.5, json_schema_extra=SPEED, ge=0, description="Ray CPUs each replica reserves")
+    num_gpus: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each replica reserves")
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
 
 
 class StageBatching(Section):
     """Micro-batching policy of one stage pool."""
 
-    max_batch: int = Field(64, ge=1)
-    max_wait_s: float = Field(0.05, ge=0)
+    max_batch: int = Field(64, ge=1, description="requests per call to a replica")
+    max_wait_s: float = Field(0.05, ge=0, description="how long the oldest queued request waits for a fuller batch "
+                              "(a batch also goes as soon as no other is running)")
     max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
     timeout_s: float | None = Field(None, gt=0,
                                     description="a batch running longer fails and its replica is restarted; None = no limit")
@@ -330,8 +342,11 @@ class LLMBatching(StageBatching):
 
 
 class RetrieverBatching(StageBatching):
-    max_batch: int = Field(128, ge=1)
-    timeout_s: float | None = Field(600, gt=0)
+    """Batching of the retriever, nli and know stages (and the ranker's)."""
+
+    max_batch: int = Field(128, ge=1, description="requests per call to a replica")
+    timeout_s: float | None = Field(600, gt=0, description="a batch running longer fails and its replica is "
+                                    "restarted; None = no limit")
 
 
 class RankerBatching(RetrieverBatching):
@@ -381,7 +396,8 @@ class EngineConfig(Section):
 class InputConfig(Section):
     """How questions are read (row policy: jobs/questions.py)."""
 
-    read_batch_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
+    read_batch_rows: int = Field(1024, json_schema_extra=SPEED, ge=1, description="questions read from the input "
+                                 "at a time (the driver's memory for questions not yet answered)")
     max_question_chars: int = Field(4096, ge=1, description="longer questions become error rows")
     columns: dict[str, str] = Field(default_factory=dict, description="rename the input's columns, ours -> yours, "
                                     "e.g. {question: query, answers: golds}; ids are row numbers without an id column")
@@ -393,7 +409,8 @@ class OutputConfig(Section):
     """How answers are committed: one Parquet part per input shard and strategy (jobs/output.py)."""
 
     shard_rows: int = Field(10_000, ge=1, description="input rows per part: the unit of commit and resume")
-    row_group_rows: int = Field(1024, json_schema_extra=SPEED, ge=1)
+    row_group_rows: int = Field(1024, json_schema_extra=SPEED, ge=1, description="rows per Parquet row group of "
+                                "a part (what a reader reads at once)")
     max_error_share: float | None = Field(
         None, json_schema_extra=SPEED, ge=0, le=1,
         description="a finished run whose error rows are more than this share of its output's rows ends with "
@@ -506,9 +523,9 @@ class CalibrationRecord(Section):
     split: str | None = Field(None, description="the split read, where the slice is a `datasets` folder or hf: "
                                                 "dataset of several (its input.split)")
     n: int = Field(ge=0, description="probe rows")
-    generator: str
-    judge: str | None = None
-    ranker: str
+    generator: str = Field(description="the generator model the slice was probed with")
+    judge: str | None = Field(None, description="the judge model, where not the generator")
+    ranker: str = Field(description="the reranker's model, or the embedder's cosine fallback")
     know: str | None = Field(None, description="the self-knowledge model (know.model) RA-ISF's know threshold was "
                                                "chosen on, or \"judge: P('yes')\"; None: a record written before")
     chosen: dict[str, int | float | str] = Field(default_factory=dict, description="dotted field -> the value chosen")
@@ -544,20 +561,24 @@ class RayConfig(Section):
     address: str | None = Field(None, description="cluster to join; None = RAY_ADDRESS or a local one")
     num_cpus: int | None = Field(None, description="CPUs of a local Ray (None = os.cpu_count()), raised to what "
                                                  "the actor pools request")
-    object_store_mb: int = Field(512, ge=75)  # Ray refuses less than 75 MiB, with a traceback after the output was claimed
-    include_dashboard: bool = False
-    dashboard_host: str = "127.0.0.1"
-    log_to_driver: bool = False
+    # ge=75: Ray refuses less than 75 MiB, with a traceback after the output was claimed
+    object_store_mb: int = Field(512, ge=75, description="object store of a local Ray, MiB")
+    include_dashboard: bool = Field(False, description="start a local Ray's dashboard")
+    dashboard_host: str = Field("127.0.0.1", description="address a local Ray's dashboard binds to (0.0.0.0 to "
+                                "reach it from other machines)")
+    log_to_driver: bool = Field(False, description="print the actors' own logs (vLLM's, Ray's workers') in the "
+                                "job's output; they are in Ray's session logs either way")
 
 
 class RunConfig(Section):
     """Everything a run is configured by except the strategies' own sections: the registry
     (strategies/registry.py) adds one section per strategy and calls this ``AnswerConfig``."""
 
-    questions: str | None = Field(None, json_schema_extra=SPEED)
-    output: str | None = Field(None, json_schema_extra=SPEED)
-    strategies: list[str] = Field(default_factory=lambda: ["rag"], json_schema_extra=SPEED)
-    limit: int | None = Field(None, json_schema_extra=SPEED, ge=1)
+    questions: str | None = Field(None, json_schema_extra=SPEED, description="the questions (--questions)")
+    output: str | None = Field(None, json_schema_extra=SPEED, description="the output folder or URI (--output)")
+    strategies: list[str] = Field(default_factory=lambda: ["rag"], json_schema_extra=SPEED,
+                                  description="the strategies answering each question (--strategy)")
+    limit: int | None = Field(None, json_schema_extra=SPEED, ge=1, description="the first N questions only (--limit)")
     input: InputConfig = Field(default_factory=InputConfig)
     commit: OutputConfig = Field(default_factory=OutputConfig)
     generator: LLMConfig = Field(default_factory=LLMConfig)

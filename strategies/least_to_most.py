@@ -24,7 +24,7 @@ from strategies.parsing import parse_string_list, same_question, string_list_sch
 class LeastToMostConfig(Section):
     """Least-to-most prompting (Zhou et al.), closed-book: decompose, solve in order, answer."""
 
-    max_subquestions: int = Field(4, ge=1)
+    max_subquestions: int = Field(4, ge=1, description="sub-questions a decomposition may list (the schema's maxItems)")
 
 
 class LeastToMost(Routine):

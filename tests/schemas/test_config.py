@@ -184,3 +184,26 @@ def test_a_thread_binding_vllm_cannot_read_fails_naming_the_field(bind, ok):
     else:
         with pytest.raises(ConfigError, match="generator.cpu_threads_bind"):
             load_config(AnswerConfig, None, [f"generator.cpu_threads_bind={bind}"])
+
+
+def test_every_setting_says_what_it_does():
+    """A documented, typed field per setting (vLLM's config classes): 45 fields had no description, so
+    `--help`-style listings and readers of schemas/config.py met bare names (`max_wait_s`, `seed`)."""
+    from pydantic import BaseModel
+
+    from schemas import config as config_module
+    from schemas.config import section_of
+
+    sections = {AnswerConfig} | {c for c in vars(config_module).values()
+                                 if isinstance(c, type) and issubclass(c, BaseModel) and c.__module__ == config_module.__name__}
+    bare, seen = [], set()
+    while sections:
+        cls = sections.pop()
+        seen.add(cls)
+        for name, field in cls.model_fields.items():
+            section = section_of(field.annotation)
+            if section is not None:  # documented by its class
+                sections |= {section} - seen
+            elif not field.description:
+                bare.append(f"{cls.__name__}.{name}")
+    assert not bare, bare
