@@ -207,13 +207,6 @@ class LabelWriter:
             self.fs.move(f"{path}.tmp", path)
 
 
-def write_labels(output: str, kind: str, records: list[dict]) -> None:
-    writer = LabelWriter(output, kind)
-    writer.write(records)
-    writer.close()
-    writer.publish()
-
-
 def answer_chunks(output: str, strategy: str, max_passage_ids: int = 100_000):
     """Answer rows of ``strategy`` in chunks of whole parts, each citing about ``max_passage_ids``
     passages at most (plus one part), so memory stays bounded and a chunk needs one scan of the

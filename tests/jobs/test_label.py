@@ -11,11 +11,19 @@ from jobs.label import (
     answer_chunks,
     raisf_labels,
     self_reasoning_labels,
-    write_labels,
 )
 from schemas.config import LabelConfig
 from schemas.records import Passage
 from schemas.tables import ANSWERS
+
+
+def write_labels(output: str, kind: str, records: list[dict]) -> None:
+    """One label file of ``records``, written as the label job writes its parts."""
+    writer = LabelWriter(output, kind)
+    writer.write(records)
+    writer.close()
+    writer.publish()
+
 
 PASSAGES = {f"p{i}": Passage(f"p{i}", f"T{i}", f"text {i}", 0.0) for i in range(3)}
 
