@@ -33,10 +33,18 @@ BUILT_IN = (Direct, RetrieveThenRead, RAISF, LeastToMost, SelfReasoning, ThinkTh
             CalibrationProbe)
 
 
+# plugins whose entry point did not load: name -> why (said where a run names an unknown strategy)
+NOT_LOADED: dict[str, str] = {}
+
+
 def _discover() -> dict[str, type]:
     found = {cls.name: cls for cls in BUILT_IN}
     for entry in entry_points(group=ENTRY_POINTS):
-        cls = entry.load()
+        try:
+            cls = entry.load()
+        except Exception as err:  # noqa: BLE001 - one broken plugin failed every command, built-in strategies too
+            NOT_LOADED[entry.name] = f"{entry.value}: {type(err).__name__}: {err}"
+            continue
         if cls.name in found and found[cls.name] is not cls:
             raise ValueError(f"strategy {cls.name!r} from entry point {entry.value} is already registered")
         found[cls.name] = cls
@@ -51,7 +59,9 @@ ANSWERING = tuple(name for name, cls in STRATEGIES.items() if cls.answers)
 def _known(cls, value: list[str]) -> list[str]:
     unknown = [s for s in value if s not in STRATEGIES]
     if unknown or not value:
-        raise UserError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}")
+        broken = "; ".join(f"{name} ({why})" for name, why in NOT_LOADED.items())
+        raise UserError(f"unknown strategy {unknown}; choose from {sorted(STRATEGIES)}"
+                        + (f"; strategy plugins that did not load: {broken}" if broken else ""))
     repeated = sorted({s for s in value if value.count(s) > 1})
     if repeated:  # each would answer every question into the same part files: each id twice
         raise UserError(f"strategy {repeated} named more than once")

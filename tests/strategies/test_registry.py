@@ -63,3 +63,23 @@ def test_a_strategy_from_an_entry_point_runs_through_the_cli_with_prompts_from_i
     questions = pq.read_table(SAMPLE_QUESTIONS).slice(0, 3)["question"].to_pylist()
     assert sorted(r["answer"] for r in rows) == sorted("LOUDLY:" + q.upper() + "?!" for q in questions)
     assert {r["resolved_by"] for r in rows} == {"shouted"}
+
+
+def test_a_plugin_that_does_not_load_leaves_the_built_in_strategies_working_and_is_named_where_asked_for(tmp_path):
+    """An installed strategy plugin whose import failed (a missing dependency) failed every ragsift command,
+    `--strategy rag` too, with a traceback from the registry's import."""
+    site = tmp_path / "site"
+    (site / "broken_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "broken_plugin.py").write_text("import a_dependency_not_installed\n")
+    (site / "broken_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (site / "broken_plugin-0.1.dist-info" / "entry_points.txt").write_text("[ragsift.strategies]\nbroken = broken_plugin:Broken\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "RAY_ADDRESS": ""}
+    check = "from strategies.registry import AnswerConfig; print(AnswerConfig(strategies=['rag']).strategies)"
+    proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "['rag']", proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "answer", "--questions", str(SAMPLE_QUESTIONS),
+                           "--output", str(tmp_path / "out"), "--strategy", "broken"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("strategy plugins that did not load: broken (broken_plugin:Broken: ModuleNotFoundError: No module named "
+            "'a_dependency_not_installed')") in proc.stderr
