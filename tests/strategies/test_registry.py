@@ -72,7 +72,8 @@ def test_a_plugin_that_does_not_load_leaves_the_built_in_strategies_working_and_
     (site / "broken_plugin-0.1.dist-info").mkdir(parents=True)
     (site / "broken_plugin.py").write_text("import a_dependency_not_installed\n")
     (site / "broken_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
-    (site / "broken_plugin-0.1.dist-info" / "entry_points.txt").write_text("[ragsift.strategies]\nbroken = broken_plugin:Broken\n")
+    entry = "[ragsift.strategies]\nbroken = broken_plugin:Broken\n"
+    (site / "broken_plugin-0.1.dist-info" / "entry_points.txt").write_text(entry)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "RAY_ADDRESS": ""}
     check = "from strategies.registry import AnswerConfig; print(AnswerConfig(strategies=['rag']).strategies)"
     proc = subprocess.run([sys.executable, "-c", check], cwd=REPO, env=env, capture_output=True, text=True)
