@@ -199,8 +199,8 @@ def completion_budget(prompt_tokens: int, max_tokens: int, max_model_len: int, m
     room = max_model_len - prompt_tokens
     if room < minimum:
         return (f"prompt of {prompt_tokens} tokens leaves {max(room, 0)} of max_model_len {max_model_len} "
-                f"to generate, needs {minimum}: raise the pool's max_model_len, read fewer passages (retrieval.k), "
-                "or index the corpus in shorter passages")
+                f"to generate, needs {minimum}: raise the pool's max_model_len, read fewer passages (retrieval.k, "
+                "or the strategy's own k: raisf.k, self_reasoning.k, ...), or index the corpus in shorter passages")
     return min(max_tokens, room)
 
 

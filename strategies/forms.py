@@ -16,6 +16,7 @@ for our models through the strategies, so no default uses it.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -134,7 +135,7 @@ def final_answer(response: Generation | Judgment, form: str, config: AnswerFormC
     a verdict between two labels by ``config.verdict_cut`` where one is set."""
     if isinstance(response, Judgment):
         cut = config.verdict_cut if config is not None and form == VERDICT else None  # two verdicts (its validator)
-        if cut is not None and response.probs:
+        if cut is not None and response.probs and not _tied(response.probs):
             first, second = config.verdicts
             return first if passes(response.probs.get(first, 0.0), cut) else second
         return chosen(response)
@@ -150,8 +151,18 @@ def final_answer(response: Generation | Judgment, form: str, config: AnswerFormC
 
 def chosen(judgment: Judgment) -> str:
     """The choice a judgment answers: the likelier by its first-token log-probs, which is not always the
-    label guided decoding wrote (the label alone is taken where there are none)."""
-    return max(judgment.probs, key=judgment.probs.get) if judgment.probs else judgment.label
+    label guided decoding wrote; the label where there are none, or where they cannot tell the likeliest
+    apart (choices that begin with the same token: "MOSTLY TRUE" / "MOSTLY FALSE" share its probability
+    evenly, and the first listed won every claim)."""
+    if not judgment.probs or (_tied(judgment.probs) and judgment.label in judgment.probs):
+        return judgment.label
+    return max(judgment.probs, key=judgment.probs.get)
+
+
+def _tied(probs: dict[str, float]) -> bool:
+    """Whether the likeliest choices have the same probability (a first token they share)."""
+    top = sorted(probs.values(), reverse=True)
+    return len(top) > 1 and math.isclose(top[0], top[1], rel_tol=1e-9, abs_tol=1e-12)
 
 
 def traced(step: str, response: Generation | Judgment, form: str | None = None,

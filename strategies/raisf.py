@@ -53,7 +53,10 @@ DECOMPOSE_TOKENS = 160
 # a decomposition that gave no sub-question answers closed-book (Algorithm 1's M(q, {}, {})): the
 # decomposition branch, under its own label so that Table 7 does not count it as answered by sub-questions
 EMPTY_DECOMPOSITION = "decomposition_empty"
-DECOMPOSED = ("decomposition", EMPTY_DECOMPOSITION)
+# a node at D_th decomposes (Algorithm 1) and its sub-questions, past D_th, are all "unknown": its synthesis
+# read no sub-answer, so Table 7's decomposition row must not count it (only a root at raisf.d_th 0)
+PAST_DEPTH = "decomposition_past_depth"
+DECOMPOSED = ("decomposition", EMPTY_DECOMPOSITION, PAST_DEPTH)
 
 
 class RaisfConfig(Section):
@@ -78,8 +81,10 @@ class RaisfConfig(Section):
         "generator's self-knowledge prompt, or the other way round, is one setting each")
     relevance_judge: Literal["generator", "trained"] | None = Field(
         None, description="who judges passage relevance alone (M_rel); None = `judges`")
-    know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which the model 'knows'")
-    relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') above which a passage is relevant")
+    know_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') at or above which the model 'knows' "
+                                   "(1: never, as every ragsift cut)")
+    relevance_threshold: float = Field(0.5, ge=0, le=1, description="P('yes') at or above which a passage is "
+                                       "relevant (1: never)")
     max_subquestions: int = Field(4, ge=1, description="at most this many sub-questions per decomposition")
     read: Literal["relevant", "retrieved"] = Field(
         "relevant", description="what M reads once some passage is relevant: P_rel, the relevant ones (the paper's "
@@ -124,12 +129,13 @@ class RAISF(Routine):
 
     @staticmethod
     def check(run) -> None:
+        # max_depth first: max_nodes of a d_th of 10^5 took minutes to compute (m^d summed) before any error
+        if run.raisf.d_th > run.engine.max_depth:
+            raise ValueError(f"engine.max_depth {run.engine.max_depth} is below raisf.d_th {run.raisf.d_th}")
         if run.raisf.max_nodes > run.engine.max_nodes_per_root:
             raise ValueError(f"engine.max_nodes_per_root {run.engine.max_nodes_per_root} cannot hold an RA-ISF tree "
                              f"of raisf.d_th {run.raisf.d_th} and raisf.max_subquestions {run.raisf.max_subquestions} "
                              f"({run.raisf.max_nodes} nodes)")
-        if run.raisf.d_th > run.engine.max_depth:
-            raise ValueError(f"engine.max_depth {run.engine.max_depth} is below raisf.d_th {run.raisf.d_th}")
         check_judges(run)
 
     def solve(self, item: Item) -> Solve:  # Problem-solving(q_t, iter)
@@ -151,7 +157,7 @@ class RAISF(Routine):
             if not c.passage_relevance:  # both ablated: read everything retrieved
                 user = self.read_prompt.format(passages=format_passages(item.passages), question=q)
                 done = yield from self.answer(item, "answer_passages", "passages", user)
-                return Done(done.answer, done.resolved_by, [p.id for p in item.passages])
+                return Done(done.answer, done.resolved_by)  # no module chose among them: no citation, as rag's
             scores = relevance_scores((yield relevance_requests(q, item.passages, c)), len(item.passages), c)
             relevant = [p for p, s in zip(item.passages, scores) if passes(s, c.relevance_threshold)]
             item.trace.append({"step": "relevance", "p_yes": [round(s, 4) for s in scores],
@@ -171,9 +177,10 @@ class RAISF(Routine):
         subs = yield from self.decompose(item)  # Q_sub = M_decom(q_t)
         if not subs:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), a closed-book answer: its own label
             return (yield from self.answer(item, "synthesize", EMPTY_DECOMPOSITION, prompt("raisf/answer").format(question=q)))
+        resolved_by = "decomposition"
         if item.depth + 1 > c.d_th:  # Problem-solving(q_i, iter + 1) with iter + 1 > D_th
             item.trace.append({"step": "depth_cap", "depth": item.depth + 1, "sub_questions": len(subs)})
-            answers, cited = [UNKNOWN] * len(subs), []
+            answers, cited, resolved_by = [UNKNOWN] * len(subs), [], PAST_DEPTH
         else:
             children = yield Spawn(subs)  # a_i = Problem-solving(q_i, iter + 1)
             # a sub-question that failed, or that the engine did not run (its node cap), is unknown, and
@@ -182,7 +189,7 @@ class RAISF(Routine):
             answers = [child.answer if ok else UNKNOWN for child, ok in zip(children, known)]
             cited = list(dict.fromkeys(p for child, ok in zip(children, known) if ok for p in child.citations))
         pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))
-        done = yield from self.answer(item, "synthesize", "decomposition",  # M(q_t, Q_sub, A_sub)
+        done = yield from self.answer(item, "synthesize", resolved_by,  # M(q_t, Q_sub, A_sub)
                                       prompt("raisf/synthesize").format(pairs=pairs, question=q))
         return Done(done.answer, done.resolved_by, cited)  # the evidence is the sub-answers' evidence
 

@@ -91,9 +91,9 @@ class ThinkActConfig(Section):
     max_subqueries: int = Field(4, ge=1, description="sub-queries for an AMBIGUOUS query")
     ambiguity_threshold: float | None = Field(
         None, ge=0, le=1, description="split the query into sub-queries when P('AMBIGUOUS') of the assessment "
-        ">= this, else take the likelier of the other two assessments; None = the assessment's own label (the "
-        "paper). A deviation for calibration (`ragsift calibrate`), as beta' is: a small judge's label alone "
-        "may split most queries")
+        "is at or above this (1: never), else take the likelier of the other two assessments; None = the "
+        "assessment's own label (the paper). A deviation for calibration (`ragsift calibrate`), as beta' is: "
+        "a small judge's label alone may split most queries")
 
 
 class ThinkThenAct(Routine):
@@ -137,7 +137,8 @@ class ThinkThenAct(Routine):
             ranking = yield Rank(query, tuple(pool), self.config.top_sentences, step="rank")
             chosen = [pool[i] for i in ranking.indices]
             item.trace.append({"step": "rank", "sentences": chosen, "scores": [round(x, 4) for x in ranking.scores]})
-        return (yield from self.answer(item, "answer", "retrieval",
+        # with nothing retrieved (BM25 finds no word of the query) the answer is the model's own, as rag's
+        return (yield from self.answer(item, "answer", "retrieval" if item.passages else "closed_book",
                                        answer_prompt(chosen, query, self.config.answer_prompt)))
 
     def by_sub_queries(self, item: Item):

@@ -46,6 +46,8 @@ def test_completion_budget_is_cut_to_the_context_left_and_errors_only_without_ro
     assert completion_budget(1300, 768, 2048) == 748  # a retry with a doubled budget still runs
     assert completion_budget(2047, 64, 2048) == 1
     assert "leaves 0 of max_model_len 2048" in completion_budget(2100, 64, 2048)
+    # the strategies' own k too: raisf.k=30 overflowed under retrieval.k=1 and was told to lower retrieval.k
+    assert "read fewer passages (retrieval.k, or the strategy's own k: raisf.k" in completion_budget(2100, 64, 2048)
     assert "needs 3" in completion_budget(2046, 3, 2048, minimum=3)  # a judgment needs its whole choice
 
 

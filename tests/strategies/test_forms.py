@@ -159,3 +159,18 @@ def test_a_verdict_cut_answers_the_first_label_at_or_above_it_and_otherwise_the_
     assert traced("read", judged, "verdict", AnswerFormConfig(verdict_cut=0.15)) == {
         "step": "read", "output": "SUPPORTS", "probs": {"SUPPORTS": 0.2, "REFUTES": 0.8}}
     assert final_answer(Judgment("yes", {"yes": 0.2, "no": 0.8}), "yes_no", AnswerFormConfig(verdict_cut=0.1)) == "no"
+
+
+def test_choices_that_share_their_first_token_are_answered_by_the_label_the_model_wrote_not_by_their_order():
+    """[MOSTLY TRUE, MOSTLY FALSE]: their first token's probability is shared, 0.5 each, and the first label
+    listed answered every claim (reversing the list reversed every answer)."""
+    tied = {"MOSTLY TRUE": 0.5, "MOSTLY FALSE": 0.5}
+    forms = AnswerFormConfig(verdicts=["MOSTLY TRUE", "MOSTLY FALSE"])
+    for label in tied:
+        assert final_answer(Judgment(label, tied), "verdict", forms) == label
+        assert traced("read", Judgment(label, tied), "verdict", forms)["output"] == label
+    assert final_answer(Judgment("no", {"yes": 0.3, "no": 0.7}), "yes_no") == "no"  # untied: the likelier, as before
+    assert final_answer(Judgment("yes", {"yes": 0.3, "no": 0.7}), "yes_no") == "no"
+    # a cut on such labels would read 0.5 for every claim: refused, naming why
+    with pytest.raises(ValueError, match="verdict_cut reads each verdict's probability from its first token"):
+        AnswerFormConfig(verdicts=["MOSTLY TRUE", "MOSTLY FALSE"], verdict_cut=0.4)

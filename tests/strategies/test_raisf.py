@@ -338,3 +338,26 @@ def test_an_ablated_module_needs_no_trained_model_starts_no_pool_and_is_named_as
     probing = AnswerConfig(strategies=["calibration_probe"], raisf=raisf, **models)
     assert pool in CalibrationProbe.from_run(probing).stages
     assert judges_name(probing)[key] != f"none: ablated (raisf.{module}: false)"
+
+
+def test_a_root_at_d_th_zero_that_decomposes_is_not_counted_as_answered_from_sub_answers():
+    """At raisf.d_th 0 the root decomposes (Algorithm 1) into sub-questions that are all "unknown": its synthesis
+    read no sub-answer, and was labelled `decomposition`, which Table 7 counts as the decomposition module's."""
+    done, item = drive(RAISF(RaisfConfig(d_th=0, self_knowledge=False)), "Q", Script(subs={"Q": ["A?"]}))
+    assert done.resolved_by == "decomposition_past_depth" and done.citations == []
+    assert any(t["step"] == "depth_cap" for t in item.trace)
+
+
+def test_with_both_judges_ablated_the_passages_read_are_no_citation():
+    """No module chose among them (M_know and M_rel both off): all k retrieved were written as citations, and
+    evaluate scored them as the model's, where rag's same read cites nothing."""
+    done, _ = drive(RAISF(RaisfConfig(self_knowledge=False, passage_relevance=False)), "Q", Script())
+    assert (done.resolved_by, done.citations) == ("passages", [])
+
+
+@pytest.mark.timeout(20)
+def test_a_huge_d_th_is_refused_at_once_naming_the_depth_setting():
+    """raisf.d_th=1000000 computed its tree's node count (m^d summed) for minutes before any error."""
+    from strategies.registry import AnswerConfig
+    with pytest.raises(ValueError, match="engine.max_depth 8 is below raisf.d_th 1000000"):
+        AnswerConfig(strategies=["raisf"], raisf={"d_th": 1_000_000})

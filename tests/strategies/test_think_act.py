@@ -217,3 +217,14 @@ def test_a_failed_sub_query_is_unknown_in_the_aggregate_and_if_all_fail_the_quer
     done, item = drive(ThinkThenAct(ThinkActConfig()), "Q?", lambda r, i: (
         Generation("", error="down") if i.depth and isinstance(r, Generate) else script(r, i)))
     assert done.resolved_by == "retrieval" and "sub_queries_failed" in steps(item)
+
+
+def test_a_retrieval_that_finds_nothing_answers_closed_book_and_says_so():
+    """BM25 finds no passage for "Is it?": the answer read "(nothing found)" and was labelled `retrieval`, where
+    rag's same case is `closed_book`: evaluate's resolution table miscounted it."""
+    class Nothing(Script):
+        def __call__(self, request, item):
+            return Retrieval([]) if isinstance(request, Retrieve) else super().__call__(request, item)
+
+    done, item = drive(ThinkThenAct(ThinkActConfig()), "Is it?", Nothing(beta=0.2))
+    assert steps(item)[-2:] == ["retrieve", "answer"] and done.resolved_by == "closed_book"
