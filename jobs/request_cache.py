@@ -86,19 +86,10 @@ def know_embedder(model: str | None) -> str | None:
 def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -> dict:
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
              if llm.endpoint else {"model": revision(llm.model, llm.engine_kwargs.get("revision")),
-                                   "dtype": resolve_dtype(llm.dtype, gpu=on_gpu(llm)),
+                                   "dtype": resolve_dtype(llm.dtype, gpu=llm.on_gpu),
                                    "engine_kwargs": by_content(llm.engine_kwargs), "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
-
-
-def on_gpu(llm: LLMConfig) -> bool:
-    """Whether a replica runs on GPUs, by its placement (jobs/pools.py): the dtype ``auto`` resolves to
-    there, not on the driver, which is often a CPU head. (A CPU replica's dtype is still resolved by the
-    driver's CPU: a cluster of CPUs with and without native bf16 shares one namespace.)"""
-    if llm.world_size > 1:
-        return llm.placement_group.bundle_per_worker.get("GPU", 0) > 0
-    return llm.num_gpus > 0
 
 
 def by_content(value):

@@ -104,10 +104,19 @@ class PlacementGroupConfig(Section):
     changes_answers: ClassVar[bool] = False
     bundle_per_worker: dict[str, float] = Field(
         default_factory=lambda: {"GPU": 1, "CPU": 1},
-        description="what each vLLM worker reserves; add a custom resource to pin workers to labelled nodes")
+        description="what each vLLM worker reserves (at most 1 GPU: a worker is one device; a fraction shares "
+                    "one); add a custom resource to pin workers to labelled nodes")
     strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = Field(
         "PACK", description="PACK: on as few nodes as fit (tensor parallel inside a node, pipeline stages spill "
         "to the next); STRICT_PACK: one node or nothing (NVLink-bound tensor parallel); *SPREAD: one worker a node")
+
+    @field_validator("bundle_per_worker")
+    @classmethod
+    def _one_device_a_worker(cls, value):
+        # vLLM refuses a worker bundle of more than one GPU, inside the replica after its placement group was made
+        if value.get("GPU", 0) > 1:
+            raise ValueError(f"a vLLM worker runs on one device: GPU {value['GPU']:g} in a bundle (at most 1)")
+        return value
 
 
 class LLMConfig(Section):
@@ -125,7 +134,9 @@ class LLMConfig(Section):
         "bf16 on AVX2-only CPUs: 4-6x slower); or another vLLM dtype. Changes answers in the last digits")
     max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
                                "its prompt leaves, and a prompt that leaves nothing is an error row")
-    enforce_eager: bool = Field(True, json_schema_extra=SPEED, description="skip CUDA-graph capture (faster start, CPU-safe)")
+    enforce_eager: bool | None = Field(None, json_schema_extra=SPEED, description="skip CUDA-graph capture and "
+                                       "torch.compile; None = on CPU replicas (faster start, CPU-safe), not on GPU ones "
+                                       "(CUDA graphs decode faster)")
     tensor_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1, description="GPUs one layer is split over "
                                       "(inside a node); with pipeline_parallel_size > 1 too, a placement group holds them")
     pipeline_parallel_size: int = Field(1, json_schema_extra=SPEED, ge=1, description="stages the layers are cut "
@@ -171,6 +182,14 @@ class LLMConfig(Section):
     def world_size(self) -> int:
         """vLLM workers a replica runs: one per device it spans."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether a replica runs on GPUs, by its placement (what it reserves from Ray), not by what the
+        driver or the replica's process happens to see."""
+        if self.world_size > 1:
+            return self.placement_group.bundle_per_worker.get("GPU", 0) > 0
+        return self.num_gpus > 0
 
     @model_validator(mode="after")
     def _one_way_to_hold_gpus(self):
@@ -271,9 +290,10 @@ class RetrievalConfig(Section):
     num_cpus_per_shard: float = Field(0.25, json_schema_extra=SPEED, ge=0, description="CPUs each shard actor "
                                       "(its FAISS index, passages and BM25 index) reserves")
     num_gpus_per_shard: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each shard actor reserves; "
-                                      "> 0 searches its FAISS index on its GPU (faiss-gpu, the `.[gpu]` extra). At 0 "
-                                      "the index stays on the CPU even where FAISS sees GPUs: copied onto them "
-                                      "unreserved, it would sit beside vLLM's preallocated memory unseen by Ray")
+                                      "> 0 searches its FAISS index on its GPU (faiss-gpu, the `.[gpu]` extra; Flat "
+                                      "and IVF shards, IVF-PQ at 8 bits a code: FAISS has no GPU HNSW). At 0 the index "
+                                      "stays on the CPU even where FAISS sees GPUs: copied onto them unreserved, it "
+                                      "would sit beside vLLM's preallocated memory unseen by Ray")
     shard_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED,
                                               description="Ray custom resources each shard actor asks for (placement, "
                                               "as a pool's `resources`)")

@@ -110,6 +110,52 @@ def test_a_replica_over_several_devices_gets_a_placement_group_with_a_bundle_per
     # GPUs held twice (by the actor and by the bundles) would never be placed: refused, naming the field
     with pytest.raises(ValueError, match="num_gpus: with tensor_parallel_size x pipeline_parallel_size = 2"):
         config(tensor_parallel_size=2, num_gpus=2)
+    # a multi-device replica's actor reserves no GPU: where it runs (the dtype `auto`, eager mode) is the
+    # driver's word, by its bundles, not its own process's torch (it resolved float32 from CPU flags)
+    assert (args["dtype"], args["enforce_eager"]) == ("auto", False)
+    assert (engine_arguments(llm_settings(config().generator))["enforce_eager"],
+            engine_arguments(llm_settings(config(num_gpus=1, enforce_eager=True).generator))["enforce_eager"]) == (True, True)
+    with pytest.raises(ValueError, match=r"a vLLM worker runs on one device: GPU 2 in a bundle"):
+        config(tensor_parallel_size=2, placement_group={"bundle_per_worker": {"GPU": 2}})
+
+
+def test_a_replica_that_reserved_no_gpu_refuses_a_gpu_build_of_vllm_and_a_fractional_bundle_is_vllms_to_know(
+        tmp_path, monkeypatch):
+    """With the `.[gpu]` install, a pool left at num_gpus 0 started vLLM on GPU 0 unreserved (Ray 2.60 hides no GPU
+    from such an actor); vLLM's Ray workers each asked for a whole GPU inside a {GPU: 0.5} bundle: never placed."""
+    import vllm.platforms
+
+    from actors.generator import configure
+    from jobs.pools import llm_settings
+
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_text("{}")
+    settings = lambda **llm: llm_settings(AnswerConfig.model_validate({"generator": {"model": str(tmp_path), **llm}}).generator)  # noqa: E731
+    monkeypatch.delenv("VLLM_RAY_PER_WORKER_GPUS", raising=False)
+    configure(settings())  # the CPU build: runs on CPUs
+    monkeypatch.setattr(vllm.platforms, "current_platform", type("Cuda", (), {"is_cuda_alike": lambda self: True})(),
+                        raising=False)
+    with pytest.raises(RuntimeError, match=r"reserved no GPU \(its pool's num_gpus is 0\) and this vLLM is a GPU build"):
+        configure(settings())
+    configure(settings(num_gpus=1))
+    configure(settings(tensor_parallel_size=2, placement_group={"bundle_per_worker": {"GPU": 0.5, "CPU": 1}}))
+    assert os.environ["VLLM_RAY_PER_WORKER_GPUS"] == "0.5"
+
+
+def test_shards_on_gpus_are_refused_before_anything_starts_where_faiss_has_no_gpu_version(tmp_path):
+    """An HNSW shard with retrieval.num_gpus_per_shard > 0: each shard actor failed its start, was restarted
+    to fail again, and then the run failed."""
+    from jobs.pools import gpu_searchable
+
+    assert [gpu_searchable(f) for f in ("Flat", "IVF100,Flat", "IVF100,PQ8x8", "IVF100,PQ8x10", "HNSW32,Flat")] == [
+        True, True, True, False, False]
+    (tmp_path / "manifest.json").write_text(json.dumps({"embedder": "all-minilm-l6-v2", "dims": 384, "shards": [
+        {"dir": "s0", "factory": "HNSW32,Flat"}, {"dir": "s1", "factory": "HNSW32,Flat"}]}))
+    config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "retrieval": {"num_gpus_per_shard": 1}})
+    with pytest.raises(UserError, match=r"FAISS has no GPU version of HNSW32,Flat \(GPU search takes Flat and IVF"):
+        pool_plan(config, {"retriever"})
+    assert pool_plan(config.model_copy(update={"retrieval": config.retrieval.model_copy(
+        update={"num_gpus_per_shard": 0})}), {"retriever"})["shards"].num_gpus == 0
 
 
 class _Probe:

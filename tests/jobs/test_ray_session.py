@@ -93,7 +93,8 @@ def test_a_local_ray_on_a_machine_with_fewer_gpus_than_the_pools_request_is_refu
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the model is a name only: not looked up
     calls, cluster = fake_ray
     config = AnswerConfig.model_validate({"generator": {"model": "g", "num_gpus": 1}})
-    with pytest.raises(UserError, match="request 1 GPUs and this machine has 0: set the pools' num_gpus to 0"):
+    with pytest.raises(UserError, match="request 1 GPUs and this machine has 0: with the CPU install, set the pools' "
+                                        "num_gpus to 0"):
         init_ray(config.ray, *ray_request(config, pool_plan(config, {"generator"})))  # as the jobs call it
     assert [name for name, _ in calls] == ["init", "shutdown"]  # the Ray it started is not left behind
     calls.clear()
