@@ -89,7 +89,9 @@ def main() -> None:
               "tune": {"run": args.choose[0], "likelier": scores(tune, [a for _, a, _ in tune], labels),
                        "at_cut": scores(tune, [labels[0] if p >= chosen else labels[1] for p, _, _ in tune], labels)},
               "check": {"run": args.check[0], "its_answers": scores(check, [a for _, a, _ in check], labels),
-                        "likelier": scores(check, [labels[0] if p > 0.5 else labels[1] for p, _, _ in check], labels)}}
+                        "likelier": scores(check, [labels[0] if p > 0.5 else labels[1] for p, _, _ in check], labels),
+                        # the chosen cut on the check run's own probabilities (a run without the cut needs no rerun)
+                        "at_cut": scores(check, [labels[0] if p >= chosen else labels[1] for p, _, _ in check], labels)}}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
