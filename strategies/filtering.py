@@ -16,10 +16,22 @@ import re
 from schemas.records import Passage, Rank, Ranking
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+# a piece ending so is no sentence's end: an initial ("J. K. Rowling"), initials ("the U.S. Army", "e.g."), a title
+_ABBREVIATION = re.compile(r"(?:\b(?:[A-Z]|Mr|Mrs|Ms|Dr|St|Mt|Ft|Jr|Sr|Prof|Gen|Gov|Sen|Rep|Rev|Col|Lt|Sgt|Capt|No|vs|"
+                           r"Inc|Ltd|Co|Corp|Bros)|(?:\b[A-Za-z]\.)+[A-Za-z])\.$")
 
 
 def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(text) if len(s.strip()) > 1]
+    """``text`` cut into sentences at end punctuation before a capital, digit, quote or bracket; not after an
+    abbreviation. MIGRES segments with NLTK's punkt, a model that is a download (nltk.download), not a wheel:
+    offline, this rule does its common cases."""
+    out: list[str] = []
+    for piece in _SENTENCE.split(text):
+        if out and _ABBREVIATION.search(out[-1]):
+            out[-1] = f"{out[-1]} {piece}"
+        else:
+            out.append(piece)
+    return [s.strip() for s in out if len(s.strip()) > 1]
 
 
 def passage_requests(query: str, passages: list[Passage]) -> Rank:

@@ -69,7 +69,9 @@ class RaisfConfig(Section):
     k: int = Field(5, ge=1, description="passages retrieved per (sub-)question")
     self_knowledge: bool = Field(True, description="False = ablation 'No SKM'")
     passage_relevance: bool = Field(True, description="False = ablation 'No PRM' (decompose right away)")
-    decomposition: bool = Field(True, description="False = ablation 'No QDM' ('unknown' when nothing is relevant)")
+    decomposition: bool = Field(True, description="False = ablation 'No QDM' ('unknown' when nothing is "
+                               "relevant; a yes/no question or a claim, which has no 'unknown' among its answers, "
+                               "the model's closed-book choice)")
     judge_by: Literal["logprob", "label"] = Field(
         "logprob", description="binary judgments from P('yes') of the first token, or the generated label")
     judges: Literal["generator", "trained"] = Field(

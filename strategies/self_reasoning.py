@@ -67,8 +67,9 @@ class SelfReasoningConfig(Section):
     short_answer: str = Field("no more than 10 words", description="how the instruction describes the short "
                               "answer (the paper's words); changes results")
     answer_step: Literal["read", "follow_up", "trajectory"] = Field(
-        "read", description="read: a short answer read from the trajectory's analysis and answer in the "
-        "question's form (one short generation more); follow_up: the short answer asked as the next turn of "
+        "read", description="read: a short answer read from the trajectory's analysis and answer (one short "
+        "generation more; a yes/no question or a claim keeps the trajectory's answer, a guided choice already); "
+        "follow_up: the short answer asked as the next turn of "
         "the trajectory's conversation, so it sees the passages as well as the analysis (one short "
         "generation more, whose prompt repeats the trajectory's); trajectory: the trajectory's own short "
         "answer (the paper). Changes results: results/README.md")

@@ -41,3 +41,16 @@ def test_nothing_left_is_none():
 def test_sentence_requests_rank_every_sentence():
     (r,) = sentence_requests("capital?", [Passage("p", "t", TEXT, 0.5)])
     assert r.query == "capital?" and len(r.texts) == 3 and r.top == 3
+
+
+def test_a_sentence_does_not_end_at_an_abbreviation_an_initial_or_a_title():
+    """MIGRES's sentence filter (the paper segments with NLTK) scored "the U.S." and "Army from 1950." apart,
+    and "Dr." / "Smith lived in St." / "Louis.": fragments, each cut at delta on its own."""
+    from strategies.filtering import sentences
+
+    assert sentences("He served in the U.S. Army from 1950. He retired.") == [
+        "He served in the U.S. Army from 1950.", "He retired."]
+    assert sentences("Dr. Smith lived in St. Louis. Then he moved to J. K. Rowling's town.") == [
+        "Dr. Smith lived in St. Louis.", "Then he moved to J. K. Rowling's town."]
+    assert sentences("It was No. 1 in 1990. 1991 was worse! \"Hey Jude\" was not.") == [
+        "It was No. 1 in 1990.", "1991 was worse!", "\"Hey Jude\" was not."]
