@@ -25,8 +25,16 @@ def configure(llm: dict) -> None:
         # vLLM's Ray workers each ask for VLLM_RAY_PER_WORKER_GPUS (1) inside their bundle: more than a
         # fractional bundle holds, so they never started (Ray Serve LLM sets it from its bundles too)
         os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(bundle_gpus)
-    if world_size(llm) == 1 and not llm.get("on_gpu", True):
+    if world_size(llm) == 1 and not llm.get("on_gpu", True) and _in_ray_actor():
         refuse_unreserved_gpu()
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor, whose GPUs are what it reserved (a benchmark's in-process
+    generator takes what its machine has)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def refuse_unreserved_gpu() -> None:

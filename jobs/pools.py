@@ -150,10 +150,12 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
                         "but the index has no BM25 shards; rebuild it with `ragsift index` (index.bm25=true)")
     if config.retrieval.num_gpus_per_shard > 0:
         # each shard actor would fail its start, and be restarted to fail again, before the run failed
-        cpu_only = sorted({f for f in (s.get("factory", "Flat") for s in manifest["shards"]) if not gpu_searchable(f)})
+        cpu_only = sorted({f for f in (s.get("factory", "Flat") for s in manifest["shards"])
+                           if not gpu_searchable(f, manifest.get("dims"))})
         if cpu_only:
             raise UserError(f"retrieval.num_gpus_per_shard > 0, but FAISS has no GPU version of {', '.join(cpu_only)} "
-                            "(GPU search takes Flat and IVF shards, IVF-PQ at 8 bits a code): set it to 0, or index "
+                            "(GPU search takes Flat and IVF shards, IVF-PQ at 8 bits a code with 1-96 sub-quantizers of at "
+                            "most 32 dims): set it to 0, or index "
                             "with another index.index_type")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, config.retrieval.num_gpus_per_shard,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25,
@@ -161,11 +163,21 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
                       for s in manifest["shards"]), config.retrieval.shard_resources)
 
 
-def gpu_searchable(factory: str) -> bool:
-    """Whether FAISS's GPU cloner takes a shard of this index_factory string: Flat and IVF, IVF-PQ only at 8 bits
-    a code; HNSW has no GPU version."""
-    pq = re.search(r"PQ\d+x(\d+)", factory)
-    return not factory.startswith("HNSW") and (pq is None or pq.group(1) == "8")
+# FAISS GpuIndexIVFPQ (without precomputed tables, its cloner's default): sub-quantizers, and dims per one
+GPU_PQ_SUBQUANTIZERS = {1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96}
+GPU_PQ_DIMS_PER_SUBQUANTIZER = {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32}
+
+
+def gpu_searchable(factory: str, dims: int | None = None) -> bool:
+    """Whether FAISS's GPU cloner takes a shard of this index_factory string: Flat and IVF; IVF-PQ only at 8 bits
+    a code, with a sub-quantizer count and dims per sub-quantizer its GPU kernels have; HNSW has no GPU version."""
+    if factory.startswith("HNSW"):
+        return False
+    pq = re.search(r"PQ(\d+)x(\d+)", factory)
+    if pq is None:
+        return True
+    m, bits = int(pq.group(1)), int(pq.group(2))
+    return bits == 8 and m in GPU_PQ_SUBQUANTIZERS and (dims is None or dims // m in GPU_PQ_DIMS_PER_SUBQUANTIZER)
 
 
 def cpus_requested(plan: dict[str, Pool]) -> float:

@@ -485,10 +485,12 @@ class AnswerFormConfig(Section):
         # with three labels the cut would silently do nothing, and still keep a run from resuming
         if self.verdict_cut is not None and len(self.verdicts) != 2:
             raise ValueError(f"verdict_cut decides between two verdicts; these are {len(self.verdicts)}: {self.verdicts}")
-        # the probabilities are the model's first token's: labels that begin alike share it, 0.5 each for every claim
-        if self.verdict_cut is not None and len({v.split()[0].lower() for v in self.verdicts}) < 2:
+        # the probabilities are the model's first token's: labels that begin alike share it, 0.5 each for every
+        # claim (a tokenizer's first token of a word is rarely under 3 characters)
+        shared = os.path.commonprefix([v.lower() for v in self.verdicts]) if self.verdict_cut is not None else ""
+        if len(shared) >= 3 or (shared and len({v.split()[0].lower() for v in self.verdicts}) < 2):
             raise ValueError(f"verdict_cut reads each verdict's probability from its first token, which {self.verdicts} "
-                             "share: name them so that their first words differ")
+                             f"may share (both begin {shared!r}): name them so that they begin differently")
         return self
 
     @field_validator("verdicts")

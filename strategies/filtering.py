@@ -17,8 +17,9 @@ from schemas.records import Passage, Rank, Ranking
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 # a piece ending so is no sentence's end: an initial ("J. K. Rowling"), initials ("the U.S. Army", "e.g."), a title
-_ABBREVIATION = re.compile(r"(?:\b(?:[A-Z]|Mr|Mrs|Ms|Dr|St|Mt|Ft|Jr|Sr|Prof|Gen|Gov|Sen|Rep|Rev|Col|Lt|Sgt|Capt|No|vs|"
-                           r"Inc|Ltd|Co|Corp|Bros)|(?:\b[A-Za-z]\.)+[A-Za-z])\.$")
+_ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Mt|Ft|Jr|Sr|Prof|Gen|Gov|Sen|Rep|Rev|Col|Lt|Sgt|Capt|No|vs|Inc|Ltd|"
+                           r"Co|Corp|Bros)|(?:\b[A-Za-z]\.)+[A-Za-z])\.$")
+_INITIAL = re.compile(r"[A-HJ-Z]\.")  # not "I": "World War I." ends a sentence
 
 
 def sentences(text: str) -> list[str]:
@@ -27,11 +28,22 @@ def sentences(text: str) -> list[str]:
     offline, this rule does its common cases."""
     out: list[str] = []
     for piece in _SENTENCE.split(text):
-        if out and _ABBREVIATION.search(out[-1]):
+        if out and _abbreviated(out[-1], piece):
             out[-1] = f"{out[-1]} {piece}"
         else:
             out.append(piece)
     return [s.strip() for s in out if len(s.strip()) > 1]
+
+
+def _abbreviated(piece: str, following: str) -> bool:
+    """Whether ``piece`` ends in an abbreviation, not a sentence: a title, initials, or an initial after a name
+    or before another ("by J. K. Rowling"); a lone capital after a lowercase word ends one ("Take vitamin C.")."""
+    if _ABBREVIATION.search(piece):
+        return True
+    words = piece.split()
+    if not words or not _INITIAL.fullmatch(words[-1]):
+        return False
+    return len(words) == 1 or not words[-2][:1].islower() or bool(_INITIAL.match(following.lstrip()))
 
 
 def passage_requests(query: str, passages: list[Passage]) -> Rank:

@@ -154,15 +154,21 @@ def chosen(judgment: Judgment) -> str:
     label guided decoding wrote; the label where there are none, or where they cannot tell the likeliest
     apart (choices that begin with the same token: "MOSTLY TRUE" / "MOSTLY FALSE" share its probability
     evenly, and the first listed won every claim)."""
-    if not judgment.probs or (_tied(judgment.probs) and judgment.label in judgment.probs):
+    best = max(judgment.probs, key=judgment.probs.get) if judgment.probs else None
+    # the label only where it is one of the tied likeliest (not a third, less likely choice)
+    if best is None or (_tied(judgment.probs) and _close(judgment.probs.get(judgment.label, -1.0), judgment.probs[best])):
         return judgment.label
-    return max(judgment.probs, key=judgment.probs.get)
+    return best
 
 
 def _tied(probs: dict[str, float]) -> bool:
     """Whether the likeliest choices have the same probability (a first token they share)."""
     top = sorted(probs.values(), reverse=True)
-    return len(top) > 1 and math.isclose(top[0], top[1], rel_tol=1e-9, abs_tol=1e-12)
+    return len(top) > 1 and _close(top[0], top[1])
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def traced(step: str, response: Generation | Judgment, form: str | None = None,
@@ -173,4 +179,6 @@ def traced(step: str, response: Generation | Judgment, form: str | None = None,
     entry = {"step": step, "output": final_answer(response, form, config) if isinstance(response, Judgment) else response.text}
     if isinstance(response, Judgment) and response.probs:
         entry["probs"] = {choice: round(p, 6) for choice, p in response.probs.items()}
+        if _tied(response.probs):  # the label written was taken: a verdict cut, where set, was not applied
+            entry["tied"] = True
     return entry

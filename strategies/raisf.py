@@ -65,7 +65,8 @@ class RaisfConfig(Section):
     sub-questions (the paper's k depends on the question; the cap bounds the tree for the engine's
     node budget); the switches are Table 2's ablations."""
 
-    d_th: int = Field(3, ge=0, description="decomposition depth threshold D_th; deeper nodes answer 'unknown'")
+    d_th: int = Field(3, ge=0, le=64, description="decomposition depth threshold D_th; deeper nodes answer "
+                      "'unknown' (at most 64: a tree's node count, m^d summed, is checked against the engine's caps)")
     k: int = Field(5, ge=1, description="passages retrieved per (sub-)question")
     self_knowledge: bool = Field(True, description="False = ablation 'No SKM'")
     passage_relevance: bool = Field(True, description="False = ablation 'No PRM' (decompose right away)")

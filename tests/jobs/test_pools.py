@@ -131,10 +131,12 @@ def test_a_replica_that_reserved_no_gpu_refuses_a_gpu_build_of_vllm_and_a_fracti
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_text("{}")
     settings = lambda **llm: llm_settings(AnswerConfig.model_validate({"generator": {"model": str(tmp_path), **llm}}).generator)  # noqa: E731
-    monkeypatch.delenv("VLLM_RAY_PER_WORKER_GPUS", raising=False)
+    monkeypatch.setenv("VLLM_RAY_PER_WORKER_GPUS", "1")  # set here so that the test's value is undone after it
     configure(settings())  # the CPU build: runs on CPUs
     monkeypatch.setattr(vllm.platforms, "current_platform", type("Cuda", (), {"is_cuda_alike": lambda self: True})(),
                         raising=False)
+    configure(settings())  # in-process (a benchmark's generator, no Ray actor): the machine's GPUs are its own
+    monkeypatch.setattr("actors.generator._in_ray_actor", lambda: True)
     with pytest.raises(RuntimeError, match=r"reserved no GPU \(its pool's num_gpus is 0\) and this vLLM is a GPU build"):
         configure(settings())
     configure(settings(num_gpus=1))
@@ -149,6 +151,9 @@ def test_shards_on_gpus_are_refused_before_anything_starts_where_faiss_has_no_gp
 
     assert [gpu_searchable(f) for f in ("Flat", "IVF100,Flat", "IVF100,PQ8x8", "IVF100,PQ8x10", "HNSW32,Flat")] == [
         True, True, True, False, False]
+    # GPU IVF-PQ kernels: 1-96 sub-quantizers of a listed width (768-d at pq_m 16 is 48 dims each: none)
+    assert [gpu_searchable("IVF100,PQ16x8", 384), gpu_searchable("IVF100,PQ16x8", 768), gpu_searchable("IVF1,PQ5x8")] == [
+        True, False, False]
     (tmp_path / "manifest.json").write_text(json.dumps({"embedder": "all-minilm-l6-v2", "dims": 384, "shards": [
         {"dir": "s0", "factory": "HNSW32,Flat"}, {"dir": "s1", "factory": "HNSW32,Flat"}]}))
     config = AnswerConfig.model_validate({"index": {"path": str(tmp_path)}, "retrieval": {"num_gpus_per_shard": 1}})

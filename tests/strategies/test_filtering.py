@@ -54,3 +54,6 @@ def test_a_sentence_does_not_end_at_an_abbreviation_an_initial_or_a_title():
         "Dr. Smith lived in St. Louis.", "Then he moved to J. K. Rowling's town."]
     assert sentences("It was No. 1 in 1990. 1991 was worse! \"Hey Jude\" was not.") == [
         "It was No. 1 in 1990.", "1991 was worse!", "\"Hey Jude\" was not."]
+    # a lone capital ends a sentence after a lowercase word, and "I" always: they are no initials
+    assert sentences("He fought in World War I. It ended. Take vitamin C. It helps. John F. Kennedy won.") == [
+        "He fought in World War I.", "It ended.", "Take vitamin C.", "It helps.", "John F. Kennedy won."]

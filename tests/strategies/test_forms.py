@@ -171,6 +171,12 @@ def test_choices_that_share_their_first_token_are_answered_by_the_label_the_mode
         assert traced("read", Judgment(label, tied), "verdict", forms)["output"] == label
     assert final_answer(Judgment("no", {"yes": 0.3, "no": 0.7}), "yes_no") == "no"  # untied: the likelier, as before
     assert final_answer(Judgment("yes", {"yes": 0.3, "no": 0.7}), "yes_no") == "no"
-    # a cut on such labels would read 0.5 for every claim: refused, naming why
-    with pytest.raises(ValueError, match="verdict_cut reads each verdict's probability from its first token"):
-        AnswerFormConfig(verdicts=["MOSTLY TRUE", "MOSTLY FALSE"], verdict_cut=0.4)
+    assert traced("read", Judgment("MOSTLY TRUE", tied), "verdict", forms)["tied"] is True
+    # a third, less likely label is never taken for a tie of the other two
+    assert final_answer(Judgment("C", {"A": 0.4, "B": 0.4, "C": 0.2}), "verdict",
+                        AnswerFormConfig(verdicts=["A", "B", "C"])) == "A"
+    # a cut on such labels would read 0.5 for every claim: refused, naming why (SUPPORTS / SUPPORTED share "SUP")
+    for labels in (["MOSTLY TRUE", "MOSTLY FALSE"], ["SUPPORTS", "SUPPORTED"]):
+        with pytest.raises(ValueError, match="verdict_cut reads each verdict's probability from its first token"):
+            AnswerFormConfig(verdicts=labels, verdict_cut=0.4)
+    AnswerFormConfig(verdicts=["TRUE", "FALSE"], verdict_cut=0.4)
