@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.steps import Done, Item
 from strategies.base import Routine, Solve, StrategySettings, prompt
-from strategies.forms import final_answer, final_request, form_of, traced
+from strategies.forms import answered, final_request, form_of
 
 
 class Direct(Routine):
@@ -22,5 +22,4 @@ class Direct(Routine):
         forms = self.settings.forms
         form = form_of(item, forms)
         response = yield final_request(prompt("direct/user").format(question=item.question), form, forms)
-        item.trace.append(traced("answer", response, form, forms))
-        return Done(final_answer(response, form, forms), "closed_book")
+        return Done(answered(item, "answer", response, form, forms), "closed_book")

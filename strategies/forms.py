@@ -171,6 +171,13 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def answered(item: Item, step: str, response: Generation | Judgment, form: str, config: AnswerFormConfig) -> str:
+    """The answer of a final step in ``form``, its trace entry (``traced``) appended to ``item``'s trace."""
+    entry = traced(step, response, form, config)
+    item.trace.append(entry)
+    return entry["output"] if isinstance(response, Judgment) else final_answer(response, form, config)
+
+
 def traced(step: str, response: Generation | Judgment, form: str | None = None,
            config: AnswerFormConfig | None = None) -> dict:
     """A final step's trace entry: its output and, for a choice, the probabilities it was taken by (its

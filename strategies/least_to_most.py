@@ -12,11 +12,10 @@ from schemas.records import Generate
 from strategies.base import Routine, Solve, answer_messages, prompt, structured
 from strategies.forms import (
     SUB_QUESTION,
+    answered,
     detected_form,
-    final_answer,
     final_request,
     form_of,
-    traced,
 )
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
@@ -61,5 +60,4 @@ class LeastToMost(Routine):
         solved = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
         response = yield final_request(prompt("least_to_most/step").format(solved=solved, question=question), form, self.forms,
                                        step=name)
-        item.trace.append(traced(name, response, form, self.forms))
-        return final_answer(response, form, self.forms)
+        return answered(item, name, response, form, self.forms)

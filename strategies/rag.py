@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.steps import Done, Item
 from schemas.records import Retrieve
 from strategies.base import Routine, Solve, StrategySettings, format_passages, prompt
-from strategies.forms import final_answer, final_request, form_of, traced
+from strategies.forms import answered, final_request, form_of
 
 
 class RetrieveThenRead(Routine):
@@ -26,7 +26,7 @@ class RetrieveThenRead(Routine):
         user = prompt("rag/user").format(passages=format_passages(item.passages), question=item.question)
         form = form_of(item, forms)
         response = yield final_request(user, form, forms, step="read")
-        item.trace.append(traced("read", response, form, forms))
+        answer = answered(item, "read", response, form, forms)
         # the reader does not cite: its passages are the retrieval (retrieved_ids), not citations; with none
         # retrieved (BM25 finds no word of the question) the answer is the model's own, not a grounded one
-        return Done(final_answer(response, form, forms), "passages" if item.passages else "closed_book")
+        return Done(answer, "passages" if item.passages else "closed_book")

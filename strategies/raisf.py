@@ -45,7 +45,7 @@ from strategies.base import (
     prompt,
     structured,
 )
-from strategies.forms import choices, final_answer, final_request, form_of, traced
+from strategies.forms import answered, choices, final_request, form_of
 from strategies.parsing import parse_string_list, same_question, string_list_schema
 
 UNKNOWN = "unknown"
@@ -211,8 +211,7 @@ class RAISF(Routine):
         """M(...): the answer step, in the form the question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step=step)
-        item.trace.append(traced(step, response, form, self.forms))
-        return Done(final_answer(response, form, self.forms), resolved_by)
+        return Done(answered(item, step, response, form, self.forms), resolved_by)
 
 
 def judge_stages(config: RaisfConfig, every_module: bool = False) -> set[str]:

@@ -16,7 +16,7 @@ from engine.steps import Done, Item
 from schemas.config import AnswerFormConfig
 from schemas.records import Generate, Retrieve
 from strategies.base import Lenient, Routine, Solve, answer_messages, passes, prompt
-from strategies.forms import final_answer, final_request, form_of, traced
+from strategies.forms import answered, final_request, form_of
 from strategies.parsing import parse_string_list, string_list_schema
 from strategies.raisf import DECOMPOSE_TOKENS, RaisfConfig, judge_request, p_yes
 
@@ -56,8 +56,7 @@ class RaisfLabels(Routine):
         decomposed = next(rest) if "decomposition" in self.collect else None
         if closed.error:
             return Done("", "error", error=closed.error)
-        answer = final_answer(closed, form, self.forms)
-        item.trace.append(traced("closed_book", closed, form, self.forms))
+        answer = answered(item, "closed_book", closed, form, self.forms)
         if decomposed is not None and not decomposed.error:
             subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
             if not ok:

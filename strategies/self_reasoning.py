@@ -43,11 +43,10 @@ from strategies.base import (
 from strategies.forms import (
     VERDICT,
     YES_NO_FORMS,
+    answered,
     choices,
-    final_answer,
     final_request,
     form_of,
-    traced,
 )
 from strategies.structured import parse_as, schema_of
 
@@ -156,17 +155,15 @@ class SelfReasoning(Routine):
             name = "self_reasoning/fever_read" if form == VERDICT else "rag/user"
             read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
                                                            question=item.question), form, self.forms, step="read")
-            item.trace.append(traced("fallback_read", read, form, self.forms))
             # a plain read cites nothing: its passages are the retrieval, not citations
-            return Done(final_answer(read, form, self.forms), "fallback")
+            return Done(answered(item, "fallback_read", read, form, self.forms), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
         item.trace.append({"step": "trajectory", **t.model_dump(), "output": response.text})
         answer = verdict(t.answer, self.forms.verdicts) if form == VERDICT else clean_answer(t.answer)
         if self.config.answer_step == "read" and choices(form, self.forms) is None:
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
-            item.trace.append(traced("read_analysis", read, form, self.forms))
-            answer = final_answer(read, form, self.forms)
+            answer = answered(item, "read_analysis", read, form, self.forms)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have

@@ -37,7 +37,7 @@ from strategies.base import (
     structured,
 )
 from strategies.filtering import sentences
-from strategies.forms import final_answer, final_request, form_of, traced
+from strategies.forms import answered, final_request, form_of
 from strategies.parsing import has_words, parse_string_list, same_question, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
@@ -199,8 +199,7 @@ class ThinkThenAct(Routine):
         """The answer step, in the form the (user's) question asks."""
         form = form_of(item, self.forms)
         response = yield final_request(user_prompt, form, self.forms, step=step)
-        item.trace.append(traced(step, response, form, self.forms))
-        return Done(final_answer(response, form, self.forms), resolved_by)
+        return Done(answered(item, step, response, form, self.forms), resolved_by)
 
 
 def references(query: str, position: int) -> list[int]:
