@@ -155,8 +155,7 @@ def _shards(config: AnswerConfig, manifest: dict) -> Pool:
         if cpu_only:
             raise UserError(f"retrieval.num_gpus_per_shard > 0, but FAISS has no GPU version of {', '.join(cpu_only)} "
                             "(GPU search takes Flat and IVF shards, IVF-PQ at 8 bits a code with 1-96 sub-quantizers of at "
-                            "most 32 dims): set it to 0, or index "
-                            "with another index.index_type")
+                            "most 32 dims): set it to 0, or index with another index.index_type")
     return Pool(ShardRetriever, config.retrieval.num_cpus_per_shard, config.retrieval.num_gpus_per_shard,
                 tuple((str(Path(config.index.path) / s["dir"]), config.index.nprobe, config.index.hnsw_ef_search, bm25,
                        s.get("passages_sha256"), manifest.get("embedder"), config.retrieval.num_gpus_per_shard > 0)

@@ -291,7 +291,8 @@ class RetrievalConfig(Section):
                                       "(its FAISS index, passages and BM25 index) reserves")
     num_gpus_per_shard: float = Field(0, json_schema_extra=SPEED, ge=0, description="GPUs each shard actor reserves; "
                                       "> 0 searches its FAISS index on its GPU (faiss-gpu, the `.[gpu]` extra; Flat "
-                                      "and IVF shards, IVF-PQ at 8 bits a code: FAISS has no GPU HNSW). At 0 the index "
+                                      "and IVF shards, IVF-PQ at 8 bits a code with 1-96 sub-quantizers of at most 32 "
+                                      "dims: FAISS has no GPU HNSW; others are refused at start). At 0 the index "
                                       "stays on the CPU even where FAISS sees GPUs: copied onto them unreserved, it "
                                       "would sit beside vLLM's preallocated memory unseen by Ray")
     shard_resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED,
