@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from jobs.questions import InputPlan, question_rows
 from jobs.storage import file_sha256, filesystem, hash_ids, redact, write_whole
-from schemas.config import ConfigError
+from schemas.config import ConfigError, answer_engine_kwargs
 from schemas.tables import ANSWERS, conformed
 
 MANIFEST = "_manifest.json"
@@ -92,12 +92,19 @@ def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda k
     """Fields that differ between two run identities. A field the previous run did not record (a
     setting added by a later ragsift) counts only when the current value is not its default; a config
     field it recorded that the current identity leaves out has become a speed setting since (``speed``
-    says so of a key inside a section, such as ``calibration.chosen.*``, which ``defaults`` cannot list)."""
+    says so of a key inside a section, such as ``calibration.chosen.*``, which ``defaults`` cannot list). A
+    pool's ``engine_kwargs`` are compared without their speed arguments, which the identity records as given."""
+    previous, current = _deciding(previous), _deciding(current)
     return sorted(k for k in set(previous) | set(current)
                   if previous.get(k) != current.get(k)
                   and not (k in RECORDED_BY_SOME and (k not in previous or k not in current))
                   and not (k not in previous and current.get(k) == defaults.get(k, []))
                   and not (k not in current and (k in defaults or speed(k))))
+
+
+def _deciding(identity: dict) -> dict:
+    return {key: answer_engine_kwargs(value) if key.endswith(".engine_kwargs") and isinstance(value, dict) else value
+            for key, value in identity.items()}
 
 
 REFUSED_HINT = "use another --output, or --force to discard it"

@@ -15,7 +15,7 @@ from actors.know import embedder_of
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
 from jobs.models import model_files, ragsift_home, resolve
-from schemas.config import LLMConfig, RetrievalConfig, speed_setting
+from schemas.config import LLMConfig, RetrievalConfig, answer_engine_kwargs, speed_setting
 from strategies.registry import AnswerConfig
 
 
@@ -67,13 +67,23 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         # the index's search settings decide its passages
         retrieval = {key: value for key, value in config.retrieval.model_dump().items()
                      if key != "k" and not speed_setting(RetrievalConfig, key)}
-        parts["retriever"] = {"index": index, "embedder": revision(manifest["embedder"]),
-                              "retrieval": retrieval, "nprobe": config.index.nprobe,
-                              "hnsw_ef_search": config.index.hnsw_ef_search}
+        parts["retriever"] = {"index": index, "embedder": revision(manifest["embedder"]), "retrieval": retrieval,
+                              **search_settings(config, manifest)}
     # a judgment on the generator (a yes / no or verdict answer) is greedy over its choices too
     parts["generator/Judge"] = llm_namespace(config.generator, config, sampling=False)
     return {stage: digest({**part, "cache_version": CACHE_VERSIONS[stage]} if CACHE_VERSIONS.get(stage, 1) > 1 else part)
             for stage, part in parts.items()}
+
+
+def search_settings(config: AnswerConfig, manifest: dict) -> dict:
+    """The index's search settings its shards read (actors/retriever.py): nprobe only an IVF shard's, efSearch
+    only an HNSW one's (a Flat index's hits are the same at every nprobe); both where a shard's kind is not
+    recorded."""
+    factories = [shard.get("factory") for shard in manifest["shards"]]
+    unknown = not all(isinstance(f, str) for f in factories)
+    return {**({"nprobe": config.index.nprobe} if unknown or any(f.startswith("IVF") for f in factories) else {}),
+            **({"hnsw_ef_search": config.index.hnsw_ef_search}
+               if unknown or any(f.startswith("HNSW") for f in factories) else {})}
 
 
 def know_embedder(model: str | None) -> str | None:
@@ -87,7 +97,8 @@ def llm_namespace(llm: LLMConfig, config: AnswerConfig, sampling: bool = True) -
     where = ({"endpoint": llm.endpoint.base_url, "vllm_extensions": llm.endpoint.vllm_extensions, "model": llm.model}
              if llm.endpoint else {"model": revision(llm.model, llm.engine_kwargs.get("revision")),
                                    "dtype": resolve_dtype(llm.dtype, gpu=llm.on_gpu),
-                                   "engine_kwargs": by_content(llm.engine_kwargs), "messages": MESSAGES_AS_TEXT})
+                                   "engine_kwargs": by_content(answer_engine_kwargs(llm.engine_kwargs)),
+                                   "messages": MESSAGES_AS_TEXT})
     return {**where, "max_model_len": llm.max_model_len, "seed": llm.seed,
             **({"sampling": config.sampling.model_dump()} if sampling else {})}
 

@@ -119,6 +119,25 @@ class PlacementGroupConfig(Section):
         return value
 
 
+# vLLM's engine arguments (0.32's EngineArgs) that decide how a replica schedules, batches, caches and places its
+# work, not what it answers: like the typed speed fields of LLMConfig, they move an answer at most in its last
+# digits, as a batch's composition already does between two runs with the same values. In `engine_kwargs` a
+# resumed run may change them, and the request cache serves what runs with other values computed.
+ENGINE_SPEED_ARGS = frozenset({
+    "max_num_seqs", "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_active_seqs",
+    "max_num_queued_reqs", "max_num_queued_tokens", "long_prefill_token_threshold", "enable_chunked_prefill",
+    "scheduling_policy", "async_scheduling", "stream_interval", "enable_prefix_caching", "prefix_caching_hash_algo",
+    "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override", "cpu_offload_gb",
+    "enforce_eager", "max_cudagraph_capture_size", "cudagraph_capture_sizes", "tensor_parallel_size",
+    "pipeline_parallel_size", "distributed_executor_backend", "disable_custom_all_reduce", "disable_log_stats",
+    "download_dir", "max_parallel_loading_workers", "use_tqdm_on_load"})
+
+
+def answer_engine_kwargs(engine_kwargs: dict) -> dict:
+    """``engine_kwargs`` without the arguments that only change how fast a replica goes (``ENGINE_SPEED_ARGS``)."""
+    return {key: value for key, value in engine_kwargs.items() if key not in ENGINE_SPEED_ARGS}
+
+
 class LLMConfig(Section):
     """One pool of vLLM replicas (the generator, or a judge of its own), or of clients of an OpenAI-compatible endpoint."""
 
@@ -176,7 +195,9 @@ class LLMConfig(Section):
     num_cpus: float = Field(1, json_schema_extra=SPEED, ge=0, description="Ray CPUs each replica reserves")
     resources: dict[str, float] = Field(default_factory=dict, json_schema_extra=SPEED, description=PLACEMENT)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="more of vLLM's engine arguments "
-                                          "(vllm.LLM's; AsyncEngineArgs' under serving: async); unused with `endpoint`")
+                                          "(vllm.LLM's; AsyncEngineArgs' under serving: async); unused with `endpoint`. "
+                                          "Those of ENGINE_SPEED_ARGS (max_num_seqs, enable_prefix_caching...) are speed "
+                                          "settings: a resumed run may change them")
 
     @property
     def world_size(self) -> int:

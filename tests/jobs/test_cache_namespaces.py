@@ -12,11 +12,15 @@ from strategies.registry import AnswerConfig
 
 @pytest.fixture
 def indexes(monkeypatch, tmp_path):
-    """Two index folders whose manifests name different embedders (no shards: the manifest is all the
-    namespaces read)."""
-    manifests = {str(tmp_path / "a"): "emb-a", str(tmp_path / "b"): "emb-b"}
+    """Index folders whose manifests name different embedders, and one of each kind of shard (no shard files:
+    the manifest is all the namespaces read)."""
+    manifests = {str(tmp_path / "a"): ("emb-a", "Flat"), str(tmp_path / "b"): ("emb-b", "Flat"),
+                 str(tmp_path / "ivf"): ("emb-a", "IVF64,Flat"), str(tmp_path / "hnsw"): ("emb-a", "HNSW32,Flat"),
+                 str(tmp_path / "old"): ("emb-a", None)}
     monkeypatch.setattr(request_cache, "manifest_sha256", lambda path: f"sha-{path}" if path in manifests else None)
-    monkeypatch.setattr(request_cache, "read_manifest", lambda path: {"embedder": manifests[path]})
+    monkeypatch.setattr(request_cache, "read_manifest", lambda path: {
+        "embedder": manifests[path][0],
+        "shards": [{"dir": "shard_00000", "factory": manifests[path][1]} if manifests[path][1] else {"dir": "shard_00000"}]})
     return tmp_path
 
 
@@ -85,3 +89,27 @@ def test_a_tokenizer_or_template_named_in_engine_kwargs_is_keyed_by_its_files(tm
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert keys(tokenizer="tok") != here  # "tok" names no folder from here: another tokenizer (a hub name)
     assert keys(enforce_eager=True) == keys(enforce_eager=True)  # settings that are not paths as they are
+
+
+def test_a_search_setting_keys_the_retriever_only_on_an_index_whose_shards_read_it(indexes):
+    """nprobe on a Flat index (FAISS reads it only on IVF shards) recomputed every retrieval a cached run had."""
+    def key(index, **settings):
+        return request_cache.namespaces(AnswerConfig(index={"path": str(indexes / index), **settings}))["retriever"]
+
+    assert key("a", nprobe=8) == key("a", nprobe=64) and key("a", hnsw_ef_search=16) == key("a", hnsw_ef_search=256)
+    assert key("ivf", nprobe=8) != key("ivf", nprobe=64) and key("ivf", hnsw_ef_search=16) == key("ivf", hnsw_ef_search=256)
+    assert key("hnsw", hnsw_ef_search=16) != key("hnsw", hnsw_ef_search=256) and key("hnsw", nprobe=8) == key("hnsw", nprobe=64)
+    # a manifest that does not say what its shards are: both, as before
+    assert key("old", nprobe=8) != key("old", nprobe=64) and key("old", hnsw_ef_search=16) != key("old", hnsw_ef_search=256)
+
+
+def test_an_engine_argument_that_only_changes_speed_leaves_the_generators_namespace(tmp_path):
+    """max_num_seqs set in engine_kwargs to fill a GPU recomputed every answer the disk cache held."""
+    def key(**kwargs):
+        return request_cache.namespaces(AnswerConfig(generator={"engine_kwargs": kwargs}))
+
+    plain = key()
+    for speed in ({"max_num_seqs": 64}, {"enable_prefix_caching": False}, {"max_num_batched_tokens": 8192, "block_size": 32}):
+        assert key(**speed) == plain, speed
+    assert key(max_num_seqs=64, quantization="fp8")["generator"] == key(quantization="fp8")["generator"] != plain["generator"]
+    assert key(kv_cache_dtype="fp8")["generator"] != plain["generator"]

@@ -553,3 +553,14 @@ def test_this_ragsift_names_its_version_and_in_a_checkout_its_commit():
     if head.returncode:
         pytest.skip("not a git checkout")
     assert code_version() == f"{version('ragsift')}+git.{head.stdout.strip()}"
+
+
+def test_a_resume_may_change_an_engine_argument_that_only_changes_speed_and_not_one_that_changes_answers(tmp_path):
+    """`generator.engine_kwargs.max_num_seqs` raised to fill a GPU refused the resume of the run it was to speed up."""
+    written = {**IDENTITY, "generator.engine_kwargs": {"max_num_seqs": 8, "quantization": None}}
+    ShardedOutput(str(tmp_path), written, ["rag"], shard_rows=3).sealed(0, 1)
+    for faster in ({"max_num_seqs": 64, "quantization": None}, {"quantization": None, "enable_prefix_caching": False}):
+        ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": faster}, ["rag"], shard_rows=3)
+    with pytest.raises(ConfigError, match="differs in: generator.engine_kwargs"):
+        ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": {"max_num_seqs": 8, "quantization": "fp8"}},
+                      ["rag"], shard_rows=3)
