@@ -97,13 +97,27 @@ def _finished_read_only(config: AnswerConfig, plan, log, writes: bool) -> dict:
     check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational)
     short = unfinished(config.output, set(config.strategies))
     missing = [s for s in config.strategies if not os.path.isdir(os.path.join(config.output, s))]
-    if writes or short or missing or not claimed(config.output):
-        why = ("--force and --retry-errors write there" if writes else short
-               or (f"it has no answers of {', '.join(missing)}" if missing else "it holds no run"))
+    why = ("--force and --retry-errors write there" if writes else short
+           or (f"it has no answers of {', '.join(missing)}" if missing else "it holds no run"
+               if not claimed(config.output) else _not_whole(config, plan, log)))
+    if why:
         raise UserError(f"{config.output}: this process cannot write there (a read-only mount?), and {why}: "
                         "answer into a folder it can write (--output)")
     log(f"nothing to do: every strategy's parts of {config.output} are committed (read-only here: nothing written)")
     return previous_metrics(config.output) or {}
+
+
+def _not_whole(config: AnswerConfig, plan, log) -> str | None:
+    """Why a finished output this process cannot write is not whole, as a resume would find it (a part's checksum
+    or footer, each question's row once per strategy); None where it is."""
+    out = ShardedOutput(config.output, run_identity(config, plan), config.strategies, config.commit.shard_rows,
+                        log=log, defaults=identity_defaults(), speed=operational, read_only=True)
+    if out.damaged:
+        return f"{len(out.damaged)} part(s) are damaged ({', '.join(out.damaged[:3])}) and would be answered again"
+    check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
+    wrong = {s: c for s, c in check.items() if not c["ok"]}
+    return ("its exactly-once check fails (" + "; ".join(f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"
+                                                         for s, c in wrong.items()) + ")") if wrong else None
 
 
 def know_labels_generator(model: str | None) -> str | None:

@@ -174,7 +174,7 @@ def stale(info: pafs.FileInfo, age_s: float) -> bool:
 class ShardedOutput:
     def __init__(self, output: str, identity: dict, strategies: list[str], shard_rows: int,
                  row_group_rows: int = 1024, force: bool = False, log=print, defaults: dict | None = None,
-                 guard=None, speed=lambda key: False, code: str | None = None):
+                 guard=None, speed=lambda key: False, code: str | None = None, read_only: bool = False):
         self.fs, self.root = filesystem(output)
         self.output = output
         self.strategies = strategies
@@ -196,7 +196,14 @@ class ShardedOutput:
         self.retrying: dict[tuple[str, int], frozenset[str]] = {}  # reopened part -> the ids to answer again
         self.commits = 0
         self.error_rows: Counter = Counter()  # (strategy, why with its numbers as N) -> rows this session wrote
-        self._prepare(force)
+        # read_only: the committed parts of an output this process cannot write, checked as a resume checks them,
+        # nothing written; a part it would delete and answer again is named in ``damaged`` instead
+        self.read_only = read_only
+        self.damaged: list[str] = []
+        if read_only:
+            self._check_read_only()
+        else:
+            self._prepare(force)
 
     # --- resume --------------------------------------------------------------------------------
 
@@ -239,6 +246,17 @@ class ShardedOutput:
                     if match and f"_{name}.sha256" in entries:
                         self.fs.delete_file(entries[f"_{name}.sha256"])
         self._say_who_wrote()
+
+    def _check_read_only(self) -> None:
+        check_resumable(self.output, self.identity, self.defaults, self.speed)
+        for strategy in self.strategies:
+            found = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}", allow_not_found=True))
+            for path in sorted(e.path for e in found):
+                if match := PART.fullmatch(path.rsplit("/", 1)[-1]):
+                    if self._valid(path) is not None:
+                        self.committed.add((strategy, int(match.group(1))))
+                    else:
+                        self.damaged.append(f"{strategy}/{path.rsplit('/', 1)[-1]}")
 
     def _say_who_wrote(self) -> None:
         """Parts committed by another ragsift than this one are kept (what decides the answers is the same
@@ -317,7 +335,7 @@ class ShardedOutput:
             recorded = {}  # not JSON: a damaged checksum file, so the part is not known to be whole
         if recorded is not None and file_sha256(self.fs, path) != (recorded.get("sha256") if isinstance(recorded, dict)
                                                                     else None):
-            self.log(f"damaged part {name} (its checksum does not match): answering its shard again")
+            self.log(f"damaged part {name} (its checksum does not match){self._again}")
             return None
         with self.fs.open_input_file(path) as f:  # a storage error opening it raises
             try:
@@ -328,12 +346,16 @@ class ShardedOutput:
             except (OSError, ValueError):  # pyarrow: ArrowInvalid, or OSError "Couldn't deserialize thrift"
                 previous = None
         if previous is None:
-            self.log(f"damaged part {name} (its footer does not read): answering its shard again")
+            self.log(f"damaged part {name} (its footer does not read){self._again}")
             return None
         if changed_fields(previous, self.identity, self.defaults, self.speed):
             return None
         self.written_by[code] += 1
         return schema
+
+    @property
+    def _again(self) -> str:
+        return "" if self.read_only else ": answering its shard again"
 
     def skip_shards(self) -> frozenset[int]:
         """Input shards that every strategy has committed already."""

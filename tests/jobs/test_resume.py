@@ -1,6 +1,7 @@
 """The driver is killed mid-run (SIGKILL); the same command resumes and the output is exactly once and
 equal to an undisturbed run. Stub actors (tests/jobs/resume_run.py) keep it fast."""
 
+import hashlib
 import json
 import os
 import signal
@@ -164,6 +165,18 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
     before = (out / "metrics.json").read_bytes()
     shutil.copytree(out, tmp_path / "runs" / "half")
     (tmp_path / "runs" / "half" / "rag" / "part-00001.parquet").unlink()
+    # a part whose bytes changed after its commit, and one rewritten whole with a question twice: "nothing to do"
+    # read only the manifest's counts, where a resume would answer the first again and refuse the second
+    shutil.copytree(out, tmp_path / "runs" / "damaged")
+    with open(tmp_path / "runs" / "damaged" / "rag" / "part-00001.parquet", "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe")
+    shutil.copytree(out, tmp_path / "runs" / "twice")
+    part = tmp_path / "runs" / "twice" / "direct" / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]).replace_schema_metadata(table.schema.metadata), part)
+    (part.parent / "_part-00000.parquet.sha256").write_text(json.dumps(
+        {"sha256": hashlib.sha256(part.read_bytes()).hexdigest(), "rows": table.num_rows + 1}))
     runs = tmp_path / "ro"
     runs.mkdir()
     mounted = runs / "out"
@@ -184,6 +197,10 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
             answer(config.model_copy(update={"strategies": ["direct", "least_to_most"]}), log=log.append)
         with pytest.raises(UserError, match=r"cannot write there .*is not finished .*rag has 1 of its 2 parts"):
             answer(config.model_copy(update={"output": str(runs / "half")}), log=log.append)
+        with pytest.raises(UserError, match=r"cannot write there .*1 part\(s\) are damaged \(rag/part-00001.parquet\)"):
+            answer(config.model_copy(update={"output": str(runs / "damaged")}), log=log.append)
+        with pytest.raises(UserError, match=r"cannot write there .*exactly-once check fails \(direct: 0 missing, 1 duplicated\)"):
+            answer(config.model_copy(update={"output": str(runs / "twice")}), log=log.append)
         with pytest.raises(UserError, match="holds output of a different run"):
             answer(config.model_copy(update={"commit": config.commit.model_copy(update={"shard_rows": 5})}), log=log.append)
     finally:
