@@ -38,7 +38,7 @@ from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
 from jobs.request_cache import open_cache
-from jobs.storage import check_kept, filesystem, read_only, redact, write_whole
+from jobs.storage import cannot_write, check_kept, filesystem, read_only, redact, write_whole
 from schemas.config import load_config, validated
 from schemas.errors import UserError
 from strategies.forms import misnamed
@@ -101,8 +101,7 @@ def _finished_read_only(config: AnswerConfig, plan, log, writes: bool) -> dict:
            or (f"it has no answers of {', '.join(missing)}" if missing else "it holds no run"
                if not claimed(config.output) else _not_whole(config, plan, log)))
     if why:
-        raise UserError(f"{config.output}: this process cannot write there (a read-only mount?), and {why}: "
-                        "answer into a folder it can write (--output)")
+        raise cannot_write(config.output, why, "answer into a folder it can write (--output)")
     log(f"nothing to do: every strategy's parts of {config.output} are committed (read-only here: nothing written)")
     return previous_metrics(config.output) or {}
 

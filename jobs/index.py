@@ -31,7 +31,7 @@ from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, loadable, model_files
-from jobs.storage import check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
+from jobs.storage import cannot_write, check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -177,8 +177,8 @@ def build_index(config: IndexJobConfig, log=print, extra: dict | None = None, en
         except OSError as err:  # a JSON Lines corpus's Parquet copy goes into the index folder
             if not unwritable(err):
                 raise
-            raise UserError(f"{out}: this process cannot write there (a read-only mount?), and checking it against "
-                            f"this corpus needs to ({err}): run `ragsift index` where it can be written") from err
+            raise cannot_write(out, f"checking it against this corpus needs to ({err})",
+                               "run `ragsift index` where it can be written") from err
     try:
         with Lease(str(out), log=log, flag="--index-dir"):
             return _build_index(config, log, extra, encoders, model)
@@ -215,8 +215,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     previous = on_disk or (_current(out, built, extra, ASIDE) if built else None)
     stale = _stale_bm25(out, [done[s] for s in sorted(done)]) if config.index.bm25 else []
     if not writable and not (on_disk and not stale and on_disk.get("bm25") == _bm25_settings(config.index)):
-        raise UserError(f"{out}: not up to date with this corpus and these settings, and this process cannot write "
-                        "there (a read-only mount?): build it where it can be written")
+        raise cannot_write(out, "it is not up to date with this corpus and these settings",
+                           "build it where it can be written")
     # shards whose BM25 another ragsift tokenized (Chinese / Japanese were one token a clause)
     if config.index.bm25:
         _retokenize(out, stale, config.index, log)

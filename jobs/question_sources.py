@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from jobs.formats import is_foreign, ours
 from jobs.formats import read as read_foreign
 from jobs.questions import check_questions
-from jobs.storage import file_sha256, filesystem, read_only, read_table, redact, uri_of
+from jobs.storage import cannot_write, file_sha256, filesystem, read_only, read_table, redact, uri_of
 from schemas.errors import UserError
 from schemas.tables import QUESTION_OPTIONAL, QUESTION_REQUIRED
 
@@ -265,8 +265,8 @@ def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:
             shutil.rmtree(scratch, ignore_errors=True)
         if fs.get_file_info(path).type == pafs.FileType.File:
             return uri_of(output, path)
-        raise UserError(f"{output}: this process cannot write there (a read-only mount?), and these questions' converted "
-                        "copy is not in it: answer into a folder it can write (--output)")
+        raise cannot_write(output, "these questions' converted copy is not in it",
+                           "answer into a folder it can write (--output)")
     fs.create_dir(f"{root}/_input", recursive=True)
     tmp = f"{root}/_input/.questions-{uuid.uuid4().hex}.parquet.tmp"
     pq.write_table(table, tmp, filesystem=fs)

@@ -25,6 +25,12 @@ def unwritable(err: OSError) -> bool:
     return err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+def cannot_write(where, why: str, instead: str) -> UserError:
+    """The refusal, in one line, of a job that would have to write ``where`` and cannot (a read-only mount):
+    ``why`` it would, and what to do ``instead``."""
+    return UserError(f"{where}: this process cannot write there (a read-only mount?), and {why}: {instead}")
+
+
 def read_only(output: str) -> bool:
     """Whether ``output`` is a local folder this process cannot write (a read-only mount, another's files)."""
     return "://" not in output and os.path.isdir(output) and not os.access(output, os.W_OK)

@@ -945,8 +945,8 @@ def test_an_up_to_date_index_on_a_read_only_mount_is_said_so_and_one_that_is_not
         lines = []
         _build(squad_slice[0], mounted, 2, encoders=encoder, log=lines.append)
         assert lines == [f"{mounted} is up to date: 2 shards built from this corpus with these settings"]
-        with pytest.raises(UserError, match="not up to date with this corpus and these settings, and this process "
-                                            "cannot write there"):
+        with pytest.raises(UserError, match="this process cannot write there .*, and it is not up to date with this "
+                                            "corpus and these settings: build it where it can be written"):
             _build(squad_slice[0], mounted, 3, encoders=encoder)
     finally:
         subprocess.run(["umount", str(mounted)], capture_output=True)
