@@ -151,8 +151,10 @@ class LLMConfig(Section):
         "auto", description="weights and activations: 'auto' = bfloat16 where the hardware computes it "
         "natively (a GPU, or a CPU with AVX512-BF16 / AMX), else float32 (vLLM's CPU kernels emulate "
         "bf16 on AVX2-only CPUs: 4-6x slower); or another vLLM dtype. Changes answers in the last digits")
-    max_model_len: int = Field(2048, ge=256, description="context window; a request's max_tokens is cut to what "
-                               "its prompt leaves, and a prompt that leaves nothing is an error row")
+    max_model_len: int = Field(2048, ge=256, description="context window; a local replica cuts a request's max_tokens "
+                               "to what its prompt leaves, and a prompt that leaves nothing is an error row (an "
+                               "endpoint's server, which counts the tokens, refuses a request past its own window: "
+                               "an error row naming its reason)")
     enforce_eager: bool | None = Field(None, json_schema_extra=SPEED, description="skip CUDA-graph capture and "
                                        "torch.compile; None = on CPU replicas (faster start, CPU-safe), not on GPU ones "
                                        "(CUDA graphs decode faster)")
