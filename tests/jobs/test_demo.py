@@ -116,16 +116,31 @@ def test_a_model_that_is_not_there_is_refused_before_the_index_is_built(tmp_path
 
 
 def test_a_demo_of_other_settings_in_the_same_output_is_refused_unless_forced(tmp_path, builds, monkeypatch):
-    """Before, `ragsift demo --limit 5` after `make demo` silently replaced the 200 answers."""
+    """Before, `ragsift demo --limit 5` after `make demo` silently replaced the 200 answers. The stand-in for
+    `answer` opens the output as answer does (its run identity, the refusal), and answers nothing."""
+    from jobs.identity import identity_defaults, operational, run_identity
+    from jobs.output import ShardedOutput
+    from jobs.questions import plan_input
+    from schemas.config import ConfigError
+
     answered = []
-    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(force))
+
+    def opens(config, log, force):
+        identity = run_identity(config, plan_input(config.questions, limit=config.limit))
+        ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows, force=force, log=log,
+                      defaults=identity_defaults(), speed=operational)
+        answered.append((config.limit, force))
+
+    monkeypatch.setattr(demo, "answer", opens)
     monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
     monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
     monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
     write_manifest(tmp_path / "idx")
-    demo.run(demo_args(tmp_path, "--limit", "5"))
+    demo.run(demo_args(tmp_path))
+    with pytest.raises(ConfigError, match=r"differs in: input.rows \(how many questions: --limit"):
+        demo.run(demo_args(tmp_path, "--limit", "5"))
     demo.run(demo_args(tmp_path, "--limit", "5", "--force"))
-    assert answered == [False, True]  # answer() refuses a different run unless forced (tests/jobs/test_output.py)
+    assert answered == [(None, False), (5, True)]
 
 
 def test_the_demo_reads_and_builds_a_tilde_index_dir_in_the_same_place(tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def test_joining_a_cluster_after_a_local_run_in_the_same_process_uses_the_routab
     before = (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
     ray_session._bind_to_loopback()
     try:
-        if not ray.is_initialized():  # connected, Ray answers with its node's address instead
+        assert ray_constants.ENABLE_RAY_CLUSTER is False and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+        if not ray.is_initialized():  # connected (the suite's session Ray), Ray answers with its node's address instead
             assert get_node_ip_address() == "127.0.0.1"
     finally:
         ray_session._bind_to_loopback(False)

@@ -160,6 +160,7 @@ def test_a_strategy_of_no_tokens_stays_on_the_cost_quality_plane():
     fig, ax = plt.subplots()
     cost_quality(ax, [{"strategy": "rag", "dataset": "ALL", "tokens/q": 700.0, "F1": 35.0, "acc": 33.0},
                       {"strategy": "broken", "dataset": "ALL", "tokens/q": 0.0, "F1": 0.0, "acc": 0.0}])
+    assert len(ax.collections) == 2  # F1 and accuracy, each a point per strategy
     for points in ax.collections:
         shown = ax.transData.transform(points.get_offsets())
         assert len(shown) == 2 and all(math.isfinite(v) for xy in shown for v in xy)

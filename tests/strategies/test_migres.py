@@ -283,7 +283,8 @@ def test_a_statement_citing_passages_in_another_shape_is_read_and_a_bad_one_skip
                 {"info": "Nested.", "support_passages": [[0]]}, {"info": "Flag.", "support_passages": True}]}), 100, 20)
         return script(request, item)
     done, item = drive(MIGRES(MigresConfig(max_iterations=2)), "What nationality is the director of Levity?", respond)
-    assert [i["info"] for i in trace(item)["information"]][:1] == ["Levity was directed by Ed Solomon."]
+    assert [i["info"] for i in trace(item)["information"]] == ["Levity was directed by Ed Solomon.", "Ed Solomon is American."]
+    assert [e["info"] for e in trace(item)["iterations"][0]["extracted"]] == ["Levity was directed by Ed Solomon."]
     assert done.answer == "American"
 
 
