@@ -117,6 +117,8 @@ def test_index_answer_evaluate_with_the_real_model(ten_questions):
                 assert row["n_subquestions"] >= 1 and 1 <= row["depth"] <= 3
             else:  # Algorithm 1 with an empty Q_sub: M(q, {}, {}) is M(q), no child
                 assert (row["n_subquestions"], row["depth"]) == (0, 0) and trace[-1]["step"] == "synthesize"
+    # some row took a path checked above (rows resolved "unknown" alone would check none of them)
+    assert {r["resolved_by"] for r in raisf} - {"unknown"}
 
     ragsift("evaluate", "--answers", tmp / "out", "--questions", tmp / "q.parquet", "--k", 5)
     table = json.loads((tmp / "out" / "eval.json").read_text())
@@ -186,6 +188,8 @@ def test_an_interrupted_answer_leaves_no_vllm_process_behind_on_the_real_model(t
         while not list((out / "rag").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, "the run finished before it could be interrupted"
+        # the check below, and the finished run's above, see a running engine: an empty set is not a blind one
+        assert vllm_processes() - before, "no vLLM process seen while the run answers"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
         said.seek(0)
@@ -366,6 +370,7 @@ def test_self_reasoning_asks_its_short_answer_as_a_follow_up_turn_on_the_real_mo
             "--set", "self_reasoning.max_tokens=256", "--set", "self_reasoning.answer_step=follow_up")
     rows = pq.read_table(tmp / "fu" / "self_reasoning").to_pylist()
     assert len(rows) == 3 and all(r["error"] is None for r in rows)
+    assert any(r["resolved_by"] != "fallback" for r in rows)  # else no follow-up turn is checked below
     for row in rows:  # short-answer questions: each trajectory that parsed is followed by the question's turn
         steps = [t.get("step") for t in json.loads(row["trace"])]
         if row["resolved_by"] == "fallback":
@@ -487,8 +492,14 @@ def test_calibrate_on_claims_chooses_a_verdict_cut_on_the_real_model(ten_questio
     assert chosen["n"] == 6 and 0.0 <= chosen["value"] <= 1.0
     written = yaml.safe_load((tmp_path / "cal" / "calibrated.yaml").read_text())
     assert written["answer_form"]["verdict_cut"] == chosen["value"]
-    probes = [json.loads(r["trace"])[0] for r in pq.read_table(tmp_path / "cal" / "calibration_probe").to_pylist()]
-    assert all(0.0 <= p["verdict_p_first"] <= 1.0 for p in probes)
+    rows = pq.read_table(tmp_path / "cal" / "calibration_probe").to_pylist()
+    p_first = {r["id"]: json.loads(r["trace"])[0]["verdict_p_first"] for r in rows}
+    assert sorted(p_first) == [f"c{i}" for i in range(6)] and all(0.0 <= p <= 1.0 for p in p_first.values())
+
+    def right(t):  # claims the cut answers as their gold: SUPPORTS (the first verdict) at or above t, else REFUTES
+        return sum(gold[int(i[1:])] == ("SUPPORTS" if p >= t else "REFUTES") for i, p in p_first.items())
+
+    assert right(chosen["value"]) == max(right(t) for t in [*p_first.values(), 2.0])
 
 
 def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questions):
@@ -532,11 +543,14 @@ def test_calibrate_chooses_thresholds_that_the_strategies_then_act_on(ten_questi
             assert (row["resolved_by"] in ("decomposition", "decomposition_empty")) == (best < t0)
     ragsift("answer", "--set", IN_BATCH, "--questions", tmp / "q.parquet", "--index-dir", tmp / "idx", "--output", tmp / "ta",
             "--strategy", "think_act,raisf", "--config", tmp / "cal" / "calibrated.yaml")
-    for row in pq.read_table(tmp / "ta" / "think_act").to_pylist():
+    answered = {s: pq.read_table(tmp / "ta" / s).to_pylist() for s in ("think_act", "raisf")}
+    assert len(answered["think_act"]) == len(answered["raisf"]) == 10
+    assert any(r["resolved_by"] != "self_knowledge" for r in answered["raisf"])  # else no cut is checked below
+    for row in answered["think_act"]:
         assess = json.loads(row["trace"])[0]
         assert assess["step"] == "assess" and row["error"] is None
         assert (assess["taken"] == "AMBIGUOUS") == (assess["probs"]["AMBIGUOUS"] >= cut)
-    for row in pq.read_table(tmp / "ta" / "raisf").to_pylist():
+    for row in answered["raisf"]:
         relevance = first_step(row, "relevance")
         assert row["error"] is None
         best = max(relevance["p_yes"], default=-1.0) if relevance else None

@@ -27,6 +27,22 @@ sys.stdin.read()
 """
 
 
+def test_the_listener_check_sees_a_child_listening_on_every_interface_and_not_one_on_loopback():
+    """The checks that a run listens on loopback only pass on an empty set: one that saw nothing would too."""
+    listen = "import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(); print(1, flush=True); input()"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
+                               sys.executable, "-c", listen, "0.0.0.0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    local = subprocess.Popen([sys.executable, "-c", listen, "127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout.readline().strip() == b"1" and local.stdout.readline().strip() == b"1"
+        assert [ip for ip, _, _ in non_loopback_listeners(parent.pid)] == ["0.0.0.0"]  # the child's, found
+        assert non_loopback_listeners(local.pid) == set()
+    finally:
+        for proc in (parent, local):
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
 def test_a_local_ray_started_by_ragsift_listens_only_on_loopback_and_leaves_the_environment_as_it_was():
     env = {**os.environ, "RAY_ADDRESS": ""}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
