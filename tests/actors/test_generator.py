@@ -72,7 +72,7 @@ def test_an_async_replica_streams_each_result_when_its_sequence_ends_with_the_ba
     chunks = [ray_session.get(ref) for ref in streaming.stream.options(num_returns="streaming").remote(requests)]
     stats = ray_session.get(streaming.engine_stats.remote())  # vLLM's own figures for metrics.json
     ray_session.kill(streaming)
-    assert stats["steps"] >= 32 and stats["ttft_s"]["n"] == 3 and 0 < stats["ttft_s"]["p50"] < 60
+    assert stats["steps"] >= 32 and stats["ttft_s"]["n"] == 3 and stats["ttft_s"]["p50"] > 0
     assert 0 < stats["kv_cache_usage"]["peak"] <= 1 and stats["preemptions"] == 0 and stats["running_peak"] == 3
     order = [i for chunk in chunks for i, _ in chunk]
     assert sorted(order) == [0, 1, 2] and order[-1] == 0 and len(chunks) >= 2  # the long one came back last, alone
