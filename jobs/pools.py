@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.encoder import Encoder
@@ -23,6 +22,7 @@ from actors.nli import NLICrossEncoder
 from actors.reranker import ranker_class
 from actors.retriever import ShardRetriever
 from actors.streaming_generator import StreamingGenerator
+from engine.replicas import Pool, start_replicas
 from engine.stages import (
     GeneratorStage,
     KnowStage,
@@ -36,34 +36,6 @@ from jobs.models import embedding_dims, llm_folder, loadable
 from schemas.config import device_of
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig, retrieval_methods
-
-
-@dataclass(frozen=True)
-class Pool:
-    """One actor pool: a replica per entry of ``replicas`` (its constructor arguments); each replica asks
-    Ray for ``num_cpus``, ``num_gpus`` and the custom ``resources`` that place it (config: ``resources``)."""
-
-    actor: type
-    num_cpus: float
-    num_gpus: float
-    replicas: tuple[tuple, ...]
-    resources: dict[str, float] = field(default_factory=dict)
-    placement_group: dict | None = None  # {bundles, strategy}: a placement group per replica (multi-device LLMs)
-
-    @property
-    def per_replica(self) -> dict[str, float]:
-        """Every resource one replica reserves (CPU, GPU, custom): its placement group's bundles, if any."""
-        if not self.placement_group:
-            return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
-        total: dict[str, float] = {}
-        for bundle in self.placement_group["bundles"]:
-            for name, amount in bundle.items():
-                total[name] = total.get(name, 0.0) + amount
-        return total
-
-    @property
-    def cpus(self) -> float:
-        return self.per_replica.get("CPU", 0.0) * len(self.replicas)
 
 
 def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
@@ -218,12 +190,10 @@ def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | 
     ``running``: pools already started, by name (a Session's encoders), used instead of starting them."""
 
     plan = pool_plan(config, needs) if plan is None else plan
-    # a dead replica is restarted by Ray; the engine (not Ray) retries its batches, to isolate bad requests
-    restarts = {"max_restarts": config.engine.replica_max_restarts, "max_task_retries": 0}
     actors, groups = dict(running or {}), {}
     for name, pool in plan.items():
         if name not in actors:
-            actors[name], groups[name] = start_replicas(pool, restarts)
+            actors[name], groups[name] = start_replicas(pool, config.engine.replica_max_restarts)
     stages = {}
     for name in ("generator", "judge"):
         if name in actors:
@@ -284,35 +254,6 @@ def llm_engines_stopped(stages: dict):
 
 
 STOP_AFTER_FAILURE_S = 15.0
-
-
-def start_replicas(pool: Pool, restarts: dict) -> tuple[list, list]:
-    """The replicas of ``pool``, and the placement groups made for them (one a replica over several devices)."""
-    import ray
-
-    remote, replicas, groups = ray.remote(pool.actor), [], []
-    for args in pool.replicas:
-        options = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources or None,
-                   **restarts, **(in_placement_group(pool) if pool.placement_group else {})}
-        if "scheduling_strategy" in options:
-            groups.append(options["scheduling_strategy"].placement_group)
-        # one options() call: Ray's options() returns a wrapper that has no options() of its own
-        replicas.append(remote.options(**options).remote(*args))
-    return replicas, groups
-
-
-def in_placement_group(pool: Pool) -> dict:
-    """Actor options that start one replica in a placement group of its own, which reserves every device
-    of its vLLM workers: the actor runs in the first bundle (reserving nothing more itself), and vLLM's
-    ray executor, which finds the group it runs in, starts a worker in each device bundle. A restarted
-    replica comes back in the same group, on the devices kept for it."""
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    group = ray.util.placement_group(pool.placement_group["bundles"], strategy=pool.placement_group["strategy"])
-    return {"num_cpus": 0, "num_gpus": 0, "resources": None,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0,
-                                                                    placement_group_capture_child_tasks=True)}
 
 
 def llm_stage(replicas: list, pool: Pool, batching, name: str, max_tokens: int) -> GeneratorStage:

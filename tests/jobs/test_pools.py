@@ -185,13 +185,13 @@ class _Probe:
 def test_a_multi_device_replica_and_the_workers_it_starts_run_in_its_own_placement_group_also_after_a_restart(ray_session):
     from types import SimpleNamespace
 
+    from engine.replicas import Pool, start_replicas
     from jobs.api import Session, ray_connection
-    from jobs.pools import Pool, start_replicas
 
     ray = ray_session
     pool = Pool(_Probe, 1, 0, ((),) * 2, {}, {"bundles": [{"CPU": 0.5}, {"CPU": 0.5}], "strategy": "PACK"})
     # as build_stages starts them (two options() calls raised AttributeError: no run over several devices started)
-    replicas, made = start_replicas(pool, {"max_restarts": 1, "max_task_retries": 0})
+    replicas, made = start_replicas(pool, max_restarts=1)
     groups = [ray.get(r.where.remote(), timeout=120) for r in replicas]
     assert all(n == 2 and worker == group for group, n, worker in groups)  # the worker task joined the group
     assert groups[0][0] != groups[1][0]  # one group per replica
