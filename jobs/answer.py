@@ -112,7 +112,8 @@ def _not_whole(config: AnswerConfig, plan, log) -> str | None:
     out = ShardedOutput(config.output, run_identity(config, plan), config.strategies, config.commit.shard_rows,
                         log=log, defaults=identity_defaults(), speed=operational, read_only=True)
     if out.damaged:
-        return f"{len(out.damaged)} part(s) are damaged ({', '.join(out.damaged[:3])}) and would be answered again"
+        return (f"{len(out.damaged)} part(s) fail the checks a resume makes ({', '.join(out.damaged[:3])}: damaged, "
+                "or of another run) and would be answered again")
     check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
     wrong = {s: c for s, c in check.items() if not c["ok"]}
     return ("its exactly-once check fails (" + "; ".join(f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"

@@ -197,7 +197,8 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
             answer(config.model_copy(update={"strategies": ["direct", "least_to_most"]}), log=log.append)
         with pytest.raises(UserError, match=r"cannot write there .*is not finished .*rag has 1 of its 2 parts"):
             answer(config.model_copy(update={"output": str(runs / "half")}), log=log.append)
-        with pytest.raises(UserError, match=r"cannot write there .*1 part\(s\) are damaged \(rag/part-00001.parquet\)"):
+        with pytest.raises(UserError, match=r"cannot write there .*1 part\(s\) fail the checks a resume makes "
+                                            r"\(rag/part-00001.parquet: damaged"):
             answer(config.model_copy(update={"output": str(runs / "damaged")}), log=log.append)
         with pytest.raises(UserError, match=r"cannot write there .*exactly-once check fails \(direct: 0 missing, 1 duplicated\)"):
             answer(config.model_copy(update={"output": str(runs / "twice")}), log=log.append)
