@@ -14,15 +14,29 @@ import pytest
 from jobs.lease import LEASE, Lease, OutputInUse
 
 
+def eventually(condition, within_s: float = 20.0) -> bool:
+    """Whether ``condition`` holds within ``within_s``: a heartbeat thread runs when the box lets it, so a test
+    waits for what it looks for instead of sleeping a fixed while."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def heartbeat(folder) -> float:
+    return json.loads((folder / LEASE).read_text())["heartbeat"]
+
+
 def test_a_second_driver_is_refused_naming_the_owner_until_the_first_releases(tmp_path):
     first = Lease(str(tmp_path), heartbeat_s=0.05)
     first.acquire()
     with pytest.raises(OutputInUse, match=rf"in use by pid {os.getpid()} on {socket.gethostname()}") as err:
         Lease(str(tmp_path)).acquire()
     assert "\n" not in str(err.value)
-    before = json.loads((tmp_path / LEASE).read_text())["heartbeat"]
-    time.sleep(0.3)
-    assert json.loads((tmp_path / LEASE).read_text())["heartbeat"] > before  # the heartbeat is renewed
+    before = heartbeat(tmp_path)
+    assert eventually(lambda: heartbeat(tmp_path) > before)  # the heartbeat is renewed
     first.release()
     assert not (tmp_path / LEASE).exists()
     with Lease(str(tmp_path)):
@@ -58,9 +72,8 @@ def test_a_driver_whose_lease_was_taken_over_stops_writing_its_heartbeat(tmp_pat
     first.acquire()
     successor = {"host": "elsewhere", "pid": 7, "started": 1.0, "heartbeat": time.time()}
     (tmp_path / LEASE).write_text(json.dumps(successor))
-    time.sleep(0.3)
+    assert eventually(lambda: any("lost the lease" in line and "pid 7" in line for line in log))
     assert json.loads((tmp_path / LEASE).read_text()) == successor
-    assert any("lost the lease" in line and "pid 7" in line for line in log)
     first.release()
     assert json.loads((tmp_path / LEASE).read_text()) == successor  # release leaves the new owner's lease
 
@@ -85,12 +98,11 @@ def test_a_storage_error_while_renewing_is_retried_and_the_lease_is_kept(tmp_pat
     lease = Lease(str(tmp_path), heartbeat_s=0.05, log=log.append)
     lease.acquire()
     lease.fs = store = FlakyReads(lease.fs)
-    time.sleep(0.2)
+    assert eventually(lambda: any("heartbeat failed" in line for line in log))
     store.failing = False
-    before = json.loads((tmp_path / LEASE).read_text())["heartbeat"]
-    time.sleep(0.3)
-    assert json.loads((tmp_path / LEASE).read_text())["heartbeat"] > before  # renewed again
-    assert any("heartbeat failed" in line for line in log) and not any("lost the lease" in line for line in log)
+    before = heartbeat(tmp_path)
+    assert eventually(lambda: heartbeat(tmp_path) > before)  # renewed again
+    assert not any("lost the lease" in line for line in log)
     lease.release()
     assert not (tmp_path / LEASE).exists()
 
