@@ -32,7 +32,7 @@ from jobs.identity import (
 from jobs.lease import Lease
 from jobs.live_metrics import RayMetrics
 from jobs.models import pinned
-from jobs.output import REFUSED_HINT, ShardedOutput, check_resumable, claimed, unfinished
+from jobs.output import REFUSED_HINT, ShardedOutput, check_failed, check_resumable, claimed, unfinished
 from jobs.pools import build_stages, llm_engines_stopped, pool_plan, ray_request
 from jobs.progress import Progress
 from jobs.question_sources import materialize_questions
@@ -114,10 +114,8 @@ def _not_whole(config: AnswerConfig, plan, log) -> str | None:
     if out.damaged:
         return (f"{len(out.damaged)} part(s) fail the checks a resume makes ({', '.join(out.damaged[:3])}: damaged, "
                 "or of another run) and would be answered again")
-    check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
-    wrong = {s: c for s, c in check.items() if not c["ok"]}
-    return ("its exactly-once check fails (" + "; ".join(f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"
-                                                         for s, c in wrong.items()) + ")") if wrong else None
+    wrong = check_failed(out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars))
+    return f"its exactly-once check fails ({wrong})" if wrong else None
 
 
 def know_labels_generator(model: str | None) -> str | None:
@@ -198,8 +196,9 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     if sizes and skip >= set(sizes):  # nothing to do: no Ray, no models, and the run's metrics stay as they are
         out.close()
         check = out.verify(plan, config.questions, config.input.read_batch_rows, config.input.max_question_chars)
-        if not all(c["ok"] for c in check.values()):
-            raise RuntimeError(f"output incomplete: check {check}")
+        if wrong := check_failed(check):  # whole parts, each as committed, that together hold a question twice or none
+            raise UserError(f"{redact(config.output)}: every part is committed, but its exactly-once check fails "
+                            f"({wrong}): parts changed after their commit? --force answers the questions afresh")
         log(f"nothing to do: all {len(sizes)} input shards of {redact(config.output)} are committed for every "
             "strategy, every input id once per strategy")
         previous = previous_metrics(config.output) or {}

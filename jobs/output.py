@@ -511,6 +511,13 @@ class ShardedOutput:
         return report
 
 
+def check_failed(check: dict) -> str | None:
+    """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated"); None where every
+    strategy holds each question once."""
+    wrong = [f"{s}: {c['missing']} missing, {c['duplicated']} duplicated" for s, c in check.items() if not c["ok"]]
+    return "; ".join(wrong) or None
+
+
 def _by_shard(questions, shards):
     """(shard, ids) for every shard number in ``shards``, in order, including shards with no rows."""
     current, ids = None, []

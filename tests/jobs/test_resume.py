@@ -172,11 +172,7 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
         f.seek(100)
         f.write(b"\xff\xfe")
     shutil.copytree(out, tmp_path / "runs" / "twice")
-    part = tmp_path / "runs" / "twice" / "direct" / "part-00000.parquet"
-    table = pq.read_table(part)
-    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]).replace_schema_metadata(table.schema.metadata), part)
-    (part.parent / "_part-00000.parquet.sha256").write_text(json.dumps(
-        {"sha256": hashlib.sha256(part.read_bytes()).hexdigest(), "rows": table.num_rows + 1}))
+    twice(tmp_path / "runs" / "twice" / "direct" / "part-00000.parquet")
     runs = tmp_path / "ro"
     runs.mkdir()
     mounted = runs / "out"
@@ -206,6 +202,35 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
             answer(config.model_copy(update={"commit": config.commit.model_copy(update={"shard_rows": 5})}), log=log.append)
     finally:
         subprocess.run(["umount", str(runs)], capture_output=True)
+
+
+def twice(part):
+    """``part`` rewritten whole with its first row again, its checksum made to match: a part changed after its commit."""
+    table = pq.read_table(part)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]).replace_schema_metadata(table.schema.metadata), part)
+    (part.parent / f"_{part.name}.sha256").write_text(json.dumps(
+        {"sha256": hashlib.sha256(part.read_bytes()).hexdigest(), "rows": table.num_rows + 1}))
+
+
+def test_a_finished_output_holding_a_question_twice_is_refused_in_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """Every part committed and whole, but one holds a question twice: the rerun raised RuntimeError("output
+    incomplete: check {...}") with a traceback (exit 1), where the read-only path refuses it in one line."""
+    import jobs.ray_session
+    from jobs.answer import answer
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(15)], "question": [f"question {i}" for i in range(15)]}),
+                   questions)
+    finish(start(questions, out))
+    twice(out / "direct" / "part-00000.parquet")
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *a, **k: (_ for _ in ()).throw(AssertionError("Ray")))
+    config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct", "rag"],
+                          commit={"shard_rows": 10}, engine={"window": 8})
+    with pytest.raises(UserError, match=r"every part is committed, but its exactly-once check fails "
+                                        r"\(direct: 0 missing, 1 duplicated\).* --force answers"):
+        answer(config, log=lambda *_: None)
 
 
 def test_questions_converted_before_are_found_on_a_read_only_mount_and_new_ones_are_refused_in_one_line(tmp_path):
