@@ -94,22 +94,29 @@ def _finished_read_only(config: AnswerConfig, plan, log, writes: bool) -> dict:
     """A rerun over a finished output this process cannot write (a pipeline that runs `answer` before it
     evaluates, on a node that mounts the runs read-only) has nothing to do, as anywhere; its lease, a file,
     failed with EROFS. An output that needs writing is refused in one line, before Ray starts."""
-    check_resumable(config.output, run_identity(config, plan), identity_defaults(), operational)
-    short = unfinished(config.output, set(config.strategies))
+    identity = run_identity(config, plan)
+    check_resumable(config.output, identity, identity_defaults(), operational)  # a different run: refused first
     missing = [s for s in config.strategies if not os.path.isdir(os.path.join(config.output, s))]
-    why = ("--force and --retry-errors write there" if writes else short
-           or (f"it has no answers of {', '.join(missing)}" if missing else "it holds no run"
-               if not claimed(config.output) else _not_whole(config, plan, log)))
+    if writes:
+        why = "--force and --retry-errors write there"
+    elif short := unfinished(config.output, set(config.strategies)):
+        why = short
+    elif missing:
+        why = f"it has no answers of {', '.join(missing)}"
+    elif not claimed(config.output):
+        why = "it holds no run"
+    else:
+        why = _not_whole(config, plan, identity, log)
     if why:
         raise cannot_write(config.output, why, "answer into a folder it can write (--output)")
     log(f"nothing to do: every strategy's parts of {config.output} are committed (read-only here: nothing written)")
     return previous_metrics(config.output) or {}
 
 
-def _not_whole(config: AnswerConfig, plan, log) -> str | None:
+def _not_whole(config: AnswerConfig, plan, identity: dict, log) -> str | None:
     """Why a finished output this process cannot write is not whole, as a resume would find it (a part's checksum
     or footer, each question's row once per strategy); None where it is."""
-    out = ShardedOutput(config.output, run_identity(config, plan), config.strategies, config.commit.shard_rows,
+    out = ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows,
                         log=log, defaults=identity_defaults(), speed=operational, read_only=True)
     if out.damaged:
         return (f"{len(out.damaged)} part(s) fail the checks a resume makes ({', '.join(out.damaged[:3])}: damaged, "

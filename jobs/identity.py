@@ -18,11 +18,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from actors.reranker import BiEncoderRanker, ranker_class
-from jobs.index import index_chunks, manifest_sha256
+from jobs.index import index_chunks, manifest_sha256, read_manifest
 from jobs.models import pinned, resolve
 from jobs.pools import encoder_model
 from jobs.questions import InputPlan
-from jobs.request_cache import know_embedder, revision
+from jobs.request_cache import know_embedder, revision, search_settings
 from schemas.config import speed_setting
 from strategies.registry import AnswerConfig, make_strategy
 
@@ -37,6 +37,11 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     digest = manifest_sha256(config.index.path) if config.index.path else None
     if digest:
         identity["index.manifest_sha256"] = digest
+        # a search setting no shard of the index reads decides nothing (the request cache's rule)
+        searched = search_settings(config, read_manifest(config.index.path))
+        for key in ("nprobe", "hnsw_ef_search"):
+            if key not in searched:
+                identity.pop(f"index.{key}", None)
         # said apart from the digest, and only where set: evaluate reads it from an answer file to score a
         # split passage's parts as their passage (a run's outputs before chunking keep their identity)
         if chunks := index_chunks(config.index.path):

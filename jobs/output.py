@@ -248,7 +248,6 @@ class ShardedOutput:
         self._say_who_wrote()
 
     def _check_read_only(self) -> None:
-        check_resumable(self.output, self.identity, self.defaults, self.speed)
         for strategy in self.strategies:
             found = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{strategy}", allow_not_found=True))
             for path in sorted(e.path for e in found):
@@ -486,7 +485,7 @@ class ShardedOutput:
         Shard by shard, so memory is bounded by one shard: the input's ids of a shard against the
         ids in that shard's part, for each strategy.
         """
-        report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "errors": 0, "ok": True}
+        report = {s: {"rows": 0, "expected": 0, "duplicated": 0, "missing": 0, "unexpected": 0, "errors": 0, "ok": True}
                   for s in self.strategies}
         questions = question_rows(questions_uri, read_batch_rows, plan.rows, shard_rows=self.shard_rows,
                                   drop_rows=plan.duplicate_rows, max_chars=max_chars,
@@ -507,6 +506,7 @@ class ShardedOutput:
                 r["expected"] += len(expected)
                 r["duplicated"] += len(got) - len(unique)
                 r["missing"] += len(np.setdiff1d(expected, unique))
+                r["unexpected"] += len(np.setdiff1d(unique, expected))  # ids that are no question of this shard
                 r["ok"] = r["ok"] and bool(np.array_equal(got, expected))
         return report
 
@@ -514,7 +514,9 @@ class ShardedOutput:
 def check_failed(check: dict) -> str | None:
     """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated"); None where every
     strategy holds each question once."""
-    wrong = [f"{s}: {c['missing']} missing, {c['duplicated']} duplicated" for s, c in check.items() if not c["ok"]]
+    wrong = [f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"
+             + (f", {c['unexpected']} not in the input" if c.get("unexpected") else "")
+             for s, c in check.items() if not c["ok"]]
     return "; ".join(wrong) or None
 
 

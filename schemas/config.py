@@ -130,7 +130,7 @@ ENGINE_SPEED_ARGS = frozenset({
     "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override", "cpu_offload_gb",
     "enforce_eager", "max_cudagraph_capture_size", "cudagraph_capture_sizes", "tensor_parallel_size",
     "pipeline_parallel_size", "distributed_executor_backend", "disable_custom_all_reduce", "disable_log_stats",
-    "download_dir", "max_parallel_loading_workers", "use_tqdm_on_load"})
+    "max_parallel_loading_workers", "use_tqdm_on_load"})
 
 
 def answer_engine_kwargs(engine_kwargs: dict) -> dict:

@@ -113,3 +113,9 @@ def test_an_engine_argument_that_only_changes_speed_leaves_the_generators_namesp
         assert key(**speed) == plain, speed
     assert key(max_num_seqs=64, quantization="fp8")["generator"] == key(quantization="fp8")["generator"] != plain["generator"]
     assert key(kv_cache_dtype="fp8")["generator"] != plain["generator"]
+    # where the weights are is not a speed setting: a newer revision downloaded there answers otherwise
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    before = key(download_dir=str(downloads))["generator"]
+    (downloads / "model.safetensors").write_bytes(b"another revision")
+    assert key(download_dir=str(downloads))["generator"] != before

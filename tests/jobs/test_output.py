@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import output as output_module
-from jobs.output import ShardedOutput
+from jobs.output import ShardedOutput, check_failed
 from jobs.questions import plan_input
 from schemas.config import ConfigError
 from schemas.tables import ANSWERS
@@ -148,13 +148,21 @@ def test_verify_counts_missing_and_duplicated_ids(tmp_path):
         out.write(row(qid, "rag", 0))
     out.close()
     assert out.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 0, "missing": 0,
-                                                      "errors": 0, "ok": True}
+                                                      "unexpected": 0, "errors": 0, "ok": True}
     bad = ShardedOutput(str(tmp_path / "bad"), IDENTITY, ["rag"], shard_rows=10)
     bad.sealed(0, 3)
     for qid in ["a", "b", "b"]:
         bad.write(row(qid, "rag", 0))
     assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1,
-                                                      "errors": 0, "ok": False}
+                                                      "unexpected": 0, "errors": 0, "ok": False}
+    # an id that is no question of the input: before, its report said nothing was missing or duplicated
+    other = ShardedOutput(str(tmp_path / "other"), IDENTITY, ["rag"], shard_rows=10)
+    other.sealed(0, 3)
+    for qid in ["a", "b", "z"]:
+        other.write(row(qid, "rag", 0))
+    check = other.verify(plan, str(q), 2, 100)
+    assert (check["rag"]["missing"], check["rag"]["unexpected"], check["rag"]["ok"]) == (1, 1, False)
+    assert check_failed(check) == "rag: 1 missing, 0 duplicated, 1 not in the input" and check_failed({}) is None
 
 
 def test_a_questions_file_edited_to_the_same_size_is_another_input(tmp_path):
@@ -199,6 +207,35 @@ def test_the_same_questions_and_index_moved_elsewhere_resume(tmp_path):
     again = ShardedOutput(str(tmp_path / "out"), run_identity(config, plan_input(str(moved))), ["direct"], 10,
                           defaults=identity_defaults())
     assert again.committed == {("direct", 0)}
+
+
+def test_a_search_setting_no_shard_reads_is_no_part_of_the_identity_and_one_recorded_before_still_resumes(
+        tmp_path, monkeypatch):
+    """nprobe on a Flat index (FAISS reads it only on IVF shards) refused the resume it could not change."""
+    from jobs import identity as identity_module
+    from jobs.identity import identity_defaults, run_identity
+    from strategies.registry import AnswerConfig
+
+    factories = {str(tmp_path / "flat"): "Flat", str(tmp_path / "ivf"): "IVF64,Flat"}
+    monkeypatch.setattr(identity_module, "manifest_sha256", lambda path: f"sha-{path}")
+    monkeypatch.setattr(identity_module, "read_manifest", lambda path: {"shards": [{"factory": factories[path]}]})
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+
+    def identity(index, nprobe):
+        config = AnswerConfig(questions=str(questions), strategies=["rag"],
+                              index={"path": str(tmp_path / index), "nprobe": nprobe})
+        return run_identity(config, plan_input(str(questions)))
+
+    assert "index.nprobe" not in identity("flat", 8) and identity("flat", 8) == identity("flat", 64)
+    assert identity("ivf", 8)["index.nprobe"] == 8 and "index.hnsw_ef_search" not in identity("ivf", 8)
+    recorded = {**identity("flat", 8), "index.nprobe": 32}  # as a run before this change recorded it
+    out = ShardedOutput(str(tmp_path / "out"), recorded, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    again = ShardedOutput(str(tmp_path / "out"), identity("flat", 64), ["rag"], shard_rows=3, defaults=identity_defaults())
+    assert again.committed == {("rag", 0)}
 
 
 def test_an_output_recorded_with_the_input_path_before_digests_existed_still_resumes(tmp_path):
@@ -558,9 +595,13 @@ def test_this_ragsift_names_its_version_and_in_a_checkout_its_commit():
 def test_a_resume_may_change_an_engine_argument_that_only_changes_speed_and_not_one_that_changes_answers(tmp_path):
     """`generator.engine_kwargs.max_num_seqs` raised to fill a GPU refused the resume of the run it was to speed up."""
     written = {**IDENTITY, "generator.engine_kwargs": {"max_num_seqs": 8, "quantization": None}}
-    ShardedOutput(str(tmp_path), written, ["rag"], shard_rows=3).sealed(0, 1)
+    out = ShardedOutput(str(tmp_path), written, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
     for faster in ({"max_num_seqs": 64, "quantization": None}, {"quantization": None, "enable_prefix_caching": False}):
-        ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": faster}, ["rag"], shard_rows=3)
+        again = ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": faster}, ["rag"], shard_rows=3)
+        assert again.committed == {("rag", 0)}  # its part kept, not answered again
     with pytest.raises(ConfigError, match="differs in: generator.engine_kwargs"):
         ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": {"max_num_seqs": 8, "quantization": "fp8"}},
                       ["rag"], shard_rows=3)

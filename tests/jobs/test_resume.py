@@ -58,7 +58,8 @@ def test_killed_driver_resumes_exactly_once(tmp_path):
     assert "resuming" in log
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["shards_resumed"] >= 1 and metrics["duplicate_ids_dropped"] == 1
-    assert all(c == {"rows": 60, "expected": 60, "duplicated": 0, "missing": 0, "errors": 0, "ok": True}
+    assert all(c == {"rows": 60, "expected": 60, "duplicated": 0, "missing": 0, "unexpected": 0, "errors": 0,
+                   "ok": True}
                for c in metrics["exactly_once"].values())
     assert metrics["roots_done"] < 2 * 60  # committed shards were not answered again
     assert rows(out) == rows(calm) and len(rows(out)) == 120
