@@ -495,11 +495,12 @@ class ShardedOutput:
             for strategy in self.strategies:
                 r = report[strategy]
                 path = self._path(strategy, shard)
-                got = np.empty(0, np.uint64)
+                got, written = np.empty(0, np.uint64), []
                 if (strategy, shard) in self.committed:
                     with self.fs.open_input_file(path) as f:
                         part = pq.read_table(f, columns=["id", "error"])
-                    got = np.sort(hash_ids(part["id"].to_pylist()))
+                    written = part["id"].to_pylist()
+                    got = np.sort(hash_ids(written))
                     r["errors"] += part.num_rows - part["error"].null_count
                 unique = np.unique(got)
                 r["rows"] += len(got)
@@ -507,17 +508,28 @@ class ShardedOutput:
                 r["duplicated"] += len(got) - len(unique)
                 r["missing"] += len(np.setdiff1d(expected, unique))
                 r["unexpected"] += len(np.setdiff1d(unique, expected))  # ids that are no question of this shard
-                r["ok"] = r["ok"] and bool(np.array_equal(got, expected))
+                if not np.array_equal(got, expected):
+                    r["ok"] = False
+                    r["examples"] = (r.get("examples", []) + _examples(ids, written))[:3]
         return report
 
 
 def check_failed(check: dict) -> str | None:
-    """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated"); None where every
-    strategy holds each question once."""
+    """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated, e.g. q3 twice"); None
+    where every strategy holds each question once."""
     wrong = [f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"
              + (f", {c['unexpected']} not in the input" if c.get("unexpected") else "")
+             + (f", e.g. {', '.join(c['examples'])}" if c.get("examples") else "")
              for s, c in check.items() if not c["ok"]]
     return "; ".join(wrong) or None
+
+
+def _examples(ids: list[str], written: list[str]) -> list[str]:
+    """A few ids that fail a shard's check, in words (the check compares their hashes)."""
+    counts, asked = Counter(written), set(ids)
+    return ([f"{i} {n} times" for i, n in counts.items() if n > 1] + [f"{i} not in the input" for i in counts
+                                                                       if i not in asked]
+            + [f"{i} missing" for i in ids if i not in counts])[:3]
 
 
 def _by_shard(questions, shards):

@@ -154,7 +154,8 @@ def test_verify_counts_missing_and_duplicated_ids(tmp_path):
     for qid in ["a", "b", "b"]:
         bad.write(row(qid, "rag", 0))
     assert bad.verify(plan, str(q), 2, 100)["rag"] == {"rows": 3, "expected": 3, "duplicated": 1, "missing": 1,
-                                                      "unexpected": 0, "errors": 0, "ok": False}
+                                                      "unexpected": 0, "errors": 0, "ok": False,
+                                                      "examples": ["b 2 times", "c missing"]}
     # an id that is no question of the input: before, its report said nothing was missing or duplicated
     other = ShardedOutput(str(tmp_path / "other"), IDENTITY, ["rag"], shard_rows=10)
     other.sealed(0, 3)
@@ -162,7 +163,8 @@ def test_verify_counts_missing_and_duplicated_ids(tmp_path):
         other.write(row(qid, "rag", 0))
     check = other.verify(plan, str(q), 2, 100)
     assert (check["rag"]["missing"], check["rag"]["unexpected"], check["rag"]["ok"]) == (1, 1, False)
-    assert check_failed(check) == "rag: 1 missing, 0 duplicated, 1 not in the input" and check_failed({}) is None
+    assert check_failed(check) == "rag: 1 missing, 0 duplicated, 1 not in the input, e.g. z not in the input, c missing"
+    assert check_failed({}) is None
 
 
 def test_a_questions_file_edited_to_the_same_size_is_another_input(tmp_path):

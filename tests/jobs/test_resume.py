@@ -197,7 +197,8 @@ def test_a_finished_run_on_a_read_only_mount_has_nothing_to_do_and_an_unfinished
         with pytest.raises(UserError, match=r"cannot write there .*1 part\(s\) fail the checks a resume makes "
                                             r"\(rag/part-00001.parquet: damaged"):
             answer(config.model_copy(update={"output": str(runs / "damaged")}), log=log.append)
-        with pytest.raises(UserError, match=r"cannot write there .*exactly-once check fails \(direct: 0 missing, 1 duplicated\)"):
+        with pytest.raises(UserError, match=r"cannot write there .*exactly-once check fails "
+                                            r"\(direct: 0 missing, 1 duplicated, e.g. q0 2 times\)"):
             answer(config.model_copy(update={"output": str(runs / "twice")}), log=log.append)
         with pytest.raises(UserError, match="holds output of a different run"):
             answer(config.model_copy(update={"commit": config.commit.model_copy(update={"shard_rows": 5})}), log=log.append)
@@ -230,7 +231,7 @@ def test_a_finished_output_holding_a_question_twice_is_refused_in_one_line_not_a
     config = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct", "rag"],
                           commit={"shard_rows": 10}, engine={"window": 8})
     with pytest.raises(UserError, match=r"every part is committed, but its exactly-once check fails "
-                                        r"\(direct: 0 missing, 1 duplicated\).* --force answers"):
+                                        r"\(direct: 0 missing, 1 duplicated, e.g. q0 2 times\).* --force answers"):
         answer(config, log=lambda *_: None)
 
 
