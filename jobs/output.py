@@ -515,7 +515,7 @@ class ShardedOutput:
 
 
 def check_failed(check: dict) -> str | None:
-    """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated, e.g. q3 twice"); None
+    """What ``verify``'s report finds wrong, in words ("rag: 0 missing, 1 duplicated, e.g. q3 2 times"); None
     where every strategy holds each question once."""
     wrong = [f"{s}: {c['missing']} missing, {c['duplicated']} duplicated"
              + (f", {c['unexpected']} not in the input" if c.get("unexpected") else "")
