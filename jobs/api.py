@@ -167,7 +167,7 @@ class Session:
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
                 try:
-                    unplaceable(plan, (cpus, {**resources, "GPU": gpus}), ray.available_resources(), whose)
+                    unplaceable(plan, (cpus, {**resources, "GPU": sum(gpus)}), ray.available_resources(), whose)
                     break
                 except UserError:
                     if time.monotonic() > deadline:

@@ -253,7 +253,7 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
 
     emb = config.embedder  # a local Ray is sized to place every encoder replica (one it cannot place stalls the build)
     init_ray(config.ray, emb.num_cpus * emb.replicas, {k: v * emb.replicas for k, v in emb.resources.items()},
-             emb.num_gpus * emb.replicas)
+             (emb.num_gpus,) * emb.replicas)
     if encoders is None:
         from actors.encoder import Encoder
 

@@ -157,9 +157,18 @@ def cpus_requested(plan: dict[str, Pool]) -> float:
     return sum(pool.cpus for pool in plan.values())
 
 
-def gpus_requested(plan: dict[str, Pool]) -> float:
-    """The GPUs ``plan`` asks Ray for, its replicas' placement groups' bundles included."""
-    return sum(pool.per_replica.get("GPU", 0.0) * len(pool.replicas) for pool in plan.values())
+def gpu_demands(plan: dict[str, Pool]) -> tuple[float, ...]:
+    """What ``plan`` asks of each GPU, reservation by reservation (a replica's num_gpus, or each bundle of its
+    placement group): Ray places each on devices of its own (engine/gpu_packing.py), so their sum says too
+    little."""
+    demands: list[float] = []
+    for pool in plan.values():
+        for _ in pool.replicas:
+            if pool.placement_group:
+                demands += [bundle.get("GPU", 0.0) for bundle in pool.placement_group["bundles"]]
+            else:
+                demands.append(pool.num_gpus)
+    return tuple(d for d in demands if d > 0)
 
 
 def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
@@ -172,7 +181,7 @@ def resources_requested(plan: dict[str, Pool]) -> dict[str, float]:
     return total
 
 
-def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dict[str, float], float]:
+def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dict[str, float], tuple[float, ...]]:
     """The CPUs, custom resources and GPUs a run asks Ray for, to size a local Ray or to say what a
     cluster lacks: its pools', and with engine.actors > 1 its engine actors' (left out, the last engine
     actor waited forever for a place)."""
@@ -181,7 +190,7 @@ def ray_request(config: AnswerConfig, plan: dict[str, Pool]) -> tuple[float, dic
         cpus += config.engine.actor_cpus * config.engine.actors
         for name, amount in config.engine.actor_resources.items():
             resources[name] = resources.get(name, 0.0) + amount * config.engine.actors
-    return cpus, resources, gpus_requested(plan)
+    return cpus, resources, gpu_demands(plan)
 
 
 def build_stages(config: AnswerConfig, needs: set[str], plan: dict[str, Pool] | None = None,

@@ -7,8 +7,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from contextlib import contextmanager
 
+from engine.gpu_packing import described, gpus_needed, orders
 from schemas.config import RayConfig
 from schemas.errors import UserError
 
@@ -22,11 +24,12 @@ DEFAULT_ENV = {
 
 
 def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str, float] | None = None,
-             gpus_requested: float = 0.0):
+             gpus: Sequence[float] = ()):
     """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs and
     the custom ``resources`` the run's actor pools request: they are scheduling tokens, and a pool Ray
     cannot place would wait forever. GPUs are hardware: a cluster short of them is told of (its
-    autoscaler may add some), a local Ray on a machine with fewer than ``gpus_requested`` is refused."""
+    autoscaler may add some), a local Ray on a machine with fewer than ``gpus`` (each reservation's GPUs,
+    placed device by device) need is refused, and one where they fit only in some orders is warned of."""
     import ray
 
     for key, value in DEFAULT_ENV.items():
@@ -34,7 +37,7 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
     if ray.is_initialized():
         return ray
     with _sigterm_handler_kept():
-        _init(ray, config, cpus_requested, resources, gpus_requested)
+        _init(ray, config, cpus_requested, resources, tuple(gpus))
     return ray
 
 
@@ -60,7 +63,7 @@ def _sigterm_handler_kept():
             signal.signal(signal.SIGTERM, before)
 
 
-def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, float] | None, gpus_requested: float):
+def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, float] | None, gpus: tuple[float, ...]):
     address = config.address or os.environ.get("RAY_ADDRESS")
     env = {k: os.environ[k] for k in [*DEFAULT_ENV, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                        "RAGSIFT_HOME", "VLLM_CPU_KVCACHE_SPACE"] if k in os.environ}
@@ -75,8 +78,8 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
         if have < cpus_requested:
             print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
-        if cluster.get("GPU", 0) < gpus_requested:
-            print(f"ragsift: the actor pools request {gpus_requested:g} GPUs and the cluster has {cluster.get('GPU', 0):g} "
+        if cluster.get("GPU", 0) < gpus_needed(gpus):
+            print(f"ragsift: the actor pools request {_gpus_asked(gpus)} and the cluster has {cluster.get('GPU', 0):g} "
                   "now; those replicas wait for GPU nodes (with the CPU install, the pools' num_gpus 0 runs them on CPUs)",
                   file=sys.stderr)
         short = {name: amount for name, amount in (resources or {}).items() if cluster.get(name, 0) < amount}
@@ -102,11 +105,25 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
             # must see the user's environment, not ours
             _restore_environment()
         have = ray.cluster_resources().get("GPU", 0)  # what Ray found here (CUDA_VISIBLE_DEVICES included)
-        if have < gpus_requested:
+        if have < gpus_needed(gpus):
             ray.shutdown()
-            raise UserError(f"the actor pools request {gpus_requested:g} GPUs and this machine has {have:g}: with the CPU "
+            raise UserError(f"the actor pools request {_gpus_asked(gpus)} and this machine has {have:g}: with the CPU "
                             "install, set the pools' num_gpus to 0 to run on CPUs; or join a cluster with GPUs "
                             "(ray.address or RAY_ADDRESS)")
+        if gpus and orders(gpus, int(have))[1]:
+            print(f"ragsift: Ray places each GPU fraction on one device as the actors arrive, and the pools' "
+                  f"({described(gpus)}) fit this machine's {have:g} GPUs only in some orders: in others a replica "
+                  "waits for ever. Fractions that fill a device in any order (0.5, 0.25) or whole GPUs do not",
+                  file=sys.stderr)
+
+
+def _gpus_asked(gpus: tuple[float, ...]) -> str:
+    """'2 GPUs', or where fractions cannot share devices so as to fit in their sum, what they need instead."""
+    total, needed = sum(gpus), gpus_needed(gpus)
+    if needed > math.ceil(total - 1e-9):
+        return (f"{total:g} GPUs in fractions ({described(gpus)}) that need {needed} devices (Ray places each "
+                "fraction on one device, beside only what fits there)")
+    return f"{total:g} GPUs"
 
 
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

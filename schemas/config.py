@@ -54,6 +54,15 @@ class Section(BaseModel):
             return float(value)
         return value
 
+    @field_validator("*")
+    @classmethod
+    def _whole_gpus_past_one(cls, value, info):
+        # Ray refuses more than one GPU that is not a whole number only when it creates the actor, after the
+        # pools started before it had loaded their models
+        if info.field_name.startswith("num_gpus") and value > 1 and not float(value).is_integer():
+            raise ValueError(f"{value:g} GPUs: a fraction shares one device; more than one must be a whole number")
+        return value
+
 
 def home_expanded(value):
     """A local path with a leading ``~`` expanded (a URI, ``hf:NAME`` and None as they are): pyarrow expands

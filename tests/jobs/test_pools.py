@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from actors.know import WEIGHTS
-from jobs.pools import cpus_requested, pool_plan, ray_request
+from jobs.pools import cpus_requested, gpu_demands, pool_plan, ray_request
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 from tests.conftest import REPO
@@ -48,10 +48,10 @@ def test_a_local_ray_is_sized_by_the_same_plan_the_pools_are_built_from(tmp_path
     # engine actors are asked for too (the last one waited forever on a Ray sized for the pools alone)
     split = AnswerConfig.model_validate({**bare.model_dump(), "engine": {"actors": 2, "actor_cpus": 1.5,
                                                                         "actor_resources": {"engine_node": 1}}})
-    assert ray_request(split, pool_plan(split, {"ranker"})) == (3.5, {"engine_node": 2.0}, 0.0)
-    assert ray_request(bare, pool_plan(bare, {"ranker"})) == (0.5, {}, 0.0)
+    assert ray_request(split, pool_plan(split, {"ranker"})) == (3.5, {"engine_node": 2.0}, ())
+    assert ray_request(bare, pool_plan(bare, {"ranker"})) == (0.5, {}, ())
     # GPUs are asked for too, so that a Ray without them is told of (they waited in silence)
-    assert ray_request(on_gpu, pool_plan(on_gpu, {"generator", "retriever"}))[2] == 0.25
+    assert ray_request(on_gpu, pool_plan(on_gpu, {"generator", "retriever"}))[2] == (0.25,)
 
 
 def test_an_index_whose_vectors_do_not_match_its_embedder_is_refused_before_anything_starts(tmp_path):
@@ -103,6 +103,7 @@ def test_a_replica_over_several_devices_gets_a_placement_group_with_a_bundle_per
     assert pool.placement_group == {"bundles": [{"GPU": 1, "CPU": 1, "gpu_node": 1}] + [{"GPU": 1, "CPU": 1}] * 3,
                                     "strategy": "STRICT_PACK"}
     assert cpus_requested({"generator": pool}) == 8 and resources_requested({"generator": pool}) == {"gpu_node": 2}
+    assert gpu_demands({"generator": pool}) == (1,) * 8  # a device a worker: Ray places bundles one by one
     args = engine_arguments(llm_settings(c.generator))
     assert (args["tensor_parallel_size"], args["pipeline_parallel_size"], args["distributed_executor_backend"]) == (2, 2, "ray")
     from vllm.engine.arg_utils import EngineArgs
@@ -115,6 +116,13 @@ def test_a_replica_over_several_devices_gets_a_placement_group_with_a_bundle_per
     assert (args["dtype"], args["enforce_eager"]) == ("auto", False)
     assert (engine_arguments(llm_settings(config().generator))["enforce_eager"],
             engine_arguments(llm_settings(config(num_gpus=1, enforce_eager=True).generator))["enforce_eager"]) == (True, True)
+    # Ray refuses 1.5 GPUs when it creates the actor, after the pools before it loaded their models: at load here
+    with pytest.raises(ValueError, match=r"generator.num_gpus\n.*1.5 GPUs: a fraction shares one device; more than one "
+                                         "must be a whole number"):
+        config(num_gpus=1.5)
+    assert config(num_gpus=2).generator.num_gpus == 2
+    with pytest.raises(ValueError, match="retrieval.num_gpus_per_shard"):
+        AnswerConfig.model_validate({"retrieval": {"num_gpus_per_shard": 2.5}})
     with pytest.raises(ValueError, match=r"a vLLM worker runs on one device: GPU 2 in a bundle"):
         config(tensor_parallel_size=2, placement_group={"bundle_per_worker": {"GPU": 2}})
 

@@ -116,8 +116,35 @@ def test_a_local_ray_on_a_machine_with_fewer_gpus_than_the_pools_request_is_refu
     assert [name for name, _ in calls] == ["init", "shutdown"]  # the Ray it started is not left behind
     calls.clear()
     cluster["GPU"] = 2.0
-    init_ray(RayConfig(num_cpus=2), 1.0, {}, 1.5)  # fractions of the GPUs there are fit
+    init_ray(RayConfig(num_cpus=2), 1.0, {}, (0.75, 0.75))  # fractions of the GPUs there are fit
     assert [name for name, _ in calls] == ["init"]
+
+
+def test_gpu_fractions_that_no_two_devices_hold_are_refused_though_their_sum_fits(fake_ray, monkeypatch, capsys):
+    """Three replicas of 0.6 GPU on two GPUs: 1.8 <= 2 passed, and the third replica waited for ever (Ray places
+    each fraction on one device)."""
+    from jobs.pools import pool_plan, ray_request
+    from jobs.ray_session import init_ray
+    from schemas.config import RayConfig
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls, cluster = fake_ray
+    cluster["GPU"] = 2.0
+    config = AnswerConfig.model_validate({"generator": {"model": "g", "num_gpus": 0.6, "replicas": 3}})
+    with pytest.raises(UserError, match=r"request 1.8 GPUs in fractions \(3 x 0.6\) that need 3 devices .* and this "
+                                        "machine has 2"):
+        init_ray(config.ray, *ray_request(config, pool_plan(config, {"generator"})))
+    assert [name for name, _ in calls] == ["init", "shutdown"]
+    calls.clear()
+    # 0.7 + 0.3 fill a device, but two 0.3s that arrive first share one, and a 0.7 then waits: warned of
+    init_ray(RayConfig(num_cpus=2), 1.0, {}, (0.7, 0.7, 0.3, 0.3))
+    assert [name for name, _ in calls] == ["init"]
+    assert "(2 x 0.7, 2 x 0.3) fit this machine's 2 GPUs only in some orders" in capsys.readouterr().err
+    cluster["GPU"] = 3.0
+    init_ray(RayConfig(num_cpus=2), 1.0, {}, (0.7, 0.7, 0.3, 0.3))
+    assert "GPU" not in capsys.readouterr().err
 
 
 def test_joining_a_cluster_without_the_gpus_the_pools_request_says_so_as_for_custom_resources(fake_ray, capsys):
@@ -125,11 +152,13 @@ def test_joining_a_cluster_without_the_gpus_the_pools_request_says_so_as_for_cus
     from schemas.config import RayConfig
 
     calls, cluster = fake_ray
-    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {"llm": 1.0}, 2.0)
+    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {"llm": 1.0}, (1.0, 1.0))
     lines = capsys.readouterr().err.splitlines()
     assert any("request 2 GPUs and the cluster has 0 now; those replicas wait for GPU nodes" in line for line in lines), lines
     assert any("custom resources {'llm': 1.0}" in line for line in lines), lines
     assert [name for name, _ in calls] == ["init"]  # an autoscaler may add GPU nodes: the job is not refused
     cluster["GPU"] = 2.0
-    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {}, 2.0)
+    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {}, (1.0, 1.0))
     assert "GPU" not in capsys.readouterr().err
+    init_ray(RayConfig(address="10.0.0.1:6379"), 1.0, {}, (0.6, 0.6, 0.6))  # 1.8 in fractions: three devices
+    assert "request 1.8 GPUs in fractions (3 x 0.6) that need 3 devices" in capsys.readouterr().err
