@@ -28,8 +28,9 @@ def init_ray(config: RayConfig, cpus_requested: float = 0.0, resources: dict[str
     """Join ``config.address`` (or RAY_ADDRESS), else start a local Ray with at least the logical CPUs and
     the custom ``resources`` the run's actor pools request: they are scheduling tokens, and a pool Ray
     cannot place would wait forever. GPUs are hardware: a cluster short of them is told of (its
-    autoscaler may add some), a local Ray on a machine with fewer than ``gpus`` (each reservation's GPUs,
-    placed device by device) need is refused, and one where they fit only in some orders is warned of."""
+    autoscaler may add some). ``gpus`` holds each reservation's GPUs (a replica's, a bundle's), which Ray
+    places device by device: a local Ray on a machine with fewer devices than they need is refused, one
+    where they fit only in some arrival orders is warned of."""
     import ray
 
     for key, value in DEFAULT_ENV.items():
