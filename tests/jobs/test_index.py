@@ -634,7 +634,7 @@ def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_th
 
     asked = {}
 
-    def sized(config, cpus=0.0, resources=None, gpus=0.0):
+    def sized(config, cpus=0.0, resources=None, gpus=()):
         asked.update(cpus=cpus, resources=resources, gpus=gpus)
         raise RuntimeError("stop before Ray starts")
 
@@ -644,7 +644,7 @@ def test_a_local_ray_is_sized_for_every_encoder_replica_and_encoders_go_where_th
     with pytest.raises(RuntimeError, match="stop before Ray starts"):
         _build(corpus, tmp_path / "idx", 1, "embedder.replicas=3", "embedder.num_cpus=1",
                "embedder.resources={retrieval: 1}", "embedder.num_gpus=0.5")
-    assert asked == {"cpus": 3, "resources": {"retrieval": 3}, "gpus": 1.5}  # a Ray without 1.5 GPUs is told of
+    assert asked == {"cpus": 3, "resources": {"retrieval": 3}, "gpus": (0.5, 0.5, 0.5)}  # one a replica
     assert encoder_options(EmbedderConfig(resources={"retrieval": 1}))["resources"] == {"retrieval": 1}
 
 
