@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,17 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def vllm_processes() -> set[int]:
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"VLLM"):
-                    found.add(int(pid))
-        except OSError:  # gone meanwhile
-            pass
-    return found
+from tests.test_end_to_end import vllm_processes  # noqa: E402  the end-to-end tests' detector of vLLM's processes
 
 
 def one_kill(model: str, busy: int) -> dict:
