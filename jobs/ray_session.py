@@ -79,8 +79,8 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
         if have < cpus_requested:
             print(f"ragsift: the actor pools request {cpus_requested:g} CPUs and the cluster has {have:g} now; "
                   "they wait for the autoscaler (lower the pools' num_cpus to run on what is there)", file=sys.stderr)
-        if cluster.get("GPU", 0) < gpus_needed(gpus):
-            print(f"ragsift: the actor pools request {_gpus_asked(gpus)} and the cluster has {cluster.get('GPU', 0):g} "
+        if cluster.get("GPU", 0) < (needed := gpus_needed(gpus)):
+            print(f"ragsift: the actor pools request {_gpus_asked(gpus, needed)} and the cluster has {cluster.get('GPU', 0):g} "
                   "now; those replicas wait for GPU nodes (with the CPU install, the pools' num_gpus 0 runs them on CPUs)",
                   file=sys.stderr)
         short = {name: amount for name, amount in (resources or {}).items() if cluster.get(name, 0) < amount}
@@ -106,9 +106,9 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
             # must see the user's environment, not ours
             _restore_environment()
         have = ray.cluster_resources().get("GPU", 0)  # what Ray found here (CUDA_VISIBLE_DEVICES included)
-        if have < gpus_needed(gpus):
+        if have < (needed := gpus_needed(gpus)):
             ray.shutdown()
-            raise UserError(f"the actor pools request {_gpus_asked(gpus)} and this machine has {have:g}: with the CPU "
+            raise UserError(f"the actor pools request {_gpus_asked(gpus, needed)} and this machine has {have:g}: with the CPU "
                             "install, set the pools' num_gpus to 0 to run on CPUs; or join a cluster with GPUs "
                             "(ray.address or RAY_ADDRESS)")
         if gpus and orders(gpus, int(have))[1]:
@@ -118,9 +118,9 @@ def _init(ray, config: RayConfig, cpus_requested: float, resources: dict[str, fl
                   file=sys.stderr)
 
 
-def _gpus_asked(gpus: tuple[float, ...]) -> str:
-    """'2 GPUs', or where fractions cannot share devices so as to fit in their sum, what they need instead."""
-    total, needed = sum(gpus), gpus_needed(gpus)
+def _gpus_asked(gpus: tuple[float, ...], needed: int) -> str:
+    """'2 GPUs', or where fractions cannot share devices so as to fit in their sum, the ``needed`` devices too."""
+    total = sum(gpus)
     if needed > math.ceil(total - 1e-9):
         return (f"{total:g} GPUs in fractions ({described(gpus)}) that need {needed} devices (Ray places each "
                 "fraction on one device, beside only what fits there)")
