@@ -22,12 +22,14 @@ import hashlib
 import json
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.gpu_packing import described, gpus_needed, orders
 from jobs.question_sources import to_arrow, write_input
 from jobs.questions import check_questions as check_columns
 from jobs.questions import stand_in_row
@@ -95,7 +97,9 @@ class Session:
         self.cache = None  # the request cache of this Session's pools, opened with them
         self.started_ray = False
         self.ray = None  # the Ray connection its pools run on (ray_connection); they die with it
+        self.gpus: list[float] = []  # each GPU reservation its pools hold there (jobs/pools.py gpu_demands)
         self.calls = 0
+        SESSIONS.add(self)
 
     def __enter__(self) -> Session:
         return self
@@ -134,7 +138,7 @@ class Session:
         """Start the pools ``config``'s strategies need and this Session does not have yet."""
         import ray
 
-        from jobs.pools import build_stages, pool_plan, ray_request
+        from jobs.pools import build_stages, gpu_demands, pool_plan, ray_request
         from jobs.ray_session import init_ray
         from jobs.request_cache import open_cache
         from strategies.registry import make_strategy
@@ -142,7 +146,7 @@ class Session:
         if (self.stages or self.ray is not None) and not self._on_its_ray():
             # its Ray was shut down under it (another Session's close) or replaced (ray.shutdown, then ray.init):
             # pools of a Ray that is gone are started again, on the Ray there is now or on one of ours
-            self.stages, self.started_ray = {}, False
+            self.stages, self.started_ray, self.gpus = {}, False, []
         if self.cache is None:
             self.cache = open_cache(self.config)
         needs = set().union(*(make_strategy(n, config).stages for n in config.strategies))
@@ -164,6 +168,10 @@ class Session:
             # waited for ever while the first one's held its CPUs
             whose = "this Session" if self.started_ray else "another Session of this process"
             cpus, resources, gpus = ray_request(config, plan)
+            # Ray places a GPU reservation device by device (engine/gpu_packing.py): 0.8 GPU free as 0.4 on
+            # each of two devices holds no 0.6, so the sum below passed such a pool and it waited for ever
+            held = [gpu for session in SESSIONS if session.ray == ray_connection() for gpu in session.gpus]
+            no_device(plan, held, gpus, ray.cluster_resources().get("GPU", 0.0), whose)
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
                 try:
@@ -174,6 +182,7 @@ class Session:
                         raise
                     time.sleep(0.5)
         self.stages.update(build_stages(config, missing, plan, running))
+        self.gpus += gpu_demands(plan)
         self.ray = ray_connection()  # the Ray of these pools: the user's, when this Session did not start one
 
     def _on_its_ray(self) -> bool:
@@ -209,7 +218,7 @@ class Session:
             else:
                 ray.shutdown()
         self.stages.clear()
-        self.started_ray, self.ray = False, None
+        self.started_ray, self.ray, self.gpus = False, None, []
 
 
 def ray_connection() -> tuple[str, str] | None:
@@ -225,6 +234,7 @@ def ray_connection() -> tuple[str, str] | None:
 
 FREED_WITHIN_S = 15.0
 SESSIONS_RAY: set = set()  # the Rays (ray_connection) Sessions of this process started
+SESSIONS: weakref.WeakSet = weakref.WeakSet()  # this process's Sessions, whose pools hold GPUs on those Rays
 
 
 def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: dict[str, float],
@@ -240,6 +250,20 @@ def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: 
         raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} "
                         f"ask for now ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())}): "
                         f"{advice}, or give it a Ray of your own with room for them (ray.address)")
+
+
+def no_device(plan: dict, held: list[float], asked: tuple[float, ...], devices: float,
+              whose: str = "this Session") -> None:
+    """Refuse GPU reservations that no arrival order places on a Session's own Ray beside those its Sessions'
+    pools ``held``: Ray would leave them waiting, and the call with them, for ever."""
+    if not asked or orders([*held, *asked], int(devices))[0]:
+        return
+    advice = ("name every strategy in its first call" if whose == "this Session"
+              else "use that Session for these calls too, or close it first (its pools hold them)")
+    raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} ask for now: "
+                    f"GPU reservations of {described(asked)} beside the {described(held) or 'none'} held there need "
+                    f"{gpus_needed([*held, *asked])} devices and it has {devices:g} (Ray puts each fraction on one "
+                    f"device): {advice}, or give it a Ray of your own with room for them (ray.address)")
 
 
 def wait_until_dead(actors: list, wait_s: float) -> None:

@@ -297,6 +297,52 @@ def test_a_session_on_the_ray_another_session_started_is_refused_pools_it_cannot
     assert second.stages == {"generator": "a pool"}
 
 
+def test_gpu_reservations_no_device_can_hold_beside_the_sessions_pools_are_refused_though_their_sum_fits():
+    """0.6 + 0.6 held on two devices leaves 0.4 on each: 0.8 GPU free, and no room for a third 0.6."""
+    from jobs.api import no_device
+
+    no_device({"judge": None}, [0.6], (0.6,), 2.0)  # on the other device
+    no_device({"judge": None}, [1.0], (0.5, 0.5), 2.0)  # both on the free device
+    no_device({"encoder": None}, [0.6, 0.6], (), 2.0)  # asks for no GPU
+    with pytest.raises(UserError, match=r"cannot place the pools \['judge'\].*1 x 0.6 beside the 2 x 0.6 held there need "
+                                        r"3 devices and it has 2.*name every strategy in its first call"):
+        no_device({"judge": None}, [0.6, 0.6], (0.6,), 2.0)
+    with pytest.raises(UserError, match=r"1 x 0.5 beside the none held there need 1 devices and it has 0"):
+        no_device({"nli": None}, [], (0.5,), 0.0)
+
+
+def test_a_later_call_whose_gpu_pool_fits_the_free_sum_but_no_device_is_refused_not_left_waiting(monkeypatch):
+    """A first Session's pools hold 0.6 GPU on each of two devices; a second asks for a 0.6 generator. Ray
+    reported 0.8 GPU free, the sum check passed, and the replica waited for ever on a Ray no call could widen."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.api
+    import jobs.pools
+    from jobs.api import Session, ray_connection
+    from schemas.config import validated
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "the first Session's",
+                                                                           get_job_id=lambda: "01000000"))
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 8.0, "GPU": 0.8})
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    monkeypatch.setattr(jobs.api, "FREED_WITHIN_S", 0.0)
+    monkeypatch.setattr(jobs.api, "SESSIONS_RAY", {ray_connection()})
+    first = Session()
+    first.ray, first.gpus = ray_connection(), [0.6, 0.6]  # on the Ray a Session of this process started
+    second = Session(generator="smollm2-135m-instruct", overrides=["generator.num_gpus=0.6"])
+    config = validated(type(second.config), {**second.config.model_dump(), "strategies": ["direct"]})
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda *args: pytest.fail("a pool started that cannot be placed"))
+    with pytest.raises(UserError, match=r"another Session .*\['generator'\].*1 x 0.6 beside the 2 x 0.6 held there"):
+        second._start(config)
+    first.close()  # its pools are gone (it holds no actor to stop here): their devices are free again
+    monkeypatch.setattr(jobs.pools, "build_stages", lambda config, needs, plan, running: {"generator": "a pool"})
+    second._start(config)
+    assert second.stages == {"generator": "a pool"} and second.gpus == [0.6]
+
+
 def test_a_session_whose_ray_was_shut_down_under_it_starts_its_pools_again(monkeypatch):
     """Another Session's close() shut down the Ray both used: every later row was an error ("Can't find
     actor"), and Ray's auto-init started a bare local Ray with none of ragsift's settings."""
