@@ -1,7 +1,7 @@
 """Score answer-prompt variants of the baselines on a question set, in one vLLM load.
 
 The passages come from an existing ``rag`` run over the same questions (its ``retrieved_ids``), so
-every variant reads exactly the same evidence; answers go through ragsift's answer forms (yes/no
+every variant reads exactly the same evidence (``best_last`` in reverse order); answers go through ragsift's answer forms (yes/no
 questions are a guided choice) and are scored like ``ragsift evaluate``. For choosing prompts on a
 calibration slice, never on a reported one. ``few_shot_N`` variants put N solved questions before a
 short-answer question as earlier chat turns (direct only): one per dataset of ``SHOT_DATASETS``, the
@@ -45,11 +45,15 @@ VARIANTS = {
                                 "{passages}\n\nAnswer the question in a few words, using the passages above. If they "
                                 "do not contain the answer, answer from your own knowledge.\nQuestion: {question}\n"
                                 "Answer:"),
+    # the shipped rag prompt (prompts/rag/user.txt) with the passages in reverse order, the best next to the question
+    "best_last": ("answer_system", "Answer the question in a few words.\nQuestion: {question}\nAnswer:",
+                  (variants.ROOT / "strategies/prompts/rag/user.txt").read_text().strip()),
     # RA-ISF's answer from passages, its paper's Appendix G instruction: the shipped prompt file itself
     "raisf_paper": ("answer_system", "Question: {question}\nAnswer:",
                     (variants.ROOT / "strategies/prompts/raisf/answer_passages.txt").read_text().strip()),
 }
 FEW_SHOT = {f"few_shot_{n}": n for n in (3, 6)}  # direct's current prompt after n solved examples
+BEST_LAST = {"best_last"}  # variants that list the retrieved passages last to first
 
 
 def few_shot_examples(dev: str, n: int) -> list[tuple[str, str]]:
@@ -100,7 +104,7 @@ def main() -> None:
                                                                               ("assistant", a)))
             requests, forms_asked = [], []
             for q in questions:
-                passages = [corpus[i] for i in retrieved.get(q["id"], ())]
+                passages = [corpus[i] for i in retrieved.get(q["id"], ())][::-1 if name in BEST_LAST else 1]
                 user = template.format(question=q["question"], passages=format_passages(passages))
                 form = form_of(Item(q["question"], kind=q["kind"], dataset=q["dataset"]), forms)
                 forms_asked.append(form)
