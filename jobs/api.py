@@ -260,9 +260,10 @@ def no_device(plan: dict, held: list[float], asked: tuple[float, ...], devices: 
         return
     advice = ("name every strategy in its first call" if whose == "this Session"
               else "use that Session for these calls too, or close it first (its pools hold them)")
+    needed = gpus_needed([*held, *asked])
     raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} ask for now: "
                     f"GPU reservations of {described(asked)} beside the {described(held) or 'none'} held there need "
-                    f"{gpus_needed([*held, *asked])} devices and it has {devices:g} (Ray puts each fraction on one "
+                    f"{needed} device{'s' * (needed != 1)} and it has {devices:g} (Ray puts each fraction on one "
                     f"device): {advice}, or give it a Ray of your own with room for them (ray.address)")
 
 

@@ -307,7 +307,7 @@ def test_gpu_reservations_no_device_can_hold_beside_the_sessions_pools_are_refus
     with pytest.raises(UserError, match=r"cannot place the pools \['judge'\].*1 x 0.6 beside the 2 x 0.6 held there need "
                                         r"3 devices and it has 2.*name every strategy in its first call"):
         no_device({"judge": None}, [0.6, 0.6], (0.6,), 2.0)
-    with pytest.raises(UserError, match=r"1 x 0.5 beside the none held there need 1 devices and it has 0"):
+    with pytest.raises(UserError, match=r"1 x 0.5 beside the none held there need 1 device and it has 0"):
         no_device({"nli": None}, [], (0.5,), 0.0)
 
 
