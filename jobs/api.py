@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.gpu_packing import described, gpus_needed, orders
+from engine.gpu_packing import described, gpus_needed
 from jobs.question_sources import to_arrow, write_input
 from jobs.questions import check_questions as check_columns
 from jobs.questions import stand_in_row
@@ -170,7 +170,8 @@ class Session:
             cpus, resources, gpus = ray_request(config, plan)
             # Ray places a GPU reservation device by device (engine/gpu_packing.py): 0.8 GPU free as 0.4 on
             # each of two devices holds no 0.6, so the sum below passed such a pool and it waited for ever
-            held = [gpu for session in SESSIONS if session.ray == ray_connection() for gpu in session.gpus]
+            here = ray_connection()
+            held = [gpu for session in SESSIONS if session.ray == here for gpu in session.gpus]
             no_device(plan, held, gpus, ray.cluster_resources().get("GPU", 0.0), whose)
             deadline = time.monotonic() + FREED_WITHIN_S
             while True:  # what the last call's engine actors held is freed a moment after they are killed
@@ -245,26 +246,26 @@ def unplaceable(plan: dict, request: tuple[float, dict[str, float]], available: 
     short = {name: need for name, need in {"CPU": cpus, **resources}.items()
              if need and need > available.get(name, 0.0) + 1e-9}
     if short:
-        advice = ("name every strategy in its first call" if whose == "this Session"
-                  else "use that Session for these calls too, or close it first (its pools hold them)")
-        raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} "
-                        f"ask for now ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())}): "
-                        f"{advice}, or give it a Ray of your own with room for them (ray.address)")
+        raise refusal(whose, plan, f" ({', '.join(f'{k} {v:g}, {available.get(k, 0.0):g} free' for k, v in short.items())})")
 
 
 def no_device(plan: dict, held: list[float], asked: tuple[float, ...], devices: float,
               whose: str = "this Session") -> None:
     """Refuse GPU reservations that no arrival order places on a Session's own Ray beside those its Sessions'
     pools ``held``: Ray would leave them waiting, and the call with them, for ever."""
-    if not asked or orders([*held, *asked], int(devices))[0]:
+    if not asked or (needed := gpus_needed([*held, *asked])) <= devices:
         return
+    raise refusal(whose, plan, f": GPU reservations of {described(asked)} beside the {described(held) or 'none'} held "
+                  f"there need {needed} device{'s' * (needed != 1)} and it has {devices:g} (Ray puts each fraction on "
+                  "one device)")
+
+
+def refusal(whose: str, plan: dict, why: str) -> UserError:
+    """The one-line refusal of pools a Session's own Ray cannot place, ``why`` after what they ask for."""
     advice = ("name every strategy in its first call" if whose == "this Session"
               else "use that Session for these calls too, or close it first (its pools hold them)")
-    needed = gpus_needed([*held, *asked])
-    raise UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} ask for now: "
-                    f"GPU reservations of {described(asked)} beside the {described(held) or 'none'} held there need "
-                    f"{needed} device{'s' * (needed != 1)} and it has {devices:g} (Ray puts each fraction on one "
-                    f"device): {advice}, or give it a Ray of your own with room for them (ray.address)")
+    return UserError(f"{whose} started Ray for its first call, which cannot place the pools {sorted(plan)} ask for "
+                     f"now{why}: {advice}, or give it a Ray of your own with room for them (ray.address)")
 
 
 def wait_until_dead(actors: list, wait_s: float) -> None:
