@@ -213,8 +213,8 @@ class ShardedOutput:
         changed = check_resumable(self.output, self.identity, self.defaults, self.speed, force)
         if changed:
             self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {said(changed)})")
-            for strategy in self._strategy_dirs():
-                self.fs.delete_dir(f"{self.root}/{strategy}")
+            for folder in self._folders():
+                self._discard(folder)
             for name in DESCRIBING:  # they would describe the discarded answers until this run ends
                 if self.fs.get_file_info(f"{self.root}/{name}").type == pafs.FileType.File:
                     self.fs.delete_file(f"{self.root}/{name}")
@@ -314,11 +314,26 @@ class ShardedOutput:
                  f"{part.rsplit('/', 1)[-1]}, interrupted before its rename")
         return True
 
-    def _strategy_dirs(self) -> list[str]:
-        """The run's output folders; ``_input`` (the questions converted for this run, written before the
-        output opens) is not one."""
+    def _folders(self) -> list[str]:
+        """The output's folders but ``_input`` (the questions converted for this run, written before the
+        output opens)."""
         return [name for e in self.fs.get_file_info(pafs.FileSelector(self.root))
                 if e.type == pafs.FileType.Directory and not (name := e.path.rsplit("/", 1)[-1]).startswith("_")]
+
+    def _discard(self, folder: str) -> None:
+        """--force: the files a run writes in ``folder`` (parts, checksums, leftovers), and the folder once
+        nothing else is in it. What ragsift did not write stays, named (before, the whole folder went: an
+        index or a notebook kept in the output, a note beside the parts)."""
+        entries = self._entries(folder)
+        ours = {name for name in entries if _OURS.fullmatch(name) and
+                self.fs.get_file_info(entries[name]).type == pafs.FileType.File}
+        for name in sorted(ours):
+            self.fs.delete_file(entries[name])
+        if left := sorted(set(entries) - ours):
+            if ours:  # a folder ragsift never wrote in (an index, notes) is not said: it is simply not touched
+                self.log(f"--force: leaving {', '.join(left)} in {redact(self.output)}/{folder}: not files ragsift writes")
+        else:
+            self.fs.delete_dir(f"{self.root}/{folder}")
 
     def _valid(self, path: str) -> pa.Schema | None:
         """The schema of a part of this run that is whole: its checksum matches, its footer reads, its identity
@@ -449,8 +464,10 @@ class ShardedOutput:
         self._flush(part)
         part.writer.close()
         part.stream.close()
-        with self.fs.open_output_stream(checksum_path(part.path)) as f:  # before the rename: a part never lacks it
-            f.write(json.dumps({"sha256": file_sha256(self.fs, in_progress(part.path)), "rows": part.written}).encode())
+        # before the rename, so a part never lacks it; whole or not at all, as the part it replaces (--retry-errors)
+        # still needs its own: a run killed mid-write left it empty, and the resume deleted that good part
+        write_whole(self.fs, checksum_path(part.path),
+                    json.dumps({"sha256": file_sha256(self.fs, in_progress(part.path)), "rows": part.written}).encode())
         self.fs.move(in_progress(part.path), part.path)
         del self.open[(strategy, shard)]
         self.retrying.pop((strategy, shard), None)

@@ -275,7 +275,9 @@ def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
         def __getattr__(self, name):
             return getattr(fs, name)
 
-        def move(self, *_):
+        def move(self, src, dest):
+            if src.endswith(".sha256.tmp"):  # the checksum is moved into place first
+                return fs.move(src, dest)
             raise KeyboardInterrupt
     fs, retry.fs = retry.fs, StopsAtTheRename()
     with pytest.raises(KeyboardInterrupt):
@@ -443,6 +445,60 @@ def test_an_output_written_before_the_judges_revisions_were_recorded_still_resum
     assert set(JUDGE_REVISIONS) & set(now) == {"reranker.model_revision", "nli.model_revision"}  # MIGRES asks no M_know
     commit_one(output({k: v for k, v in now.items() if k not in JUDGE_REVISIONS}))
     assert output().committed == {("direct", 0)}
+
+
+def test_a_retry_killed_while_writing_its_checksum_keeps_the_part_it_was_replacing(tmp_path):
+    """--retry-errors rewrote a part and was killed while writing its checksum. Before, the checksum was
+    written in place: the committed part's own was left empty, and the resume deleted that good part."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    out.sealed(0, 2)
+    out.write(row("q0", "rag", 0))
+    out.write({**row("q1", "rag", 0), "error": "boom"})
+    retry = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
+    assert retry.reopen_errors() == 1
+    retry.sealed(0, 2)
+
+    class KilledWritingTheChecksum:
+        def __getattr__(self, name):
+            return getattr(fs, name)
+
+        def open_output_stream(self, path, *args, **kwargs):
+            stream = fs.open_output_stream(path, *args, **kwargs)  # opened, so emptied: then the kill
+            if ".sha256" in path:
+                stream.close()
+                raise KeyboardInterrupt
+            return stream
+    fs, retry.fs = retry.fs, KilledWritingTheChecksum()
+    with pytest.raises(KeyboardInterrupt):
+        retry.write(row("q1", "rag", 0))
+    logged = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=logged.append)
+    assert again.committed == {("rag", 0)}, logged
+    table = pq.read_table(tmp_path / "rag")
+    assert table["id"].to_pylist() == ["q0", "q1"] and table["error"].to_pylist() == [None, "boom"]
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_force_discards_the_files_a_run_wrote_and_leaves_what_it_did_not(tmp_path):
+    """Before, --force deleted every folder of the output: an index or notes kept there, a note beside
+    the parts, a notebook's checkpoints."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag", "direct"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.write(row("q0", "direct", 0))
+    (tmp_path / "index" / "shard-000").mkdir(parents=True)
+    (tmp_path / "index" / "manifest.json").write_text("{}")
+    (tmp_path / "rag" / "NOTES.txt").write_text("mine")
+    (tmp_path / "rag" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "rag" / "_part-00001.parquet.tmp").write_bytes(b"a leftover")
+    said = []
+    forced = ShardedOutput(str(tmp_path), {**IDENTITY, "generator.model": "other"}, ["rag"], shard_rows=3,
+                           force=True, log=said.append)
+    assert forced.committed == set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_manifest.json", "index", "rag"]  # direct/ was all ours
+    assert (tmp_path / "index" / "manifest.json").read_text() == "{}" and (tmp_path / "index" / "shard-000").is_dir()
+    assert sorted(p.name for p in (tmp_path / "rag").iterdir()) == [".ipynb_checkpoints", "NOTES.txt"]
+    assert any(".ipynb_checkpoints, NOTES.txt in" in line and "not files ragsift writes" in line for line in said)
 
 
 def test_what_ragsift_did_not_write_in_a_strategy_folder_is_left_there_and_does_not_stop_a_resume(tmp_path):
