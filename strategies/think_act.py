@@ -37,7 +37,7 @@ from strategies.base import (
     structured,
 )
 from strategies.filtering import sentences
-from strategies.forms import answered, final_request, form_of
+from strategies.forms import VERDICT, answered, final_request, form_of
 from strategies.parsing import has_words, parse_string_list, same_question, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
@@ -52,12 +52,13 @@ _LEAD_IN = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:rewritten|completed?|clear)\s+
                       r"\s*[*_]*\s*:\s*[*_]*\s*", re.IGNORECASE)
 
 
-def rewritten(output: str, question: str) -> str:
-    """q_comp from the rewrite's ``output``: its first line that is a question when ``question`` is one
-    (the model also answers it instead, "The answer is: The Bellas.", or comments on it, "The question is
-    incomplete."; either took the user's question's place in retrieval and the answer prompt); the
-    question as it was when no such line exists."""
-    if not question.rstrip().endswith("?"):  # a claim or an instruction: its rewrite need not be a question
+def rewritten(output: str, question: str, claim: bool = False) -> str:
+    """q_comp from the rewrite's ``output``: its first line that is a question, unless ``question`` is a
+    claim (the model also answers it instead, "The answer is: The Bellas.", or comments on it, "The question
+    is incomplete."; either took the user's question's place in retrieval and the answer prompt); the
+    question as it was when no such line exists. A question is known by its kind, not its "?": NQ's are
+    written without one ("who sang i want to dance with somebody"), and took any output as written."""
+    if claim:  # its rewrite need not be a question
         return clean_answer(output) or question
     for line in output.splitlines():
         line = clean_answer(_LEAD_IN.sub("", line))
@@ -120,7 +121,7 @@ class ThinkThenAct(Routine):
             if label == "INCOMPLETE":  # q_final = q_comp
                 rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
                                                          system=None), max_tokens=64, step="rewrite")
-                query = rewritten(rewrite.text, item.question)
+                query = rewritten(rewrite.text, item.question, claim=form_of(item, self.forms) == VERDICT)
                 item.trace.append({"step": "rewrite", "query": query, "output": rewrite.text[:300],
                                    "taken": query != item.question})
             if label == "AMBIGUOUS":  # q_group = {q^1, ..., q^k}

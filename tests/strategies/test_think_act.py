@@ -111,6 +111,35 @@ def test_a_rewrite_that_is_no_question_leaves_the_users_question_in_place(output
     assert f"Question: {query}" in log[-1][1].messages[-1][1]
 
 
+@pytest.mark.parametrize("output, query", [
+    ("The answer is: Whitney Houston", "who sang i want to dance with somebody"),
+    ("Who sang the 1987 song I Wanna Dance with Somebody?", "Who sang the 1987 song I Wanna Dance with Somebody?"),
+])
+def test_a_question_written_without_a_question_mark_is_still_a_question_to_its_rewrite(output, query):
+    """NQ writes its questions without "?": before, such a question was taken for a claim, and any output
+    of the rewrite, an answer or a comment, became the query retrieved for and answered."""
+    log = []
+    question = "who sang i want to dance with somebody"
+    _, item = drive(ThinkThenAct(ThinkActConfig()), question, Script(assess="INCOMPLETE", beta=0.1, rewrite=output),
+                    log=log, kind="single-hop")
+    assert next(t["query"] for t in item.trace if t["step"] == "rewrite") == query
+    assert [r.query for _, r in log if isinstance(r, Retrieve)] == [query]
+    assert f"Question: {query}" in log[-1][1].messages[-1][1]
+
+
+def test_a_claims_rewrite_is_taken_as_written():
+    log = []
+    claim = "Whitney Houston sang it."
+    class Verdicts(Script):
+        def __call__(self, request, item):
+            if request.step == "answer":  # a claim's verdict, a guided choice
+                return Judgment(request.choices[0], None, 30, 2)
+            return super().__call__(request, item)
+    _, item = drive(ThinkThenAct(ThinkActConfig()), claim, Verdicts(assess="INCOMPLETE", beta=0.1,
+                    rewrite="Whitney Houston sang I Wanna Dance with Somebody."), log=log, kind="claim")
+    assert [r.query for _, r in log if isinstance(r, Retrieve)] == ["Whitney Houston sang I Wanna Dance with Somebody."]
+
+
 def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggregated():
     log = []
     script = Script(assess="AMBIGUOUS", subs=["A?", "B?"], beta=lambda q: 0.9 if q == "A?" else 0.1)
