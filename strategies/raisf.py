@@ -189,6 +189,10 @@ class RAISF(Routine):
             # a sub-question that failed, or that the engine did not run (its node cap), is unknown, and
             # what an unknown answer read is not the synthesis's evidence
             known = [bool(child.answer.strip()) and not child.error for child in children]
+            failed = [child.error for child in children if child.error and child.resolved_by == "error"]
+            if failed and not any(known):  # no sub-answer for the synthesis and a failure: an error, not an answer
+                item.trace.append({"step": "sub_questions_failed", "errors": failed})  # (one --retry-errors answers again)
+                return Done("", "error", error=f"every sub-question failed or was not run: {failed[0]}")
             answers = [child.answer if ok else UNKNOWN for child, ok in zip(children, known)]
             cited = list(dict.fromkeys(p for child, ok in zip(children, known) if ok for p in child.citations))
         pairs = "\n".join(f"Sub-question {i}: {s}\nAnswer {i}: {a}" for i, (s, a) in enumerate(zip(subs, answers), 1))

@@ -246,6 +246,21 @@ def test_sub_questions_the_engine_did_not_run_or_that_failed_are_unknown():
     assert "Answer 1: a\n" in user and "Answer 2: unknown\n" in user and "Answer 3: unknown\n" in user
 
 
+def test_a_decomposition_whose_sub_questions_all_failed_is_an_error_row_not_a_synthesis_of_unknowns():
+    """Before, it synthesised from "unknown" alone and was counted a decomposition: no error row, so
+    --retry-errors, the exit status and commit.max_error_share never saw it."""
+    from strategies.base import Done
+    s, item = decomposed_into(["A?", "B?"])
+    done = s.resume(item, [Done("", "error", error="generator: boom"),
+                           Done("", "node_cap", error="not run: past engine.max_nodes_per_root")])
+    assert isinstance(done, Done) and done.resolved_by == "error" and "generator: boom" in done.error
+    assert item.trace[-1]["step"] == "sub_questions_failed"
+    # only capped by the engine: Algorithm 1's unknowns, synthesised, as before
+    s, item = decomposed_into(["A?", "B?"])
+    step = s.resume(item, [Done("", "node_cap", error="not run: past engine.max_nodes_per_root")] * 2)
+    assert "Answer 1: unknown\n" in step.requests[0].messages[-1][1]
+
+
 def test_a_sub_answer_shown_as_unknown_lends_the_synthesis_none_of_its_citations():
     """An empty sub-answer was shown as "unknown" but its passages were cited as the synthesis's evidence."""
     from strategies.base import Done
