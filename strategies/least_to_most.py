@@ -17,7 +17,7 @@ from strategies.forms import (
     final_request,
     form_of,
 )
-from strategies.parsing import parse_string_list, same_question, string_list_schema
+from strategies.parsing import parse_string_list, string_list_schema
 
 
 class LeastToMostConfig(Section):
@@ -43,10 +43,9 @@ class LeastToMost(Routine):
     def solve(self, item: Item) -> Solve:
         user = prompt("least_to_most/decompose").format(question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=160, json_schema=self.schema, step="decompose")
+        limit = self.config.max_subquestions  # besides: a copy of the question is its final step, not a sub-question
         subs, ok, _ = yield from structured(
-            item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subquestions), "decompose")
-        # a copy of the question is its final step, not a sub-question (RA-ISF, Think-then-Act drop them too)
-        subs = [s for s in subs if not same_question(s, item.question)]
+            item, request, lambda text: parse_string_list(text, "sub_questions", limit, besides=item.question), "decompose")
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
         item.counts["subquestions"] = len(subs)
         pairs = []

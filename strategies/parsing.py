@@ -69,8 +69,10 @@ def parse_json_object(text: str) -> dict | None:
     return None
 
 
-def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]:
-    """A list of distinct strings with words in them under ``key``; falls back to numbered/bulleted lines."""
+def parse_string_list(text: str, key: str, limit: int, besides: str | None = None) -> tuple[list[str], bool]:
+    """A list of distinct strings with words in them under ``key``; falls back to numbered/bulleted lines.
+    A copy of ``besides`` (the question decomposed, which the model may list as a step) is dropped before
+    the cap, so it takes no other item's place (dropped after it, "1. <the question> 2. A ... 5. D" lost D)."""
     obj = parse_json_object(text)
     items, ok = None, False
     if obj is not None and isinstance(obj.get(key), list):
@@ -87,7 +89,8 @@ def parse_string_list(text: str, key: str, limit: int) -> tuple[list[str], bool]
         if has_words(item) and words not in seen:
             seen.add(words)
             out.append(item)
-    return out[:limit], ok and bool(out)
+    kept = [x for x in out if besides is None or not same_question(x, besides)]
+    return kept[:limit], ok and bool(out)
 
 
 def string_list_schema(key: str, limit: int) -> str:

@@ -46,7 +46,7 @@ from strategies.base import (
     structured,
 )
 from strategies.forms import answered, choices, final_request, form_of
-from strategies.parsing import parse_string_list, same_question, string_list_schema
+from strategies.parsing import parse_string_list, string_list_schema
 
 UNKNOWN = "unknown"
 DECOMPOSE_TOKENS = 160
@@ -204,10 +204,10 @@ class RAISF(Routine):
         user = prompt("raisf/decompose").format(question=item.question)
         request = Generate(answer_messages(user, system=None), max_tokens=DECOMPOSE_TOKENS,
                            json_schema=self.decompose_schema, step="decompose")
+        # besides: a copy of the question is no sub-question (it would recurse on itself until D_th)
+        limit = self.config.max_subquestions
         subs, ok, _ = yield from structured(
-            item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subquestions), "decompose")
-        # a sub-question identical to its parent would recurse on itself until D_th
-        subs = [s for s in subs if not same_question(s, item.question)]
+            item, request, lambda text: parse_string_list(text, "sub_questions", limit, besides=item.question), "decompose")
         item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})
         return subs
 

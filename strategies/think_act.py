@@ -38,7 +38,7 @@ from strategies.base import (
 )
 from strategies.filtering import sentences
 from strategies.forms import VERDICT, answered, final_request, form_of
-from strategies.parsing import has_words, parse_string_list, same_question, string_list_schema
+from strategies.parsing import has_words, parse_string_list, string_list_schema
 
 ASSESSMENTS = ("CLEAR AND COMPLETE", "INCOMPLETE", "AMBIGUOUS")
 CONTEXTS = ("sentences", "passages")
@@ -172,9 +172,9 @@ class ThinkThenAct(Routine):
     def split(self, item: Item):
         request = Generate(answer_messages(prompt("think_act/split").format(question=item.question), system=None),
                            max_tokens=160, json_schema=self.split_schema, step="split")
+        limit = self.config.max_subqueries
         subs, ok, _ = yield from structured(
-            item, request, lambda text: parse_string_list(text, "sub_questions", self.config.max_subqueries), "split")
-        subs = [q for q in subs if not same_question(q, item.question)]
+            item, request, lambda text: parse_string_list(text, "sub_questions", limit, besides=item.question), "split")
         item.trace.append({"step": "split", "sub_queries": subs, "parsed": ok})
         return subs  # nothing to split into: the query goes on as it is
 

@@ -18,6 +18,9 @@ def test_string_list_json_fallbacks_and_dedup():
     assert parse_string_list("1. A?\n2) B?\n- C?\nnoise", "qs", 5) == (["A?", "B?", "C?"], False)
     assert parse_string_list('{"qs": "not a list"}', "qs", 5) == ([], False)
     assert parse_string_list('{"qs": ["A", "B", "C"]}', "qs", 2) == (["A", "B"], True)
+    # the question decomposed, listed as a step, is dropped before the cap: it takes no item's place
+    assert parse_string_list("1. who is X\n2. A?\n3. B?", "qs", 2, besides="Who is X?") == (["A?", "B?"], False)
+    assert parse_string_list('{"qs": ["Who is X?"]}', "qs", 2, besides="who is x") == ([], True)
 
 
 def test_schema_is_a_hashable_json_string():

@@ -187,10 +187,11 @@ def test_unparseable_decomposition_is_retried_once_counted_and_falls_back_to_ans
     assert decomposed(item) == ["A?", "B?"] and item.counts["parse_failures"] == 2
 
 
-def test_sub_questions_are_capped_and_self_repeats_dropped():
+def test_sub_questions_are_capped_after_a_repeat_of_the_question_is_dropped():
+    """Before, the cap came first: ["Q", "A?"], then the repeat went, and B? was lost to it."""
     done, item = drive(RAISF(RaisfConfig(max_subquestions=2)), "Q",
                        Script(subs={"Q": ["Q", "A?", "B?", "C?"]}, know={"A?": .9, "B?": .9}))
-    assert decomposed(item) == ["A?"]  # cap of 2 keeps ["Q", "A?"], then the repeat of Q is dropped
+    assert decomposed(item) == ["A?", "B?"]
 
 
 @pytest.mark.parametrize("judge_by, p_yes, label, knows", [
