@@ -230,12 +230,16 @@ class MIGRES(Routine):
                 asks.append(Generate(answer_messages(prompt("migres/knowledge").format(question=q), system=None),
                                      max_tokens=96, step="knowledge"))
         generations = list((yield asks) if asks else [])
-        # a leaf output that does not parse was cut off by its budget (guided decoding allows nothing
-        # else): asked once more with twice the tokens, as structured() does for one request
-        cut = [i for i, (a, g) in enumerate(zip(asks, generations)) if a.step == "leaf" and leaf_entries(g.text) is None]
+        # a leaf output that does not parse, cut off by its budget (under guided decoding nothing else does), is
+        # asked once more with twice the tokens, as structured() does for one request; one the model finished is
+        # not (a server that ignores the schema: greedy decoding would write it again)
+        unparsed = [i for i, (a, g) in enumerate(zip(asks, generations)) if a.step == "leaf" and leaf_entries(g.text) is None]
+        cut = [i for i in unparsed if generations[i].finish_reason != "stop"]
+        if unparsed:
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + len(unparsed)
+            item.trace.append({"step": "leaf", "parsed": False, "outputs": [generations[i].text for i in unparsed],
+                               "retry": bool(cut)})
         if cut:
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + len(cut)
-            item.trace.append({"step": "leaf", "parsed": False, "outputs": [generations[i].text for i in cut], "retry": True})
             again = yield [replace(asks[i], max_tokens=2 * asks[i].max_tokens) for i in cut]
             for i, g in zip(cut, again):
                 generations[i] = g

@@ -175,6 +175,23 @@ def test_a_leaf_output_cut_off_by_its_budget_is_asked_once_more_with_twice_the_t
     assert done.answer == "American"
 
 
+def test_a_leaf_output_the_model_finished_unparsed_is_not_asked_again():
+    """As structured() does: greedy decoding would write it again (a server that ignores the schema)."""
+    class Prose(Script):
+        budgets = []
+
+        def __call__(self, request, item):
+            if request.step == "leaf":
+                self.budgets.append(request.max_tokens)
+                return Generation("Levity was directed by Ed Solomon.", 100, 9, finish_reason="stop")
+            return super().__call__(request, item)
+
+    script = Prose()
+    _, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", script)
+    assert script.budgets and set(script.budgets) == {200}
+    assert [t["retry"] for t in item.trace if t.get("step") == "leaf"] == [False] * len(script.budgets)
+
+
 def drive_item(strategy, item, respond):
     step = strategy.start(item)
     while not hasattr(step, "resolved_by"):
