@@ -119,6 +119,23 @@ def _open_questions(uri: str, limit: int | None) -> tuple[pq.ParquetFile, int]:
     return pf, pf.metadata.num_rows if limit is None else min(limit, pf.metadata.num_rows)
 
 
+def decoded(values: pa.Array) -> tuple[list, set[int]]:
+    """``values`` as Python values, and the positions of those that are not valid UTF-8, None among them (a
+    Parquet file is read as written: one bad id was a UnicodeDecodeError from the middle of the run's plan, not
+    the error row of its question; CSV and JSON Lines are checked as they are converted)."""
+    try:
+        return values.to_pylist(), set()
+    except UnicodeDecodeError:
+        out, bad = [], set()
+        for i, raw in enumerate(pc.cast(values, pa.binary()).to_pylist()):
+            try:
+                out.append(None if raw is None else raw.decode())
+            except UnicodeDecodeError:
+                out.append(None)
+                bad.add(i)
+        return out, bad
+
+
 def value_counts(uri: str, column: str, rows: int, batch_rows: int = 65536) -> dict[str, int]:
     """How many of the first ``rows`` questions hold each value of ``column`` (none without the column;
     nulls left out), read a batch at a time."""
@@ -128,8 +145,8 @@ def value_counts(uri: str, column: str, rows: int, batch_rows: int = 65536) -> d
         return {}
     seen = 0
     for batch in pf.iter_batches(batch_size=batch_rows, columns=[column]):
-        values = batch.column(0).slice(0, max(0, rows - seen))
-        counts.update({v["values"]: v["counts"] for v in pc.value_counts(values.drop_null()).to_pylist()})
+        values, _ = decoded(batch.column(0).slice(0, max(0, rows - seen)))  # a kind not UTF-8 is no kind it names
+        counts.update(v for v in values if v is not None)
         seen += batch.num_rows
         if seen >= rows:
             break
@@ -172,9 +189,11 @@ def plan_input(uri: str, batch_rows: int = 65536, limit: int | None = None) -> I
 
 
 def _id_batches(pf: pq.ParquetFile, batch_rows: int, total: int) -> Iterator[list]:
+    """The ids, a batch at a time; one that is not valid UTF-8 is None, as its row has no id it can be written
+    under (its error row gets a stand-in)."""
     n = 0
     for batch in pf.iter_batches(batch_size=batch_rows, columns=["id"]):
-        ids = batch.column("id").to_pylist()[: total - n]
+        ids, _ = decoded(batch.column("id").slice(0, total - n))
         n += len(ids)
         yield ids
         if n >= total:
@@ -203,27 +222,28 @@ def question_rows(uri: str, batch_rows: int = 1024, limit: int | None = None, *,
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=["id", "question", *extra]):
             if n >= total:
                 return
-            ids = batch.column("id").to_pylist()
+            ids, not_utf8 = decoded(batch.column("id"))
             # as binary: one row of invalid UTF-8 must not fail the whole batch
             texts = pc.cast(batch.column("question"), pa.binary()).to_pylist()
-            kinds, datasets = ((batch.column(c).to_pylist() if c in extra else [None] * len(ids))
+            kinds, datasets = ((decoded(batch.column(c))[0] if c in extra else [None] * len(ids))
                                for c in ("kind", "dataset"))
-            for qid, raw, kind, dataset in zip(ids, texts, kinds, datasets):
+            for i, (qid, raw, kind, dataset) in enumerate(zip(ids, texts, kinds, datasets)):
                 row, n = n, n + 1
                 if row >= total:
                     return
                 if row // shard_rows in skip_shards or row in drop_rows:
                     continue
-                yield _question(qid, raw, kind, dataset, row, row // shard_rows, max_chars, null_id_prefix)
+                yield _question(qid, raw, kind, dataset, row, row // shard_rows, max_chars, null_id_prefix,
+                                "invalid UTF-8 in id" if i in not_utf8 else "null id")
 
 
 def _question(qid: str | None, raw: bytes | None, kind: str | None, dataset: str | None, row: int, shard: int,
-              max_chars: int, null_id_prefix: str) -> Question:
+              max_chars: int, null_id_prefix: str, no_id: str = "null id") -> Question:
     def error(text: str, reason: str) -> Question:
         return Question(qid if qid is not None else _row_id(row, null_id_prefix), text, reason, shard, kind, dataset)
 
     if qid is None:
-        return error("", "null id")
+        return error("", no_id)
     if raw is None:
         return error("", "empty question")
     try:

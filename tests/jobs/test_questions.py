@@ -82,6 +82,22 @@ def test_a_binary_question_column_follows_the_invalid_utf8_row_policy(tmp_path):
     assert [(r.question, r.error) for r in rows] == [("fine?", None), ("", "invalid UTF-8 in question")]
 
 
+def test_an_id_or_kind_that_is_not_utf8_becomes_that_rows_error_not_a_crash_of_the_plan(tmp_path):
+    """A Parquet file is read as written: before, one such id raised UnicodeDecodeError from plan_input (a
+    traceback, no row answered), one such kind from the answer form's check."""
+    from jobs.questions import value_counts
+    f = tmp_path / "q.parquet"
+    text = lambda *values: pa.array(values, pa.binary()).cast(pa.string(), safe=False)  # noqa: E731
+    pq.write_table(pa.table({"id": text(b"a", b"bad\xff", b"c"), "question": ["x?", "y?", "z?"],
+                             "kind": text(b"yes-no", b"\xfe", None)}), f)
+    plan = plan_input(str(f))
+    assert plan.rows == 3 and plan.duplicate_rows == set()
+    rows = list(question_rows(str(f), drop_rows=plan.duplicate_rows, null_id_prefix=plan.null_id_prefix))
+    assert [(r.id, r.error, r.kind) for r in rows] == [
+        ("a", None, "yes-no"), ("<row 1>", "invalid UTF-8 in id", None), ("c", None, None)]
+    assert value_counts(str(f), "kind", 3) == {"yes-no": 1}
+
+
 def test_shards_are_skipped_without_losing_rows(tmp_path):
     f = tmp_path / "q.parquet"
     pq.write_table(pa.table({"id": [f"q{i}" for i in range(25)], "question": ["?"] * 25}), f, row_group_size=4)
