@@ -247,7 +247,8 @@ _COPY = re.compile(r"(^|/)_input/questions-[0-9a-f]+\.parquet$")
 def is_converted_copy(questions: str) -> bool:
     """Whether ``questions`` is a copy ragsift converted a run's questions into (``write_input``), as a
     run's config.yaml names them: the columns it renamed and the split it chose are in the copy."""
-    return bool(_COPY.search(questions))
+    # an object store's URI carries its query after the path (s3://b/out/_input/...?endpoint_override=...)
+    return bool(_COPY.search(questions.split("?", 1)[0] if "://" in questions else questions))
 
 
 def write_input(table: pa.Table, output: str, digest: str | None = None) -> str:

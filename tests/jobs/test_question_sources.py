@@ -185,3 +185,14 @@ def test_a_runs_config_yaml_of_converted_questions_runs_again_with_config_alone_
     elsewhere = answer_job.config_from_args(parser.parse_args(["--config", str(tmp_path / "out" / "config.yaml"),
                                                                "--output", str(tmp_path / "other")]))
     assert pq.read_table(elsewhere.questions).select(["id", "question"]).to_pylist() == [{"id": "1", "question": "Who?"}]
+
+
+def test_a_converted_copy_on_an_object_store_is_known_by_its_path_not_by_its_query():
+    """A run's config.yaml names the copy with the store's query after it (uri_of keeps it): before, it was not
+    known as the copy, and --config <output>/config.yaml applied input.columns to it a second time."""
+    from jobs.question_sources import is_converted_copy
+    from jobs.storage import uri_of
+    copy = uri_of("s3://b/out?endpoint_override=h:9000", "b/out/_input/questions-0123456789abcdef.parquet")
+    assert copy.endswith("?endpoint_override=h:9000") and is_converted_copy(copy)
+    assert not is_converted_copy("s3://b/mine/questions.parquet?endpoint_override=h:9000")
+    assert is_converted_copy("out/_input/questions-0123456789abcdef.parquet")
