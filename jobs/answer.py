@@ -59,6 +59,8 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     check_kept(config.output)
     config = with_models_pinned(config)  # a Session's config too
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
+    if not plan.rows:  # before: Ray started and the models loaded to answer nothing, exit 0
+        raise UserError(f"{redact(config.questions)} holds no questions to answer (0 rows)")
     if plan.duplicate_rows:  # said only in metrics.json before: a label run's counts did not add up to the rows given
         n = len(plan.duplicate_rows)
         log(f"{n} question {'row repeats' if n == 1 else 'rows repeat'} an earlier row's id: each id is answered once, "

@@ -69,3 +69,16 @@ def test_a_run_says_which_kinds_its_answer_forms_name_otherwise_within_its_limit
     warned = [line for line in said if line.startswith("warning: ")]
     assert len(warned) == 1 and warned[0].startswith("warning: 2 questions of kind 'yes_no'")  # row 5 is past the limit
 
+
+
+def test_a_questions_file_without_rows_is_refused_before_ray_or_a_model_starts(tmp_path):
+    """Before, the run started Ray, loaded the models, answered nothing and exited 0."""
+    import pyarrow as pa
+
+    from schemas.errors import UserError
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "question": pa.array([], pa.string())}), empty)
+    config = AnswerConfig(questions=str(empty), output=str(tmp_path / "out"), strategies=["direct"])
+    with pytest.raises(UserError, match=r"empty.parquet holds no questions to answer \(0 rows\)"):
+        answer(config, log=lambda *_: None, stages={})  # (stand-in pools: the run before answered nothing with them)
+    assert not (tmp_path / "out" / "_manifest.json").exists()
