@@ -214,6 +214,8 @@ class Engine:
             if ref in self.supervisor.probes:
                 self.supervisor.answered(ref)
                 continue
+            if ref not in self.launched:  # a readiness call that a death read before it made stale (died())
+                continue
             if self.launched[ref].stage.streaming:
                 self._stream_chunk(ref)
                 continue

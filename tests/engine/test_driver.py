@@ -223,3 +223,36 @@ def test_a_ray_whose_actor_table_cannot_be_read_is_said_once_and_the_run_goes_on
     supervisor.watch(10.0, force=True)
     assert supervisor.restarts == 0 and len(said) == 1
     assert said[0].startswith("warning: Ray's actor table cannot be read (KeyError: 'NumRestarts moved')")
+
+
+def test_a_readiness_call_made_stale_by_a_death_read_in_the_same_pass_is_skipped_not_a_crash(monkeypatch):
+    """An encoder shared by the retriever and the ranker: a retriever batch on it failed (the actor died
+    again) and the ranker's readiness call to it was ready in the same pass. died() forgot that call, and the
+    driver then looked it up among the batches: a KeyError that ended the run."""
+    from ray.exceptions import RayActorError
+
+    from engine.stages import RankerStage, RetrieverStage
+    from schemas.records import Retrieve
+
+    encoders = [object(), object()]
+    retriever, ranker = RetrieverStage(encoders, ["shard"], StageBatching()), RankerStage(encoders, StageBatching())
+    eng = Engine({"retriever": retriever, "ranker": ranker}, {}, EngineConfig(failure_cooldown_s=0), lambda row: None)
+    for stage in (retriever, ranker):
+        monkeypatch.setattr(stage, "probe", lambda replica: object())
+        monkeypatch.setattr(stage, "ray_restarts", lambda replica: None)
+        stage.restarting.clear()
+    stale = object()  # the ranker's readiness call to encoder 1, answered and not yet read
+    ranker.restarting.add(1)
+    eng.supervisor.probes[stale] = (ranker, 1)
+    asked = Retrieve("q", 3)
+    eng.waiters[asked] = []
+    eng.launched["b"] = Launched(retriever, 1, [asked], ["b"], started=time.perf_counter(), pending=1)
+    retriever.inflight[1] += 1
+    monkeypatch.setattr(loop.ray, "wait", lambda refs, num_returns, timeout: (list(refs), []))  # the batch first
+
+    def get(refs):
+        raise RayActorError()
+    monkeypatch.setattr(loop.ray, "get", get)
+    eng._wait_and_route()
+    assert stale not in eng.supervisor.probes and 1 in ranker.restarting  # it waits for a new readiness call
+    assert [r for batch, _ in retriever.retry for r in batch] == [asked]
