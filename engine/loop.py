@@ -326,8 +326,8 @@ class Engine:
                             "to resume")
         if isinstance(err, RayActorError) and err.actor_init_failed:
             stage.retire(replica, err)  # raises when the stage has no replica left
-        elif isinstance(err, RayActorError):  # its actor died or is restarting: the batch may be blameless
-            self.supervisor.died(stage, replica, death_cause(err))
+        elif isinstance(err, RayActorError) and not stage.died_elsewhere(err):  # the batch may be blameless
+            self.supervisor.died(stage, replica, death_cause(err))  # its actor died or is restarting
         # a replica that raised while it answers other calls is well, and the requests are bad: resting
         # it would add a cooldown to every failure of isolating them (10% bad questions: 400 took
         # 100-250 s at 2 s). Rest it after a death or a timeout, or when it has answered nothing since

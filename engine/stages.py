@@ -275,6 +275,11 @@ class Stage:
         """``requests`` sent to ``replica`` were answered or failed."""
         self.running -= len(requests)
 
+    def died_elsewhere(self, err) -> bool:
+        """Whether ``err`` (a RayActorError) is the death of an actor this stage calls besides its replicas (a
+        retriever's shard): not its replica's death, and counted as that actor's own by the watch."""
+        return False
+
     def ray_restarts(self, replica: int) -> int | None:
         """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
         return self._restarts_of(self.replicas[replica])
@@ -525,6 +530,10 @@ class RetrieverStage(Stage):
 
     def shard_restarts(self, shard: int) -> int | None:
         return self._restarts_of(self.shards[shard])
+
+    def died_elsewhere(self, err) -> bool:
+        dead = getattr(err, "actor_id", None)
+        return dead is not None and dead in {a.hex() for s in self.shards if (a := getattr(s, "_actor_id", None))}
 
     def _plan(self, batch: list[Retrieve]):
         methods = [r.method or self.retrieval.method for r in batch]

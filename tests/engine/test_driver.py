@@ -256,3 +256,40 @@ def test_a_readiness_call_made_stale_by_a_death_read_in_the_same_pass_is_skipped
     eng._wait_and_route()
     assert stale not in eng.supervisor.probes and 1 in ranker.restarting  # it waits for a new readiness call
     assert [r for batch, _ in retriever.retry for r in batch] == [asked]
+
+
+def test_a_shard_that_died_under_a_retriever_batch_is_not_said_to_be_its_encoder_nor_counted_twice(monkeypatch):
+    """Before, the batch's failure said "retriever replica 0 died", and the watch then counted the shard's
+    death too: two restarts for one, and the encoder's count one ahead of Ray's, so its next real death
+    while idle went unnoticed."""
+    from ray.exceptions import RayActorError
+
+    from engine.stages import RetrieverStage
+    from schemas.records import Retrieve
+
+    class Shard:
+        def __init__(self, hex_id):
+            self._actor_id = type("ActorID", (), {"hex": lambda _self: hex_id})()
+
+    shards = [Shard("s0"), Shard("s1")]
+    stage = RetrieverStage([object()], shards, StageBatching())
+    monkeypatch.setattr(stage, "probe", lambda replica: object())
+    monkeypatch.setattr(stage, "_restarts_of", lambda actor: 1 if actor is shards[1] else 0)
+    stage.restarting.clear()
+    said = []
+    eng = Engine({"retriever": stage}, {}, EngineConfig(failure_cooldown_s=0), lambda row: None, log=said.append)
+    asked = Retrieve("q", 3)
+    eng.waiters[asked] = []
+    batch = Launched(stage, 0, [asked], ["a", "b"], started=time.perf_counter(), pending=2)
+    stage.inflight[0] += 1
+    eng.launched.update(a=batch, b=batch)
+    monkeypatch.setattr(loop.ray, "wait", lambda refs, num_returns, timeout: (list(refs), []))
+
+    def get(refs):
+        raise RayActorError(actor_id="s1", error_msg="The actor died unexpectedly")
+    monkeypatch.setattr(loop.ray, "get", get)
+    eng._wait_and_route()
+    eng.supervisor.watch(0.0, force=True)
+    assert eng.supervisor.restarts == 1 and stage.deaths == [0] and stage.shard_deaths == [0, 1]
+    assert not any("replica 0 died" in line for line in said) and any("shard 1 died" in line for line in said)
+    assert [r for b, _ in stage.retry for r in b] == [asked]
