@@ -339,6 +339,8 @@ class Engine:
         if not (isinstance(err, RayTaskError) and answering):
             stage.cooling_until[replica] = now + self.config.failure_cooldown_s
             stage.stats.rests += 1
+        if not batch:  # a stream that failed once it had answered all it was asked: nothing to run again
+            return
         if stage.is_test(batch):
             self._stage_test_failed(stage, replica, err)
             return
@@ -643,6 +645,8 @@ def retry_plan(batch: list, attempts: int, max_attempts: int) -> list[tuple[list
     (already suspect, so they split again on their next failure) until that request is alone, so it
     cannot take the others down; alone, it gets ``max_attempts`` tries.
     """
+    if not batch:
+        return []
     if len(batch) == 1:
         return [(batch, attempts + 1)] if attempts + 1 < max_attempts else None
     if attempts == 0:

@@ -293,3 +293,11 @@ def test_a_shard_that_died_under_a_retriever_batch_is_not_said_to_be_its_encoder
     assert eng.supervisor.restarts == 1 and stage.deaths == [0] and stage.shard_deaths == [0, 1]
     assert not any("replica 0 died" in line for line in said) and any("shard 1 died" in line for line in said)
     assert [r for b, _ in stage.retry for r in b] == [asked]
+
+
+def test_a_stream_that_fails_after_answering_everything_queues_no_empty_retry(engine):
+    """Before, its empty remainder was queued again (split in two empty halves on a second failure), each
+    resting a replica and counting a failure."""
+    stage = engine.stages["generator"]
+    engine._batch_failed(stage, 0, [], 1, RuntimeError("the stream broke after its last chunk"))
+    assert not stage.retry

@@ -5,6 +5,7 @@ from engine.loop import retry_plan
 
 def test_a_batch_that_fails_once_runs_again_whole():
     assert retry_plan(list("abcd"), 0, max_attempts=3) == [(list("abcd"), 1)]
+    assert retry_plan([], 1, max_attempts=3) == []  # nothing left of it to run again
 
 
 def test_a_batch_that_fails_twice_splits_into_suspect_halves():
