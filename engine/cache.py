@@ -155,7 +155,8 @@ class RequestCache:
         # a namespace per stage, or per stage and request kind where that kind's responses depend on less
         namespace = self.namespaces.get(f"{request.stage}/{kind}", self.namespaces[request.stage])
         text = json.dumps([namespace, kind, fields], ensure_ascii=False)
-        return hashlib.sha256(text.encode()).hexdigest()
+        # surrogatepass: a lone surrogate (a reply's broken emoji) has a key too; valid text encodes as before
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def __len__(self) -> int:
         return len(self.memory)
@@ -189,7 +190,13 @@ def locked(err: sqlite3.DatabaseError) -> bool:
 
 
 def encode(response: Response) -> str:
-    return json.dumps([type(response).__name__, dataclasses.asdict(response)], ensure_ascii=False)
+    value = [type(response).__name__, dataclasses.asdict(response)]
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate SQLite cannot bind (the run died at its write): escaped, it reads back
+        return json.dumps(value)
+    return text
 
 
 def decode(text: str) -> Response:

@@ -48,6 +48,21 @@ def test_every_response_kind_comes_back_from_disk_in_a_new_process_as_it_went_in
         assert later.get(request) == (response, "memory")  # then remembered for the rest of the run
 
 
+def test_a_lone_surrogate_in_a_request_or_a_response_is_stored_and_read_back_not_a_dead_run(tmp_path):
+    """Before, its key raised UnicodeEncodeError (a run's every lookup of it) and so did SQLite's write of the
+    response, at every flush and at the last one: the run died and lost the buffered responses."""
+    broken = "half an emoji \ud83d"
+    first = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
+    assert first.get(Retrieve(broken, 3)) == (None, None)
+    request, response = Generate((("user", broken),)), Generation(f"said {broken}", 3, 2)
+    first.put(request, response)
+    first.put(*PAIRS[0])
+    first.flush()
+    assert first.disk_error is None
+    later = RequestCache(100, tmp_path / "c.sqlite", NAMESPACES)
+    assert later.get(request) == (response, "disk") and later.get(PAIRS[0][0]) == (PAIRS[0][1], "disk")
+
+
 def test_a_response_is_found_only_under_the_same_pool_and_request_and_never_an_error(tmp_path):
     path = tmp_path / "c.sqlite"
     cache = RequestCache(0, path, NAMESPACES)  # size 0: every lookup goes to disk
