@@ -24,13 +24,14 @@ from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision, search_settings
 from schemas.config import speed_setting
-from strategies.registry import AnswerConfig, make_strategy
+from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
 def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
-    identity = {k: v for k, v in flat.items() if not operational(k)}
+    unread = sections_unread(config)
+    identity = {k: v for k, v in flat.items() if not operational(k) and k.split(".", 1)[0] not in unread}
     # the input by its content, not its path: the same questions moved elsewhere resume, an edited file does not
     identity.update({"input.sha256": plan.sha256, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})
@@ -63,6 +64,36 @@ def judge_revisions(config: AnswerConfig) -> dict:
                 "know.embedder_revision": know_embedder(config.know.model)} if "know" in needs else {}),
             **({"reranker.model_revision": revision(config.reranker.model, hub=False)} if "ranker" in needs else {}),
             **({"nli.model_revision": revision(config.nli.model, hub=False)} if "nli" in needs else {})}
+
+
+# the pools' sections, by the stage that reads them
+POOL_SECTIONS = {"judge": "judge", "ranker": "reranker", "nli": "nli", "know": "know"}
+
+
+class _Reads:
+    """A run config that notes the sections read from it."""
+
+    def __init__(self, config: AnswerConfig):
+        self._config, self.read = config, set()
+
+    def __getattr__(self, name: str):
+        self.read.add(name)
+        return getattr(self._config, name)
+
+
+def sections_unread(config: AnswerConfig) -> set[str]:
+    """The strategy and pool sections no strategy of the run reads and no pool it asks is built from: they
+    decide none of its answers (before, a rag run was refused its resume because raisf.k or judge.model had
+    changed in a shared config, and --force threw its answers away). Read, not declared: each strategy is
+    built from a config that notes what it reads."""
+    reads = _Reads(config)
+    for name in config.strategies:
+        make_strategy(name, reads)
+        STRATEGIES[name].retrieval_methods(reads)
+    needs = stages_asked(config)
+    strategy_sections = {cls.name for cls in STRATEGIES.values() if cls.Config}
+    pool_sections = {section for stage, section in POOL_SECTIONS.items() if stage not in needs}
+    return (strategy_sections | pool_sections) - reads.read
 
 
 def stages_asked(config: AnswerConfig) -> set[str]:

@@ -352,7 +352,7 @@ def test_a_run_resumed_under_another_calibration_record_with_the_same_thresholds
     def config(slice_path, threshold=0.5):
         record = {"questions": slice_path, "questions_sha256": "ab" * 32, "n": 12, "generator": "g", "ranker": "r",
                   "chosen": {"raisf.know_threshold": threshold}}
-        return AnswerConfig(questions=str(questions), strategies=["direct"], raisf={"know_threshold": threshold},
+        return AnswerConfig(questions=str(questions), strategies=["raisf"], raisf={"know_threshold": threshold},
                             calibration=record)
 
     def output(cfg, identity=None):
@@ -663,3 +663,30 @@ def test_a_resume_may_change_an_engine_argument_that_only_changes_speed_and_not_
     with pytest.raises(ConfigError, match="differs in: generator.engine_kwargs"):
         ShardedOutput(str(tmp_path), {**IDENTITY, "generator.engine_kwargs": {"max_num_seqs": 8, "quantization": "fp8"}},
                       ["rag"], shard_rows=3)
+
+
+def test_a_section_no_strategy_of_the_run_reads_nor_pool_it_asks_is_no_part_of_its_identity(tmp_path):
+    """Before, the whole config was the identity: a rag run was refused its resume after raisf.k or
+    judge.model changed in a shared config (calibrating RA-ISF meanwhile), and --force discarded its answers."""
+    from jobs.identity import identity_defaults, run_identity
+    from jobs.output import changed_fields
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+    plan = plan_input(str(questions))
+
+    def changed(strategies, **sections):
+        before = run_identity(AnswerConfig(questions=str(questions), strategies=strategies), plan)
+        after = run_identity(AnswerConfig(questions=str(questions), strategies=strategies, **sections), plan)
+        return changed_fields(before, after, identity_defaults())
+
+    assert changed(["rag"], raisf={"k": 7}, judge={"model": "other"}, nli={"model": "nli"}, migres={"max_iterations": 5}) == []
+    assert changed(["rag"], retrieval={"k": 7}) == ["retrieval.k"]
+    assert changed(["raisf"], raisf={"k": 7}) == ["raisf.k"]
+    assert changed(["migres"], nli={"model": "nli"}) == ["nli.model"]  # MIGRES reads it: entailment by NLI
+    assert "judge.model" in changed(["think_act"], judge={"model": "other"})  # its capability check's pool
+    # an output that recorded them still resumes: a field left out is not compared
+    old = run_identity(AnswerConfig(questions=str(questions), strategies=["rag"]), plan) | {"raisf.k": 9}
+    assert changed_fields(old, run_identity(AnswerConfig(questions=str(questions), strategies=["rag"]), plan),
+                          identity_defaults()) == []
