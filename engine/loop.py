@@ -252,7 +252,7 @@ class Engine:
 
     def _finish_batch(self, launched: Launched) -> None:
         stage = launched.stage
-        stage.last_result[launched.replica] = time.perf_counter()
+        self._result_from(stage, launched.replica)
         self._drop(launched)
         self._account(launched)
         try:
@@ -289,7 +289,7 @@ class Engine:
                 self._batch_failed(stage, launched.replica, launched.remaining(), launched.attempts,
                                    RuntimeError(f"stream ended with {len(launched.remaining())} requests unanswered"))
             return
-        stage.last_result[launched.replica] = time.perf_counter()
+        self._result_from(stage, launched.replica)
         requests = [launched.batch[i] for i, _ in chunk]
         responses = [response for _, response in chunk]
         stage.stats.requests += len(requests)  # live, not only when the stream ends
@@ -297,6 +297,14 @@ class Engine:
         launched.answered.update(i for i, _ in chunk)
         stage.returned(launched.replica, requests)
         self._deliver_batch(stage, requests, responses)
+
+    def _result_from(self, stage: Stage, replica: int) -> None:
+        """A result from ``replica``'s actor: every stage it serves counts it (a batch's timeout runs from the
+        actor's last result). The ranker shares the retriever's serial query encoders: a retriever batch queued
+        behind the ranker's calls saw none of their results and was killed as stuck, with the ranker's calls."""
+        now = time.perf_counter()
+        for peer, r in self.supervisor.same_actor(stage, replica):
+            peer.last_result[r] = now
 
     def _drop(self, launched: Launched) -> None:
         """``launched`` no longer runs on its replica (finished, failed or abandoned)."""

@@ -54,7 +54,7 @@ class Supervisor:
         deaths = stage.deaths[replica] + 1
         self.log(f"{stage.name} replica {replica} died ({why}); it takes no work until Ray has restarted it "
                  f"(death {deaths} of this replica in this run)")
-        for peer, r in self._same_actor(stage, replica):
+        for peer, r in self.same_actor(stage, replica):
             peer.deaths[r] = deaths
             # a peer's earlier readiness call may have been answered before this death and not yet read:
             # it would send the peer work that fails and counts this death again
@@ -128,7 +128,7 @@ class Supervisor:
         if restarts is None or restarts <= stage.deaths[replica]:
             return
         self.restarts += restarts - stage.deaths[replica]
-        for peer, r in self._same_actor(stage, replica):
+        for peer, r in self.same_actor(stage, replica):
             peer.deaths[r] = restarts
             # it takes no work until it answers, as after a failed call: and the call it was running fails
             # next, which must not count this death a second time (died() skips a replica restarting)
@@ -139,7 +139,7 @@ class Supervisor:
                  "this run); Ray restarts it. No call failed, so Ray gave no reason: its raylet.out says whether it "
                  "killed the replica for memory")
 
-    def _same_actor(self, stage: Stage, replica: int) -> list[tuple[Stage, int]]:
+    def same_actor(self, stage: Stage, replica: int) -> list[tuple[Stage, int]]:
         """Every (stage, replica) served by this replica's actor: the ranker shares the retriever's query
         encoders when no cross-encoder is configured, and one death is one restart, seen by both."""
         actor = stage.replicas[replica]

@@ -301,3 +301,34 @@ def test_a_stream_that_fails_after_answering_everything_queues_no_empty_retry(en
     stage = engine.stages["generator"]
     engine._batch_failed(stage, 0, [], 1, RuntimeError("the stream broke after its last chunk"))
     assert not stage.retry
+
+
+def test_a_retriever_batch_queued_behind_the_rankers_calls_on_their_shared_encoder_is_not_killed_as_stuck(monkeypatch):
+    """The encoder answers one call at a time: a retriever batch sent behind the ranker's long calls got
+    none of their results, passed its timeout and had the encoder killed, the ranker's calls with it."""
+    from engine.stages import RankerStage, RetrieverStage
+    from schemas.records import Rank, Ranking, Retrieve
+
+    encoders = [object()]
+    batching = StageBatching(timeout_s=5.0)
+    retriever, ranker = RetrieverStage(encoders, ["shard"], batching), RankerStage(encoders, batching)
+    eng = Engine({"retriever": retriever, "ranker": ranker}, {}, EngineConfig(), lambda row: None)
+    kills = []
+    for stage in (retriever, ranker):
+        monkeypatch.setattr(stage, "restart", kills.append)
+        monkeypatch.setattr(stage, "probe", lambda replica: object())
+        monkeypatch.setattr(stage, "ray_restarts", lambda replica: None)
+        stage.restarting.clear()
+    now = time.perf_counter()
+    queued, ranked = Retrieve("q", 3), Rank("q", ("a", "b"), 1)
+    eng.waiters[queued], eng.waiters[ranked] = [], []
+    eng.launched["r"] = Launched(retriever, 0, [queued], ["r"], started=now - 6, pending=1)  # past its 5 s
+    eng.launched["k"] = Launched(ranker, 0, [ranked], ["k"], started=now - 6, pending=1)
+    retriever.inflight[0] += 1
+    ranker.inflight[0] += 1
+    monkeypatch.setattr(loop.ray, "wait", lambda refs, num_returns, timeout: (["k"], [r for r in refs if r != "k"]))
+    monkeypatch.setattr(loop.ray, "get", lambda refs: [None])
+    monkeypatch.setattr(ranker, "combine", lambda batch, results: [Ranking([0], [1.0])])
+    monkeypatch.setattr(ranker.stats, "received", lambda refs: None)  # Ray's object table: no Ray here
+    eng._wait_and_route()  # the ranker's call answers: the encoder is working through its queue
+    assert kills == [] and "r" in eng.launched
