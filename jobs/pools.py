@@ -53,7 +53,10 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
             bundles = [dict(c.placement_group.bundle_per_worker) for _ in range(c.world_size)]
             bundles[0] = {**bundles[0], **{k: bundles[0].get(k, 0) + v for k, v in c.resources.items()}}
             group = {"bundles": bundles, "strategy": c.placement_group.strategy}
-        return Pool(actor, c.num_cpus, c.num_gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas,
+        # an endpoint's replica is an HTTP client: the GPUs are its server's (a layered config's num_gpus held
+        # devices the judge pool or the shards then lacked, and on a CPU machine the run was refused)
+        gpus = 0 if c.endpoint else c.num_gpus
+        return Pool(actor, c.num_cpus, gpus, ((llm_settings(c), config.sampling.model_dump()),) * c.replicas,
                     c.resources, group)
 
     if needs & {"generator", "judge"}:

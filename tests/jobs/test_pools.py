@@ -281,3 +281,12 @@ def test_engines_are_stopped_however_the_block_ends_and_stopping_them_never_fail
     with pytest.raises(KeyboardInterrupt), llm_engines_stopped({}):
         raise KeyboardInterrupt
     assert waits == [60.0, 15.0]
+
+
+def test_a_generator_pool_served_by_an_endpoint_reserves_no_gpu():
+    """Its replicas are HTTP clients: a layered config's num_gpus held GPUs for them (on a CPU machine the
+    run was refused)."""
+    config = AnswerConfig(generator={"model": "served", "num_gpus": 1, "endpoint": {"base_url": "http://127.0.0.1:9/v1"}},
+                          judge={"model": "smollm2-135m-instruct", "num_gpus": 0.5})
+    plan = pool_plan(config, {"generator", "judge"})
+    assert plan["generator"].num_gpus == 0 and gpu_demands(plan) == (0.5,)
