@@ -19,7 +19,7 @@ def configure(llm: dict) -> None:
     """Environment vLLM reads when an engine starts (both replica kinds)."""
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(llm["cpu_kvcache_gib"])
     bind = llm["cpu_threads_bind"]
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}" if bind == "all" else bind
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(usable_cpus()) if bind == "all" else bind
     bundle_gpus = llm["placement_group"]["bundle_per_worker"].get("GPU", 0)
     if world_size(llm) > 1 and 0 < bundle_gpus < 1:
         # vLLM's Ray workers each ask for VLLM_RAY_PER_WORKER_GPUS (1) inside their bundle: more than a
@@ -231,10 +231,27 @@ def completion_budget(prompt_tokens: int, max_tokens: int, max_model_len: int, m
     return min(max_tokens, room)
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on: a container's cpuset, not every CPU of the host (binding threads to
+    the host's 0-63 in a container given 2 failed the replica at start, or ran 64 threads on 2 cores)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """``cpus`` as VLLM_CPU_OMP_THREADS_BIND writes them: [0, 1, 2, 5] -> '0-2,5'."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in runs)
+
+
 def bound_cores(bind: str) -> int:
-    """How many cores a VLLM_CPU_OMP_THREADS_BIND setting gives the model ('all', 'auto', '0-7,9')."""
-    cores = os.cpu_count() or 1
-    if bind == "all":
+    """How many cores a VLLM_CPU_OMP_THREADS_BIND setting gives the model ('all', 'auto', 'nobind', '0-7,9')."""
+    cores = len(usable_cpus())
+    if bind in ("all", "nobind"):  # nobind: threads unpinned, as many as the cores it may use
         return cores
     if bind == "auto":  # vLLM's default leaves one core to the front end
         return max(1, cores - 1)

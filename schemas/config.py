@@ -178,7 +178,8 @@ class LLMConfig(Section):
     cpu_kvcache_gib: int = Field(4, json_schema_extra=SPEED, ge=1,
                                  description="VLLM_CPU_KVCACHE_SPACE on CPU builds: KV cache GiB (Qwen-0.5B: ~87k tokens a GiB)")
     cpu_threads_bind: str = Field(
-        "all", json_schema_extra=SPEED, description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core of the node (1.9x "
+        "all", json_schema_extra=SPEED, description="CPU builds: VLLM_CPU_OMP_THREADS_BIND. 'all' = every core this process may "
+                           "use, its container's cpuset (1.9x "
                            "faster than vLLM's default on an otherwise idle 2-core box), 'auto' = vLLM's "
                            "default (one core left for other work), 'nobind', or a list like '0-7' / '0,2,4' "
                            "('|' between the lists of several ranks)",

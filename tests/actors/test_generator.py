@@ -224,3 +224,20 @@ def test_a_tokenizer_that_cannot_template_a_chat_is_refused_when_the_replica_sta
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="^the model's tokenizer cannot template a chat, .{0,60}give an instruct / chat"):
         Prompts(tokenizer, 512, {}).check_template()
+
+
+def test_all_cores_means_the_cores_this_process_may_use_not_every_core_of_the_host(monkeypatch):
+    """In a container given CPUs 2 and 3 of a 64-core host, 'all' bound vLLM's threads to 0-63 (the replica
+    failed at start, or ran 64 threads on 2 cores), and 'nobind' ran the in-process engine on one thread."""
+    import os
+
+    from actors.generator import bound_cores, configure, cpu_list
+    from schemas.config import LLMConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "unset")
+    configure(LLMConfig().model_dump())
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    assert bound_cores("all") == bound_cores("nobind") == 2 and bound_cores("auto") == 1 and bound_cores("0-7,9") == 9
+    assert cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
