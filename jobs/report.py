@@ -17,7 +17,8 @@ import os
 import sys
 from array import array
 from collections import Counter
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from jobs.evaluate import COLUMNS, cost_quality, evaluate, resolution_cells, retrieval_k
 from jobs.output import unfinished
@@ -250,11 +251,21 @@ def run_labels(runs: list[str]) -> list[str]:
     names = [Path(path_of(r)).name for r in runs]
     if len(set(names)) == len(names):
         return names
-    paths = [Path(r).resolve() for r in runs]
+    paths = [_where(r) for r in runs]
     if len(set(paths)) < len(paths):
         raise UserError("--runs names the same run twice")
-    common = Path(os.path.commonpath(paths))
+    common = PurePosixPath(os.path.commonpath([str(p) for p in paths]))
     return [str(p.relative_to(common)) for p in paths]
+
+
+def _where(run: str) -> PurePosixPath:
+    """Where a run lies: a local folder's absolute path; an object store's bucket and key, never the
+    credentials before them (resolved as a local path, s3://key:secret@bucket/out labelled the page's
+    plots and tables with key:secret)."""
+    if "://" in run:
+        parts = urlsplit(run)
+        return PurePosixPath("/", parts.netloc.rsplit("@", 1)[-1], parts.path.lstrip("/"))
+    return PurePosixPath(Path(run).resolve())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -125,6 +125,9 @@ def test_runs_in_folders_of_the_same_name_get_labels_that_tell_them_apart(tmp_pa
     assert run_labels([str(a), str(b)]) == ["a/out", "b/out"]  # both "out" before: one overwrote the other
     with pytest.raises(UserError, match="same run twice"):
         run_labels([str(a), str(a)])
+    # runs on an object store: told apart by bucket and key, never labelled with the credentials in their URIs
+    assert run_labels(["s3://AKIAX:s3cr3t@bucket1/runs/out", "s3://AKIAX:s3cr3t@bucket2/runs/out?region=eu"]) == [
+        "bucket1/runs/out", "bucket2/runs/out"]
 
 
 def test_report_scores_recall_at_the_k_the_run_retrieved_as_compare_does(run_dir):
