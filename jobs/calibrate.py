@@ -391,7 +391,12 @@ def run(args: argparse.Namespace) -> int:
         # its own pools, shared by two passes (a single pass's are stopped by answer), however it ends
         stopped.enter_context(llm_engines_stopped(shared["stages"]))
     with stopped:
-        answer_job.answer(config, log=log, force=args.force, **shared)
+        metrics = answer_job.answer(config, log=log, force=args.force, **shared)
+        # thresholds fitted to the rows that happened to answer would be written, and used, as the slice's
+        status = answer_job.error_status("calibrate", metrics, config.commit.max_error_share,
+                                         "no thresholds were written: rerun the same command once the cause is fixed")
+        if status:
+            return status
         gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                                  if c in cols]]).to_pylist())
         files = answer_files(join(config.output, PROBE))
@@ -401,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
         if reads_all(config.raisf) and "raisf.relevance_threshold" in chosen:
             chosen["raisf.relevance_threshold"] = decomposition_pass(config, chosen, rows, gold, log, force=args.force,
                                                                      **shared)
-        values = config_values(config, chosen, source_sha256(given.questions), len(rows), questions=given.questions,
+        answered = sum(not r.get("error") for r in rows)  # the rows the thresholds rest on
+        values = config_values(config, chosen, source_sha256(given.questions), answered, questions=given.questions,
                                converted=sha256_of(config.questions) if config.questions != given.questions else None)
         fs, root = filesystem(config.output)
         with fs.open_output_stream(f"{root}/calibration.json") as f:

@@ -562,3 +562,24 @@ def test_an_alias_and_the_folder_it_was_prepared_in_are_the_same_model():
     assert same_model(alias, str(model_dir(alias))) and same_model(str(model_dir(alias)) + "/", alias)
     assert not same_model(alias, "smollm2-135m-instruct") and not same_model(alias, "org/hub-model")
 
+
+
+def test_a_probe_over_the_error_share_exits_3_and_writes_no_thresholds(tmp_path, monkeypatch, capsys):
+    """Before, calibrate fitted its thresholds to the rows that happened to answer, wrote them as the slice's
+    and exited 0, where answer, compare, label and sweep exit 3."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs import calibrate
+    from jobs.cli import main
+
+    questions = tmp_path / "calib.parquet"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["Who?", "What?"], "answers": [["a"], ["b"]]}), questions)
+    probe = {"exactly_once": {"calibration_probe": {"rows": 10, "errors": 6}}}
+    monkeypatch.setattr(calibrate.answer_job, "answer", lambda *a, **k: probe)
+    monkeypatch.setattr(calibrate, "choose", lambda *a, **k: pytest.fail("thresholds fitted to 4 rows of 10"))
+    out = tmp_path / "out"
+    assert main(["calibrate", "--questions", str(questions), "--output", str(out),
+                 "--set", "commit.max_error_share=0.1"]) == 3
+    assert "6 of the output's 10 rows are error rows" in capsys.readouterr().err
+    assert not (out / "calibrated.yaml").exists()
