@@ -14,8 +14,6 @@ from collections import Counter
 from contextlib import nullcontext, suppress
 from pathlib import Path
 
-import yaml
-
 from actors.judge_folders import card_of
 from engine.loop import Engine
 from jobs.cli import add_config_arguments, config_overrides, run_job, strategy_names
@@ -39,7 +37,7 @@ from jobs.question_sources import materialize_questions
 from jobs.questions import plan_input, question_rows, value_counts
 from jobs.request_cache import open_cache
 from jobs.storage import cannot_write, check_kept, filesystem, read_only, redact, write_whole
-from schemas.config import load_config, validated
+from schemas.config import dump_yaml, load_config, validated
 from schemas.errors import UserError
 from strategies.forms import misnamed
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
@@ -327,7 +325,7 @@ def write_record(config: AnswerConfig, metrics: dict) -> None:
     # default `enabled: true` read back with `--config` outweighed RAGSIFT_NO_CACHE=1
     resolved["cache"].pop("enabled")
     fs, root = filesystem(config.output)
-    record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": yaml.safe_dump(resolved, sort_keys=False)}
+    record = {"metrics.json": json.dumps(metrics, indent=2), "config.yaml": dump_yaml(resolved)}
     for name, data in record.items():
         write_whole(fs, f"{root}/{name}", data.encode())
 

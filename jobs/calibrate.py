@@ -53,8 +53,6 @@ import math
 import sys
 from contextlib import ExitStack
 
-import yaml
-
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
@@ -65,7 +63,7 @@ from jobs.question_sources import sha256_of, source_sha256
 from jobs.questions import by_first_id, question_columns
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, join, read_table, redact
-from schemas.config import IndexConfig, speed_setting
+from schemas.config import IndexConfig, dump_yaml, speed_setting
 from schemas.errors import UserError
 from strategies.base import passes
 from strategies.calibration_probe import reading_of
@@ -361,7 +359,7 @@ def answer_settings(config) -> dict:
 
 def calibrated_yaml(values: dict) -> str:
     return ("# ragsift calibrate: thresholds chosen on the calibration slice named below; pass with --config\n"
-            + yaml.safe_dump(values, sort_keys=False))
+            + dump_yaml(values))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -702,14 +702,33 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     return int(text, 0) if text[:2] in ("0o", "0x") else int(text)
 
 
+# and no timestamps (YAML 1.2 has none): `--set input.split=2024-01-01` was a date, refused as "not a valid string"
 Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int")]
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:timestamp")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                    list("tTfF"))
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
                                    list("-+0123456789"))
 Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
+
+
+class Yaml12Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting every string that YAML 1.1 or this loader's 1.2 would read as something
+    else: a config ragsift writes (config.yaml, calibrated.yaml) loads back to the same values. The 1.1
+    dumper wrote '08' and '0o17' bare, which Yaml12Loader read as integers."""
+
+
+Yaml12Dumper.yaml_implicit_resolvers = {first: list(resolvers)
+                                        for first, resolvers in yaml.SafeDumper.yaml_implicit_resolvers.items()}
+for _first, _resolvers in Yaml12Loader.yaml_implicit_resolvers.items():
+    Yaml12Dumper.yaml_implicit_resolvers.setdefault(_first, []).extend(_resolvers)
+
+
+def dump_yaml(values: dict) -> str:
+    """``values`` as YAML that ``load_config`` reads back as they are."""
+    return yaml.dump(values, Dumper=Yaml12Dumper, sort_keys=False)
 
 
 def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:

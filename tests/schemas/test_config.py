@@ -207,3 +207,20 @@ def test_every_setting_says_what_it_does():
             elif not field.description:
                 bare.append(f"{cls.__name__}.{name}")
     assert not bare, bare
+
+
+def test_a_config_ragsift_writes_loads_back_to_the_same_values(tmp_path):
+    """config.yaml and calibrated.yaml were written by YAML 1.1's dumper and read by the 1.2 loader: '08' was
+    written bare and read back as 8 (a by_dataset key refused, an engine argument's revision changed), and
+    `--set input.split=2024-01-01` was a date, refused as no string."""
+    from schemas.config import dump_yaml
+    from strategies.registry import AnswerConfig
+
+    config = load_config(AnswerConfig, None, ["answer_form.by_dataset={'08': short, '0o17': yes_no}",
+                                              "generator.engine_kwargs={revision: '09'}", "input.split=2024-01-01"])
+    assert config.input.split == "2024-01-01"
+    written = tmp_path / "config.yaml"
+    written.write_text(dump_yaml(config.model_dump(mode="json", exclude_none=True)))
+    again = load_config(AnswerConfig, str(written))
+    assert again.answer_form.by_dataset == {"08": "short", "0o17": "yes_no"}
+    assert again.generator.engine_kwargs == {"revision": "09"} and again.input.split == "2024-01-01"
