@@ -206,20 +206,24 @@ class Session:
         from jobs.pools import stop_llm_engines
 
         deadline = time.monotonic() + wait_s  # for the engines and the actors together (it waited for each in turn)
-        if self._on_its_ray():  # on another Ray, or none, its pools are gone with theirs: nothing to stop
-            stop_llm_engines(self.stages, wait_s)
-            actors = self.actors()
-            for actor in actors:
-                ray.kill(actor)
-            if not self.started_ray:
-                wait_until_dead(actors, max(0.0, deadline - time.monotonic()))
-                for stage in self.stages.values():  # the devices a multi-device replica's group reserved
-                    for group in getattr(stage, "placement_groups", []):
-                        ray.util.remove_placement_group(group)
-            else:
-                ray.shutdown()
-        self.stages.clear()
-        self.started_ray, self.ray, self.gpus = False, None, []
+        try:
+            if self._on_its_ray():  # on another Ray, or none, its pools are gone with theirs: nothing to stop
+                try:  # a Ctrl-C in the engines' wait (up to wait_s) left the actors, their GPUs and Ray running
+                    stop_llm_engines(self.stages, wait_s)
+                finally:
+                    actors = self.actors()
+                    for actor in actors:
+                        ray.kill(actor)
+                    if self.started_ray:
+                        ray.shutdown()
+                if not self.started_ray:
+                    wait_until_dead(actors, max(0.0, deadline - time.monotonic()))
+                    for stage in self.stages.values():  # the devices a multi-device replica's group reserved
+                        for group in getattr(stage, "placement_groups", []):
+                            ray.util.remove_placement_group(group)
+        finally:
+            self.stages.clear()
+            self.started_ray, self.ray, self.gpus = False, None, []
 
 
 def ray_connection() -> tuple[str, str] | None:

@@ -466,3 +466,29 @@ def test_a_sessions_close_waits_wait_s_in_all_not_for_the_engines_and_again_for_
     monkeypatch.setattr(session, "_on_its_ray", lambda: True)
     session.close(wait_s=30.0)
     assert waited == [("engines", 30.0), ("actors", 5.0)]
+
+
+def test_a_sessions_close_interrupted_while_its_engines_stop_still_kills_its_actors_and_its_ray(monkeypatch):
+    """A Ctrl-C in the engines' wait (up to 60 s) skipped the kills and ray.shutdown: the actors, their GPUs
+    and the Ray the Session started stayed up in the notebook, and its next Session reused that Ray."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.pools
+    from jobs.api import Session
+
+    def interrupted(stages, wait_s):
+        raise KeyboardInterrupt
+
+    done = []
+    monkeypatch.setattr(jobs.pools, "stop_llm_engines", interrupted)
+    monkeypatch.setattr(ray, "kill", lambda actor: done.append(("kill", actor)))
+    monkeypatch.setattr(ray, "shutdown", lambda: done.append("shutdown"))
+    session = Session(generator="smollm2-135m-instruct")
+    session.stages, session.started_ray = {"generator": SimpleNamespace(replicas=["r"])}, True
+    monkeypatch.setattr(session, "_on_its_ray", lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        session.close()
+    assert done == [("kill", "r"), "shutdown"]
+    assert session.stages == {} and not session.started_ray
