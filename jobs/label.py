@@ -84,7 +84,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
         relevance = steps.get("relevance")
         if "relevance" in kinds and not relevance:
             dropped["relevance"]["no passage retrieved"] += 1
-        elif relevance:
+        elif relevance and "relevance" in kinds:  # (a run collecting self-knowledge alone raised KeyError here)
             # the question's gold passages, where it has some: a retrieved one is gold or not (None: not known)
             golden = set(gold_ids((gold.get(row["id"]) or {}).get("gold_passage_ids"))) or None
             for pid, p_yes, relevant in zip(steps["retrieve"]["ids"], relevance["p_yes"], relevance["relevant"]):

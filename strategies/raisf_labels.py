@@ -71,8 +71,9 @@ class RaisfLabels(Routine):
         item.trace.append({"step": "retrieve", "ids": [p.id for p in retrieval.passages]})
         judgments = yield Lenient([judge_request(prompt("raisf/relevance").format(
             question=item.question, passage=p.shown), "relevance") for p in retrieval.passages])
-        # a failed judgment is no label: None, skipped by the label job
-        scores = [None if j.error else round(p_yes(j, self.config.judge_by), 4) for j in judgments]
-        item.trace.append({"step": "relevance", "p_yes": scores,
+        # a failed judgment is no label: None, skipped by the label job; cut unrounded, as RA-ISF cuts it (0.49996
+        # rounded passed a 0.5 cut RA-ISF's judge would not)
+        scores = [None if j.error else p_yes(j, self.config.judge_by) for j in judgments]
+        item.trace.append({"step": "relevance", "p_yes": [None if p is None else round(p, 4) for p in scores],
                            "relevant": [None if p is None else passes(p, self.config.relevance_threshold) for p in scores]})
         return Done(answer, "labels")

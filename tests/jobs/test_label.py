@@ -62,6 +62,13 @@ def test_raisf_labels_follow_appendix_a():
     assert json.loads(out["decomposition"][0]["messages"][1]["content"]) == {"sub_questions": ["a?", "b?"]}
 
 
+def test_self_knowledge_labels_alone_are_made_from_rows_that_hold_relevance_steps_too():
+    """A collect of self-knowledge alone over rows with relevance steps raised KeyError: 'relevance'."""
+    out = raisf_labels([row("a", "Paris", LABEL_TRACE)], {"a": {"answers": ["Paris"]}}, PASSAGES,
+                       LabelConfig(collect=["self_knowledge"]))
+    assert [r["label"] for r in out["self_knowledge"]] == ["know"] and "relevance" not in out
+
+
 def test_a_relevance_label_says_whether_its_passage_is_one_of_the_questions_gold_passages_where_known():
     """The rows had the judge's label only: a user training M_rel on gold positives had to join the question file."""
     gold = {"a": {"answers": ["Paris"], "gold_passage_ids": ["p1", None]}, "b": {"answers": ["Lyon"]}}

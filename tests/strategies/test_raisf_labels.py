@@ -36,3 +36,19 @@ def test_self_knowledge_labels_alone_cost_one_short_generation():
     done, item = drive(strategy, "Q", Script(), log=log)
     assert [type(r).__name__ for _, r in log] == ["Generate"] and strategy.stages == {"generator"}
     assert (done.answer, [t["step"] for t in item.trace]) == ("closed(Q)", ["closed_book"])
+
+
+def test_a_relevance_label_is_cut_as_raisf_cuts_it_unrounded():
+    """P(yes) 0.49996 was rounded to 0.5 and then cut: labelled relevant where RA-ISF's judge drops it."""
+    from schemas.records import Judgment
+
+    script = Script(subs={"Q": ["a?"]})
+
+    def near_the_cut(request, item):
+        if getattr(request, "step", None) == "relevance":
+            return Judgment("no", {"yes": 0.49996, "no": 0.50004}, 20, 1)
+        return script(request, item)
+
+    _, item = drive(RaisfLabels(RaisfConfig(k=1, relevance_threshold=0.5)), "Q", near_the_cut)
+    relevance = next(t for t in item.trace if t["step"] == "relevance")
+    assert relevance["relevant"] == [False] and relevance["p_yes"] == [0.5]  # shown rounded, cut as it is
