@@ -22,8 +22,12 @@ class Encoder:
     def dims(self) -> int:
         return self.model.get_embedding_dimension()
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        return self.model.encode(
+    def encode(self, texts: list[str], role: str | None = None) -> np.ndarray:
+        """``role`` "query" or "document": the model's own prompt or route for it, where its config names one
+        (e5's "query: ", a query / document Router); encoded alike, such a model's queries were read as
+        passages and its recall fell unsaid. A model without them (MiniLM) encodes both as before."""
+        encode = {"query": self.model.encode_query, "document": self.model.encode_document}.get(role, self.model.encode)
+        return encode(
             texts, batch_size=self.batch_size, normalize_embeddings=True,
             convert_to_numpy=True, show_progress_bar=False,
         ).astype(np.float32, copy=False)
@@ -38,10 +42,12 @@ class Encoder:
         return [len(ids) > limit for ids in lengths]
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:
-        """Bi-encoder ranking: cosine of each text to its query, one ``encode`` call for the batch."""
-        texts = [r.query for r in requests] + [t for r in requests for t in r.texts]
-        vectors = self.encode(texts)
-        queries, offset, out = vectors[: len(requests)], len(requests), []
+        """Bi-encoder ranking: cosine of each text to its query, one ``encode`` call for the batch's queries and
+        one for its texts."""
+        queries = self.encode([r.query for r in requests], "query")
+        texts = [t for r in requests for t in r.texts]
+        vectors = self.encode(texts, "document") if texts else np.zeros((0, queries.shape[1]), np.float32)
+        offset, out = 0, []
         for q, r in zip(queries, requests):
             scores = vectors[offset: offset + len(r.texts)] @ q
             offset += len(r.texts)

@@ -63,7 +63,7 @@ def main() -> int:
     timings = {}
 
     started = time.perf_counter()
-    vectors = encoder.encode(texts)
+    vectors = encoder.encode(texts, "query")
     timings["encode_queries_per_s"] = len(texts) / (time.perf_counter() - started)
     started = time.perf_counter()
     dense = merge_topk([ShardRetriever(d).search(vectors, DEPTH) for d in dirs], DEPTH)

@@ -552,7 +552,7 @@ class RetrieverStage(Stage):
         _, dense, sparse, depth = self._plan(batch)
         refs = []
         if dense:
-            vectors = self.replicas[replica].encode.remote([batch[i].query for i in dense])
+            vectors = self.replicas[replica].encode.remote([batch[i].query for i in dense], "query")
             refs += [shard.search.remote(vectors, depth) for shard in self.shards]
         if sparse:
             refs += [shard.search_bm25.remote([batch[i].query for i in sparse], depth) for shard in self.shards]

@@ -310,7 +310,8 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
                         for n, piece in enumerate(split(text, config.index.chunk_words, config.index.chunk_overlap)))
         texts = [embedding_text(r["title"], r["text"]) for _, r in rows]
         encoder = encoders[next(turn) % len(encoders)]
-        ref, cut_ref = (encoder.encode.remote(texts), encoder.longer_than_read.remote(texts)) if texts else (None, None)
+        ref, cut_ref = ((encoder.encode.remote(texts, "document"), encoder.longer_than_read.remote(texts)) if texts
+                        else (None, None))
         in_flight.append((row, rows, ref, cut_ref))
         drain(2 * len(encoders))
         if time.perf_counter() - last_line >= PROGRESS_EVERY_S:

@@ -37,7 +37,7 @@ def mine_pairs(rows: list[dict], index_dir: str, negatives: int, random_negative
                         "ids name whole passages; mine training pairs from an index of the passages as they are")
     dirs = [str(Path(index_dir) / s["dir"]) for s in manifest["shards"]]
     texts = [r["question"] for r in rows]
-    vectors = Encoder(resolve(manifest["embedder"])).encode(texts)
+    vectors = Encoder(resolve(manifest["embedder"])).encode(texts, "query")
     dense = merge_topk([ShardRetriever(d).search(vectors, depth) for d in dirs], depth)
     bm25 = merge_topk([BM25Shard(d).search(texts, depth) for d in dirs], depth)
     rng = random.Random(seed)

@@ -43,7 +43,7 @@ class CountingGenerator(FakeGenerator):
 
 
 class FakeEncoder:
-    def encode(self, texts):
+    def encode(self, texts, role=None):
         return texts
 
 

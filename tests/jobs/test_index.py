@@ -38,7 +38,7 @@ class HashEncoder:
     def longer_than_read(self, texts):  # a pretend limit of 8 words
         return [len(t.split()) > 8 for t in texts]
 
-    def encode(self, texts):
+    def encode(self, texts, role=None):
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
             raise RuntimeError("encoder died")
@@ -353,7 +353,7 @@ class DyingOnceEncoder(HashEncoder):
         super().__init__()
         self.marker = marker
 
-    def encode(self, texts):
+    def encode(self, texts, role=None):
         import os
 
         if self.calls == 1 and not os.path.exists(self.marker):  # HashEncoder counts the calls

@@ -436,7 +436,7 @@ def test_mined_pairs_follow_each_questions_gold_order_so_a_seed_mines_the_same_p
         def __init__(self, *args):
             pass
 
-        def encode(self, texts):
+        def encode(self, texts, role=None):
             return texts
 
         def search(self, queries, depth):
