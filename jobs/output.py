@@ -93,13 +93,20 @@ def changed_fields(previous: dict, current: dict, defaults: dict, speed=lambda k
     setting added by a later ragsift) counts only when the current value is not its default; a config
     field it recorded that the current identity leaves out has become a speed setting since (``speed``
     says so of a key inside a section, such as ``calibration.chosen.*``, which ``defaults`` cannot list). A
-    pool's ``engine_kwargs`` are compared without their speed arguments, which the identity records as given."""
+    pool's ``engine_kwargs`` are compared without their speed arguments, which the identity records as given.
+    A section the current identity leaves out whole (one no strategy of the run reads: jobs/identity.py
+    ``sections_unread``) is not compared: an output that recorded ``judge.model`` for a rag run resumes."""
     previous, current = _deciding(previous), _deciding(current)
+    sections = {section_of(k) for k in current}
     return sorted(k for k in set(previous) | set(current)
                   if previous.get(k) != current.get(k)
                   and not (k in RECORDED_BY_SOME and (k not in previous or k not in current))
                   and not (k not in previous and current.get(k) == defaults.get(k, []))
-                  and not (k not in current and (k in defaults or speed(k))))
+                  and not (k not in current and (k in defaults or speed(k) or section_of(k) not in sections)))
+
+
+def section_of(key: str) -> str:
+    return key.split(".", 1)[0]
 
 
 def _deciding(identity: dict) -> dict:
@@ -218,8 +225,14 @@ class ShardedOutput:
             for name in DESCRIBING:  # they would describe the discarded answers until this run ends
                 if self.fs.get_file_info(f"{self.root}/{name}").type == pafs.FileType.File:
                     self.fs.delete_file(f"{self.root}/{name}")
+        record = self.identity
+        if not changed:  # the sections this run leaves out keep what the runs before it recorded of them: a rag
+            # run resumed in an output of rag and raisf must not erase raisf's settings, or a later raisf run with
+            # others would pass this check and have the raisf parts answered again instead of being refused
+            kept = {section_of(k) for k in self.identity}
+            record = {**{k: v for k, v in self._recorded().items() if section_of(k) not in kept}, **self.identity}
         with self.fs.open_output_stream(manifest + ".tmp") as f:
-            f.write(json.dumps(self.identity, indent=2, sort_keys=True).encode())
+            f.write(json.dumps(record, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)
         # a conversion of the questions killed before its rename (jobs/question_sources.py write_input); this
         # run's own was renamed before the lease it runs under was taken, but a second driver converts before
@@ -313,6 +326,14 @@ class ShardedOutput:
         self.log(f"finishing the commit of {redact(self.output)}/{part.rsplit('/', 2)[-2]}/"
                  f"{part.rsplit('/', 1)[-1]}, interrupted before its rename")
         return True
+
+    def _recorded(self) -> dict:
+        """The identity the output's manifest records ({} for a new output)."""
+        try:
+            with self.fs.open_input_stream(f"{self.root}/{MANIFEST}") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return {}
 
     def _folders(self) -> list[str]:
         """The output's folders but ``_input`` (the questions converted for this run, written before the

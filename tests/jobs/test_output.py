@@ -690,3 +690,36 @@ def test_a_section_no_strategy_of_the_run_reads_nor_pool_it_asks_is_no_part_of_i
     old = run_identity(AnswerConfig(questions=str(questions), strategies=["rag"]), plan) | {"raisf.k": 9}
     assert changed_fields(old, run_identity(AnswerConfig(questions=str(questions), strategies=["rag"]), plan),
                           identity_defaults()) == []
+
+
+def test_an_output_that_recorded_a_section_its_run_does_not_read_resumes_and_a_narrower_resume_keeps_its_record(
+        tmp_path):
+    """An output written before unread sections left the identity recorded judge.model for a rag run: its
+    resume was refused (judge.model is no default's key). And a rag run resumed in an output of rag and raisf
+    wrote a manifest without raisf.*, so a later raisf run with another raisf.k passed the check and had the
+    raisf parts answered again instead of being refused."""
+    from jobs.identity import identity_defaults, operational, run_identity
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+    plan = plan_input(str(questions))
+
+    def identity(strategies, **sections):
+        return run_identity(AnswerConfig(questions=str(questions), strategies=strategies, **sections), plan)
+
+    def output(folder, strategies, record=None, **sections):
+        return ShardedOutput(str(tmp_path / folder), record or identity(strategies, **sections), strategies, 10,
+                             defaults=identity_defaults(), speed=operational)
+
+    judge = {"judge": {"model": "smollm2-135m-instruct"}}
+    old = {**identity(["rag"]), "judge.model": "smollm2-135m-instruct", "judge.dtype": "auto"}  # as recorded before
+    commit_one(output("old", ["direct"], old))
+    assert output("old", ["direct"], **judge).committed == {("direct", 0)}
+
+    both = output("both", ["direct", "raisf"], raisf={"k": 7})
+    commit_one(both)
+    output("both", ["direct"], raisf={"k": 7}).close()  # resumed for direct alone
+    with pytest.raises(ConfigError, match="differs in: raisf.k"):
+        output("both", ["raisf"])
+    assert output("both", ["raisf"], raisf={"k": 7}).committed == set()  # the same settings: it resumes
