@@ -35,6 +35,7 @@ from schemas.config import ConfigError, answer_engine_kwargs
 from schemas.tables import ANSWERS, conformed
 
 MANIFEST = "_manifest.json"
+LABELS = "labels"  # the label job's files (jobs/label.py), beside the answers
 # what answer writes at a run's end (metrics, resolved config) and evaluate / compare beside it
 DESCRIBING = ("metrics.json", "config.yaml", "eval.json", "eval.md", "eval.png", "resolution.json")
 
@@ -344,8 +345,13 @@ class ShardedOutput:
     def _discard(self, folder: str) -> None:
         """--force: the files a run writes in ``folder`` (parts, checksums, leftovers), and the folder once
         nothing else is in it. What ragsift did not write stays, named (before, the whole folder went: an
-        index or a notebook kept in the output, a note beside the parts)."""
+        index or a notebook kept in the output, a note beside the parts). A folder ragsift writes whole goes
+        whole: the label job's ``labels`` (a discarded run's label files of a kind the new run does not collect
+        stayed), and a run nested in this one (calibrate's ``decomposition_pass``, its own manifest in it)."""
         entries = self._entries(folder)
+        if folder == LABELS or MANIFEST in entries:
+            self.fs.delete_dir(f"{self.root}/{folder}")
+            return
         ours = {name for name in entries if _OURS.fullmatch(name) and
                 self.fs.get_file_info(entries[name]).type == pafs.FileType.File}
         for name in sorted(ours):

@@ -491,6 +491,10 @@ def test_force_discards_the_files_a_run_wrote_and_leaves_what_it_did_not(tmp_pat
     (tmp_path / "rag" / "NOTES.txt").write_text("mine")
     (tmp_path / "rag" / ".ipynb_checkpoints").mkdir()
     (tmp_path / "rag" / "_part-00001.parquet.tmp").write_bytes(b"a leftover")
+    (tmp_path / "labels").mkdir()  # the label job's files and a run nested in this one go whole, as before
+    (tmp_path / "labels" / "relevance.parquet").write_bytes(b"labels of the discarded run")
+    (tmp_path / "decomposition_pass" / "raisf").mkdir(parents=True)
+    (tmp_path / "decomposition_pass" / "_manifest.json").write_text("{}")
     said = []
     forced = ShardedOutput(str(tmp_path), {**IDENTITY, "generator.model": "other"}, ["rag"], shard_rows=3,
                            force=True, log=said.append)
