@@ -80,7 +80,7 @@ def scores(index_dir: Path, rows: list[dict], encoder) -> dict:
 
     shard = str(index_dir / "shard-000")
     texts = [q["question"] for q in rows]
-    runs = {"dense": ShardRetriever(shard).search(encoder.encode(texts), max(KS)),
+    runs = {"dense": ShardRetriever(shard).search(encoder.encode(texts, "query"), max(KS)),
             "bm25": BM25Shard(shard).search(texts, max(KS))}
     out = {}
     for method, hits in runs.items():

@@ -66,7 +66,7 @@ class StubRanker:
 
 
 class StubEncoder:
-    def encode(self, texts):
+    def encode(self, texts, role=None):
         return texts
 
 

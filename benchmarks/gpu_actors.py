@@ -88,15 +88,15 @@ def main() -> None:
     rows = {}
     for batch in (64, 256):  # 64: the actors' default batch
         gpu.batch_size = batch
-        s, vectors = timed(lambda: gpu.encode(passages))
+        s, vectors = timed(lambda: gpu.encode(passages, "document"))
         rows[f"gpu_batch_{batch}"] = round(len(passages) / s, 1)
-    s_cpu, cpu_vectors = timed(lambda: cpu.encode(passages), repeats=1)
+    s_cpu, cpu_vectors = timed(lambda: cpu.encode(passages, "document"), repeats=1)
     rows["cpu"] = round(len(passages) / s_cpu, 1)
     report["encoder_passages_per_s"] = rows
     report["encoder_min_cosine_gpu_vs_cpu"] = float(np.min(np.sum(vectors * cpu_vectors, axis=1)))
 
     # each question's candidates: its dense top passages (GPU vectors), as a run's ranker stage gets them
-    q_vectors = gpu.encode(questions)
+    q_vectors = gpu.encode(questions, "query")
     top = np.argsort(-(q_vectors @ vectors.T), axis=1)[:, : args.candidates]
     ranks = [Rank(q, tuple(passages[i] for i in row), top=5) for q, row in zip(questions, top)]
     pairs = len(ranks) * args.candidates
