@@ -193,8 +193,11 @@ def relevance_scores(model, pairs: list[dict], bi: bool) -> list[float]:
     if not bi:
         return list(map(float, model.predict([(p["question"], p["passage"]) for p in pairs], batch_size=64,
                                              show_progress_bar=False)))
-    q = model.encode([p["question"] for p in pairs], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
-    d = model.encode([p["passage"] for p in pairs], normalize_embeddings=True, batch_size=64, show_progress_bar=False)
+    # as the ranker stage scores them (actors/encoder.py): the question as a query, the passage as a document
+    q = model.encode_query([p["question"] for p in pairs], normalize_embeddings=True, batch_size=64,
+                           show_progress_bar=False)
+    d = model.encode_document([p["passage"] for p in pairs], normalize_embeddings=True, batch_size=64,
+                              show_progress_bar=False)
     return (q * d).sum(axis=1).astype(float).tolist()
 
 
