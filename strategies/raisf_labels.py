@@ -58,7 +58,8 @@ class RaisfLabels(Routine):
             return Done("", "error", error=closed.error)
         answer = answered(item, "closed_book", closed, form, self.forms)
         if decomposed is not None and not decomposed.error:
-            subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions)
+            subs, ok = parse_string_list(decomposed.text, "sub_questions", self.config.max_subquestions,
+                                         besides=item.question)  # as RA-ISF decomposes: a copy takes no one's place
             if not ok:
                 item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + 1
             item.trace.append({"step": "decompose", "sub_questions": subs, "parsed": ok})

@@ -52,3 +52,10 @@ def test_a_relevance_label_is_cut_as_raisf_cuts_it_unrounded():
     _, item = drive(RaisfLabels(RaisfConfig(k=1, relevance_threshold=0.5)), "Q", near_the_cut)
     relevance = next(t for t in item.trace if t["step"] == "relevance")
     assert relevance["relevant"] == [False] and relevance["p_yes"] == [0.5]  # shown rounded, cut as it is
+
+
+def test_a_decomposition_label_listing_the_question_itself_keeps_as_many_sub_questions_as_raisf_would():
+    """The copy was dropped after the cap (by the label job), so the label lost the last sub-question."""
+    _, item = drive(RaisfLabels(RaisfConfig(max_subquestions=2), collect=["decomposition"]), "Q",
+                    Script(subs={"Q": ["Q", "A?", "B?"]}))
+    assert next(t for t in item.trace if t["step"] == "decompose")["sub_questions"] == ["A?", "B?"]
