@@ -235,8 +235,8 @@ class MIGRES(Routine):
         # not (a server that ignores the schema: greedy decoding would write it again)
         unparsed = [i for i, (a, g) in enumerate(zip(asks, generations)) if a.step == "leaf" and leaf_entries(g.text) is None]
         cut = [i for i in unparsed if generations[i].finish_reason != "stop"]
-        if unparsed:
-            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + len(unparsed)
+        if unparsed:  # counted below, where each output is read: those asked again here, for their first try too
+            item.counts["parse_failures"] = item.counts.get("parse_failures", 0) + len(cut)
             item.trace.append({"step": "leaf", "parsed": False, "outputs": [generations[i].text for i in unparsed],
                                "retry": bool(cut)})
         if cut:

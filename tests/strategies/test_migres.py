@@ -190,6 +190,7 @@ def test_a_leaf_output_the_model_finished_unparsed_is_not_asked_again():
     _, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", script)
     assert script.budgets and set(script.budgets) == {200}
     assert [t["retry"] for t in item.trace if t.get("step") == "leaf"] == [False] * len(script.budgets)
+    assert item.counts["parse_failures"] == len(script.budgets)  # once each (it was counted twice)
 
 
 def drive_item(strategy, item, respond):
