@@ -53,6 +53,8 @@ import math
 import sys
 from contextlib import ExitStack
 
+import pyarrow.fs as pafs
+
 from jobs import answer as answer_job
 from jobs import metrics as M
 from jobs.chunks import passage_of
@@ -72,6 +74,7 @@ from strategies.registry import make_strategy
 
 PROBE = "calibration_probe"
 DECOMPOSITION_PASS = "decomposition_pass"
+WRITTEN = ("calibration.json", "calibrated.yaml")
 # every field calibrate may choose: the file holds its choice, never the base config's value
 CHOSEN = {"raisf.know_threshold", "raisf.relevance_threshold", "think_act.context", "think_act.top_sentences",
           "think_act.answer_prompt", "think_act.beta_threshold", "think_act.ambiguity_threshold",
@@ -392,8 +395,12 @@ def run(args: argparse.Namespace) -> int:
         metrics = answer_job.answer(config, log=log, force=args.force, **shared)
         # thresholds fitted to the rows that happened to answer would be written, and used, as the slice's
         status = answer_job.error_status("calibrate", metrics, config.commit.max_error_share,
-                                         "no thresholds were written: rerun the same command once the cause is fixed")
+                                         "no thresholds were written: once the cause is fixed, --force asks them again")
         if status:
+            fs, root = filesystem(config.output)
+            for name in WRITTEN:  # an earlier calibration's would read as this one's
+                if fs.get_file_info(f"{root}/{name}").type == pafs.FileType.File:
+                    fs.delete_file(f"{root}/{name}")
             return status
         gold = by_first_id(read_table(config.questions, ["id", *[c for c in ("answers", "gold_passage_ids")
                                                                  if c in cols]]).to_pylist())

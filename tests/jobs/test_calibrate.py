@@ -579,7 +579,10 @@ def test_a_probe_over_the_error_share_exits_3_and_writes_no_thresholds(tmp_path,
     monkeypatch.setattr(calibrate.answer_job, "answer", lambda *a, **k: probe)
     monkeypatch.setattr(calibrate, "choose", lambda *a, **k: pytest.fail("thresholds fitted to 4 rows of 10"))
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "calibrated.yaml").write_text("# an earlier calibration's thresholds")
     assert main(["calibrate", "--questions", str(questions), "--output", str(out),
                  "--set", "commit.max_error_share=0.1"]) == 3
-    assert "6 of the output's 10 rows are error rows" in capsys.readouterr().err
-    assert not (out / "calibrated.yaml").exists()
+    err = capsys.readouterr().err
+    assert "6 of the output's 10 rows are error rows" in err and "--force asks them again" in err
+    assert not (out / "calibrated.yaml").exists()  # it would read as this slice's
