@@ -77,6 +77,8 @@ class _Reads:
         self._config, self.read = config, set()
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):  # (a copy or an unpickled one has no _config yet: no endless recursion)
+            raise AttributeError(name)
         self.read.add(name)
         return getattr(self._config, name)
 
@@ -91,7 +93,8 @@ def sections_unread(config: AnswerConfig) -> set[str]:
         make_strategy(name, reads)
         STRATEGIES[name].retrieval_methods(reads)
     needs = stages_asked(config)
-    strategy_sections = {cls.name for cls in STRATEGIES.values() if cls.Config}
+    # label: what the label strategy collects (the label job reads the rest after answering)
+    strategy_sections = {cls.name for cls in STRATEGIES.values() if cls.Config} | {"label"}
     pool_sections = {section for stage, section in POOL_SECTIONS.items() if stage not in needs}
     return (strategy_sections | pool_sections) - reads.read
 

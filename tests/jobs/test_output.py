@@ -685,7 +685,9 @@ def test_a_section_no_strategy_of_the_run_reads_nor_pool_it_asks_is_no_part_of_i
         after = run_identity(AnswerConfig(questions=str(questions), strategies=strategies, **sections), plan)
         return changed_fields(before, after, identity_defaults())
 
-    assert changed(["rag"], raisf={"k": 7}, judge={"model": "other"}, nli={"model": "nli"}, migres={"max_iterations": 5}) == []
+    assert changed(["rag"], raisf={"k": 7}, judge={"model": "other"}, nli={"model": "nli"}, migres={"max_iterations": 5},
+                   label={"collect": ["relevance"]}) == []
+    assert changed(["raisf_labels"], label={"collect": ["relevance"]}) == ["label.collect"]  # what it asks
     assert changed(["rag"], retrieval={"k": 7}) == ["retrieval.k"]
     assert changed(["raisf"], raisf={"k": 7}) == ["raisf.k"]
     assert changed(["migres"], nli={"model": "nli"}) == ["nli.model"]  # MIGRES reads it: entailment by NLI
