@@ -216,11 +216,13 @@ class Session:
                         ray.kill(actor)
                     if self.started_ray:
                         ray.shutdown()
-                if not self.started_ray:
-                    wait_until_dead(actors, max(0.0, deadline - time.monotonic()))
-                    for stage in self.stages.values():  # the devices a multi-device replica's group reserved
-                        for group in getattr(stage, "placement_groups", []):
-                            ray.util.remove_placement_group(group)
+                    else:
+                        try:
+                            wait_until_dead(actors, max(0.0, deadline - time.monotonic()))
+                        finally:  # the devices a multi-device replica's group reserved, Ctrl-C or not
+                            for stage in self.stages.values():
+                                for group in getattr(stage, "placement_groups", []):
+                                    ray.util.remove_placement_group(group)
         finally:
             self.stages.clear()
             self.started_ray, self.ray, self.gpus = False, None, []

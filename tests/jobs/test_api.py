@@ -492,3 +492,30 @@ def test_a_sessions_close_interrupted_while_its_engines_stop_still_kills_its_act
         session.close()
     assert done == [("kill", "r"), "shutdown"]
     assert session.stages == {} and not session.started_ray
+
+
+def test_a_sessions_close_interrupted_on_a_ray_it_did_not_start_still_frees_its_placement_groups(monkeypatch):
+    """A Ctrl-C while the actors died skipped remove_placement_group, and close forgot the stages: the
+    devices those groups reserved stayed reserved for the rest of the process."""
+    from types import SimpleNamespace
+
+    import ray
+
+    import jobs.api
+    import jobs.pools
+    from jobs.api import Session
+
+    def interrupted(actors, wait_s):
+        raise KeyboardInterrupt
+
+    removed = []
+    monkeypatch.setattr(jobs.pools, "stop_llm_engines", lambda stages, wait_s: None)
+    monkeypatch.setattr(jobs.api, "wait_until_dead", interrupted)
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    monkeypatch.setattr(ray.util, "remove_placement_group", removed.append)
+    session = Session(generator="smollm2-135m-instruct")
+    session.stages = {"generator": SimpleNamespace(replicas=["r"], placement_groups=["group"])}
+    monkeypatch.setattr(session, "_on_its_ray", lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        session.close()
+    assert removed == ["group"] and session.stages == {}
