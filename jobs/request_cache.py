@@ -14,7 +14,7 @@ from actors.know import WEIGHTS as KNOW_WEIGHTS
 from actors.know import embedder_of
 from engine.cache import RequestCache
 from jobs.index import manifest_sha256, read_manifest
-from jobs.models import model_files, ragsift_home, resolve
+from jobs.models import encoder_roles, model_files, ragsift_home, resolve
 from schemas.config import LLMConfig, RetrievalConfig, answer_engine_kwargs, speed_setting
 from strategies.registry import AnswerConfig
 
@@ -58,7 +58,9 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
         # a judgment is greedy over its choices in every replica kind: sampling does not decide it
         "judge": llm_namespace(config.judge or config.generator, config, sampling=False),
         "ranker": {"model": revision(config.reranker.model), "max_length": config.reranker.max_length}
-        if config.reranker.model else {"model": "cosine:" + revision(encoder)},
+        if config.reranker.model else {"model": "cosine:" + revision(encoder),
+                                       # its query and texts encoded each in its role since 15b5021
+                                       **({"roles": True} if _roles(encoder) else {})},
         "nli": {"model": revision(config.nli.model), "max_length": config.nli.max_length},
         "know": {"model": revision(config.know.model), "embedder": know_embedder(config.know.model)},
     }
@@ -73,6 +75,13 @@ def namespaces(config: AnswerConfig) -> dict[str, str]:
     parts["generator/Judge"] = llm_namespace(config.generator, config, sampling=False)
     return {stage: digest({**part, "cache_version": CACHE_VERSIONS[stage]} if CACHE_VERSIONS.get(stage, 1) > 1 else part)
             for stage, part in parts.items()}
+
+
+def _roles(encoder: str) -> bool:
+    try:
+        return encoder_roles(resolve(encoder))
+    except FileNotFoundError:  # an offline model not prepared here: its pools would say so
+        return False
 
 
 def search_settings(config: AnswerConfig, manifest: dict) -> dict:

@@ -290,3 +290,26 @@ def test_a_generator_pool_served_by_an_endpoint_reserves_no_gpu():
                           judge={"model": "smollm2-135m-instruct", "num_gpus": 0.5})
     plan = pool_plan(config, {"generator", "judge"})
     assert plan["generator"].num_gpus == 0 and gpu_demands(plan) == (0.5,)
+
+
+def test_an_index_built_before_passages_were_encoded_as_documents_is_refused_for_an_embedder_with_roles(tmp_path):
+    """An embedder whose config names query / document prompts now encodes each in its role: queries against
+    passages encoded without theirs would not match, so such an index is rebuilt (MiniLM's are not touched)."""
+    import shutil
+
+    from jobs.index import IndexJobConfig, _build_key
+    from jobs.models import encoder_roles, resolve
+
+    prompted = tmp_path / "prompted"
+    shutil.copytree(resolve("all-minilm-l6-v2"), prompted)
+    settings = prompted / "config_sentence_transformers.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "prompts": {"query": "query: "}}))
+    assert encoder_roles(str(prompted)) and not encoder_roles(resolve("all-minilm-l6-v2"))
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text(json.dumps({"format": 1, "embedder": str(prompted), "dims": 384, "shards": []}))
+    with pytest.raises(UserError, match="built before passages were encoded as documents.*rebuild it"):
+        pool_plan(AnswerConfig(index={"path": str(index)}), {"retriever"})
+    # and its shards are built again: their key says how its passages were encoded
+    config = IndexJobConfig(corpus="c.parquet", index={"path": str(index)}, embedder={"model": str(prompted)})
+    assert _build_key(config, 3, [0, 3], "ab", roles=True) != _build_key(config, 3, [0, 3], "ab")
