@@ -259,10 +259,8 @@ def test_how_the_engine_rides_out_failures_may_change_on_resume():
     assert not operational("engine.max_nodes_per_root")
 
 
-def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
-    """--retry-errors rewrote a part: its checksum was written, then the run stopped before the rename.
-    Before, the old part no longer matched the new checksum and was deleted with the new .tmp: the
-    shard's good rows were answered again."""
+def retrying_an_error_row(tmp_path) -> ShardedOutput:
+    """An output of one committed part (q0 answered, q1 an error row) reopened by --retry-errors."""
     out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     out.sealed(0, 2)
     out.write(row("q0", "rag", 0))
@@ -270,6 +268,14 @@ def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
     retry = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     assert retry.reopen_errors() == 1
     retry.sealed(0, 2)
+    return retry
+
+
+def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
+    """--retry-errors rewrote a part: its checksum was written, then the run stopped before the rename.
+    Before, the old part no longer matched the new checksum and was deleted with the new .tmp: the
+    shard's good rows were answered again."""
+    retry = retrying_an_error_row(tmp_path)
 
     class StopsAtTheRename:
         def __getattr__(self, name):
@@ -450,13 +456,7 @@ def test_an_output_written_before_the_judges_revisions_were_recorded_still_resum
 def test_a_retry_killed_while_writing_its_checksum_keeps_the_part_it_was_replacing(tmp_path):
     """--retry-errors rewrote a part and was killed while writing its checksum. Before, the checksum was
     written in place: the committed part's own was left empty, and the resume deleted that good part."""
-    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
-    out.sealed(0, 2)
-    out.write(row("q0", "rag", 0))
-    out.write({**row("q1", "rag", 0), "error": "boom"})
-    retry = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
-    assert retry.reopen_errors() == 1
-    retry.sealed(0, 2)
+    retry = retrying_an_error_row(tmp_path)
 
     class KilledWritingTheChecksum:
         def __getattr__(self, name):
