@@ -259,8 +259,9 @@ def test_how_the_engine_rides_out_failures_may_change_on_resume():
     assert not operational("engine.max_nodes_per_root")
 
 
-def retrying_an_error_row(tmp_path) -> ShardedOutput:
-    """An output of one committed part (q0 answered, q1 an error row) reopened by --retry-errors."""
+def resumed_after_a_killed_retry(tmp_path, killing) -> tuple[ShardedOutput, list[str], pa.Table]:
+    """--retry-errors of one committed part (q0 answered, q1 an error row), killed where ``killing`` (a
+    filesystem wrapper) raises while it answers q1; then the resume, what it logged and the part it keeps."""
     out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     out.sealed(0, 2)
     out.write(row("q0", "rag", 0))
@@ -268,32 +269,36 @@ def retrying_an_error_row(tmp_path) -> ShardedOutput:
     retry = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3)
     assert retry.reopen_errors() == 1
     retry.sealed(0, 2)
-    return retry
+    retry.fs = killing(retry.fs)
+    with pytest.raises(KeyboardInterrupt):
+        retry.write(row("q1", "rag", 0))
+    logged = []
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=logged.append)
+    assert not list(tmp_path.rglob("*.tmp"))
+    return again, logged, pq.read_table(tmp_path / "rag")
+
+
+class Wrapped:
+    def __init__(self, fs):
+        self.fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
 
 
 def test_a_commit_interrupted_before_its_rename_is_finished_on_resume(tmp_path):
     """--retry-errors rewrote a part: its checksum was written, then the run stopped before the rename.
     Before, the old part no longer matched the new checksum and was deleted with the new .tmp: the
     shard's good rows were answered again."""
-    retry = retrying_an_error_row(tmp_path)
-
-    class StopsAtTheRename:
-        def __getattr__(self, name):
-            return getattr(fs, name)
-
+    class StopsAtTheRename(Wrapped):
         def move(self, src, dest):
             if src.endswith(".sha256.tmp"):  # the checksum is moved into place first
-                return fs.move(src, dest)
+                return self.fs.move(src, dest)
             raise KeyboardInterrupt
-    fs, retry.fs = retry.fs, StopsAtTheRename()
-    with pytest.raises(KeyboardInterrupt):
-        retry.write(row("q1", "rag", 0))
-    logged = []
-    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=logged.append)
+
+    again, logged, table = resumed_after_a_killed_retry(tmp_path, StopsAtTheRename)
     assert again.committed == {("rag", 0)} and "interrupted before its rename" in logged[0]
-    table = pq.read_table(tmp_path / "rag")
     assert table["id"].to_pylist() == ["q0", "q1"] and table["error"].to_pylist() == [None, None]
-    assert not list(tmp_path.rglob("*.tmp"))
 
 
 def test_a_strategy_folder_reads_as_its_committed_parts_while_others_are_still_written(tmp_path):
@@ -456,27 +461,17 @@ def test_an_output_written_before_the_judges_revisions_were_recorded_still_resum
 def test_a_retry_killed_while_writing_its_checksum_keeps_the_part_it_was_replacing(tmp_path):
     """--retry-errors rewrote a part and was killed while writing its checksum. Before, the checksum was
     written in place: the committed part's own was left empty, and the resume deleted that good part."""
-    retry = retrying_an_error_row(tmp_path)
-
-    class KilledWritingTheChecksum:
-        def __getattr__(self, name):
-            return getattr(fs, name)
-
+    class KilledWritingTheChecksum(Wrapped):
         def open_output_stream(self, path, *args, **kwargs):
-            stream = fs.open_output_stream(path, *args, **kwargs)  # opened, so emptied: then the kill
+            stream = self.fs.open_output_stream(path, *args, **kwargs)  # opened, so emptied: then the kill
             if ".sha256" in path:
                 stream.close()
                 raise KeyboardInterrupt
             return stream
-    fs, retry.fs = retry.fs, KilledWritingTheChecksum()
-    with pytest.raises(KeyboardInterrupt):
-        retry.write(row("q1", "rag", 0))
-    logged = []
-    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=3, log=logged.append)
+
+    again, logged, table = resumed_after_a_killed_retry(tmp_path, KilledWritingTheChecksum)
     assert again.committed == {("rag", 0)}, logged
-    table = pq.read_table(tmp_path / "rag")
     assert table["id"].to_pylist() == ["q0", "q1"] and table["error"].to_pylist() == [None, "boom"]
-    assert not list(tmp_path.rglob("*.tmp"))
 
 
 def test_force_discards_the_files_a_run_wrote_and_leaves_what_it_did_not(tmp_path):
