@@ -38,7 +38,9 @@ class Encoder:
         limit = self.model.max_seq_length
         if limit is None:  # a model without a limit (sentence-transformers allows it) reads every text whole
             return [False] * len(texts)
-        lengths = self.model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        # cut one past the limit: that says longer, and a passage of megabytes is not tokenized whole (memory)
+        lengths = self.model.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit + 1,
+                                       verbose=False)["input_ids"]
         return [len(ids) > limit for ids in lengths]
 
     def rank(self, requests: list[Rank]) -> list[Ranking]:
