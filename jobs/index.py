@@ -31,7 +31,18 @@ from jobs.chunks import count, part_id, passage_of, split
 from jobs.cli import add_config_arguments, config_overrides, run_job
 from jobs.lease import LEASE, Lease
 from jobs.models import REGISTRY, encoder_roles, loadable, model_files
-from jobs.storage import cannot_write, check_kept, file_sha256, filesystem, hash_ids, open_parquet, read_only, redact, unwritable
+from jobs.storage import (
+    cannot_write,
+    check_kept,
+    file_sha256,
+    filesystem,
+    hash_ids,
+    open_parquet,
+    read_only,
+    redact,
+    text_values,
+    unwritable,
+)
 from schemas.config import EmbedderConfig, IndexConfig, RayConfig, Section, device_of, home_expanded, load_config
 from schemas.errors import UserError
 from schemas.tables import CORPUS_OPTIONAL, CORPUS_REQUIRED, PASSAGES, check_schema
@@ -471,24 +482,6 @@ def encoder_options(embedder) -> dict:
 def encoder_threads(embedder, cores: int) -> int:
     """Torch threads per encoder replica: as configured, or the machine's cores shared among them."""
     return embedder.threads or max(1, cores // embedder.replicas)
-
-
-def text_values(column: pa.Array) -> list:
-    """A column's values; a string that is not valid UTF-8 (a corpus may hold one: pyarrow's readers do
-    not all check) comes back as its bytes, for the build to skip and count, where decoding it raised
-    halfway through the build, and again at the same row on every resume."""
-    try:
-        return column.to_pylist()
-    except UnicodeDecodeError:
-        values = column.cast(pa.binary()).to_pylist()
-    return [v if v is None else _decoded(v) for v in values]
-
-
-def _decoded(raw: bytes) -> str | bytes:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw
 
 
 def skip_reason(pid, text, title) -> str | None:

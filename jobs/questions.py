@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact
+from jobs.storage import file_sha256, filesystem, hash_ids, open_parquet, redact, text_values
 from schemas.records import Question
 from schemas.tables import (
     QUESTION_OPTIONAL,
@@ -123,17 +123,9 @@ def decoded(values: pa.Array) -> tuple[list, set[int]]:
     """``values`` as Python values, and the positions of those that are not valid UTF-8, None among them (a
     Parquet file is read as written: one bad id was a UnicodeDecodeError from the middle of the run's plan, not
     the error row of its question; CSV and JSON Lines are checked as they are converted)."""
-    try:
-        return values.to_pylist(), set()
-    except UnicodeDecodeError:
-        out, bad = [], set()
-        for i, raw in enumerate(pc.cast(values, pa.binary()).to_pylist()):
-            try:
-                out.append(None if raw is None else raw.decode())
-            except UnicodeDecodeError:
-                out.append(None)
-                bad.add(i)
-        return out, bad
+    values = text_values(values)  # such a value as its bytes
+    bad = {i for i, v in enumerate(values) if isinstance(v, bytes)}
+    return [None if i in bad else v for i, v in enumerate(values)], bad
 
 
 def value_counts(uri: str, column: str, rows: int, batch_rows: int = 65536) -> dict[str, int]:

@@ -174,3 +174,21 @@ def read_table(uri: str, columns: list[str] | None = None) -> pa.Table:
 def hash_ids(ids) -> np.ndarray:
     """Stable 64-bit hashes of ids (the same in every process), for exactly-once checks."""
     return pd.util.hash_array(np.asarray(ids, dtype=object))
+
+
+def text_values(column: pa.Array) -> list:
+    """A column's values; a string that is not valid UTF-8 (a corpus may hold one: pyarrow's readers do
+    not all check) comes back as its bytes, for the build to skip and count, where decoding it raised
+    halfway through the build, and again at the same row on every resume."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values = column.cast(pa.binary()).to_pylist()
+    return [v if v is None else _decoded(v) for v in values]
+
+
+def _decoded(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
