@@ -128,12 +128,22 @@ def check_resumable(output: str, identity: dict, defaults: dict, speed=lambda ke
                     hint: str = REFUSED_HINT) -> list[str]:
     """The fields in which the run ``output`` holds differs from ``identity`` (none: a new output, or the same
     run to resume); a different run is refused unless ``force`` (which discards it), saying ``hint``."""
+    return refused_unless_forced(output, recorded_identity(output), identity, defaults, speed, force, hint)
+
+
+def recorded_identity(output: str) -> dict | None:
+    """The identity the manifest of ``output`` records (None: a new output)."""
     fs, root = filesystem(output)
     if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.File:
-        return []
+        return None
     with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
-        previous = json.loads(f.read())
-    changed = changed_fields(previous, identity, defaults, speed)
+        return json.loads(f.read())
+
+
+def refused_unless_forced(output: str, previous: dict | None, identity: dict, defaults: dict, speed, force: bool,
+                          hint: str = REFUSED_HINT) -> list[str]:
+    """``check_resumable`` against the ``previous`` identity its manifest records."""
+    changed = changed_fields(previous, identity, defaults, speed) if previous is not None else []
     if changed and not force:
         raise ConfigError(f"{redact(output)} holds output of a different run (differs in: {said(changed)}); {hint}")
     return changed
@@ -218,7 +228,8 @@ class ShardedOutput:
     def _prepare(self, force: bool) -> None:
         self.fs.create_dir(self.root, recursive=True)
         manifest = f"{self.root}/{MANIFEST}"
-        changed = check_resumable(self.output, self.identity, self.defaults, self.speed, force)
+        previous = recorded_identity(self.output)  # read once: checked, then carried into the new manifest
+        changed = refused_unless_forced(self.output, previous, self.identity, self.defaults, self.speed, force)
         if changed:
             self.log(f"--force: discarding the previous output in {redact(self.output)} (differs in: {said(changed)})")
             for folder in self._folders():
@@ -231,7 +242,7 @@ class ShardedOutput:
             # run resumed in an output of rag and raisf must not erase raisf's settings, or a later raisf run with
             # others would pass this check and have the raisf parts answered again instead of being refused
             kept = {section_of(k) for k in self.identity}
-            record = {**{k: v for k, v in self._recorded().items() if section_of(k) not in kept}, **self.identity}
+            record = {**{k: v for k, v in (previous or {}).items() if section_of(k) not in kept}, **self.identity}
         with self.fs.open_output_stream(manifest + ".tmp") as f:
             f.write(json.dumps(record, indent=2, sort_keys=True).encode())
         self.fs.move(manifest + ".tmp", manifest)
@@ -327,14 +338,6 @@ class ShardedOutput:
         self.log(f"finishing the commit of {redact(self.output)}/{part.rsplit('/', 2)[-2]}/"
                  f"{part.rsplit('/', 1)[-1]}, interrupted before its rename")
         return True
-
-    def _recorded(self) -> dict:
-        """The identity the output's manifest records ({} for a new output)."""
-        try:
-            with self.fs.open_input_stream(f"{self.root}/{MANIFEST}") as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return {}
 
     def _folders(self) -> list[str]:
         """The output's folders but ``_input`` (the questions converted for this run, written before the
