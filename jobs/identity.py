@@ -20,6 +20,7 @@ from pathlib import Path
 from actors.reranker import BiEncoderRanker, ranker_class
 from jobs.index import index_chunks, manifest_sha256, read_manifest
 from jobs.models import pinned, resolve
+from jobs.output import section_of
 from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision, search_settings
@@ -31,7 +32,7 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
     unread = sections_unread(config)
-    identity = {k: v for k, v in flat.items() if not operational(k) and k.split(".", 1)[0] not in unread}
+    identity = {k: v for k, v in flat.items() if not operational(k) and section_of(k) not in unread}
     # the input by its content, not its path: the same questions moved elsewhere resume, an edited file does not
     identity.update({"input.sha256": plan.sha256, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})
@@ -89,10 +90,10 @@ def sections_unread(config: AnswerConfig) -> set[str]:
     changed in a shared config, and --force threw its answers away). Read, not declared: each strategy is
     built from a config that notes what it reads."""
     reads = _Reads(config)
+    built = [make_strategy(name, reads) for name in config.strategies]
     for name in config.strategies:
-        make_strategy(name, reads)
         STRATEGIES[name].retrieval_methods(reads)
-    needs = stages_asked(config)
+    needs = set().union(*(strategy.stages for strategy in built))  # stages_asked, from the strategies built here
     # label: what the label strategy collects (the label job reads the rest after answering)
     strategy_sections = {cls.name for cls in STRATEGIES.values() if cls.Config} | {"label"}
     pool_sections = {section for stage, section in POOL_SECTIONS.items() if stage not in needs}
