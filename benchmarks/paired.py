@@ -22,17 +22,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobs import metrics as M  # noqa: E402
-from jobs.evaluate import grouped_rows  # noqa: E402
+from jobs.evaluate import grouped_rows, verdicts_of  # noqa: E402
 
 
 def per_question(answers: str, questions: str) -> dict[str, dict[str, tuple[float, float]]]:
     """strategy -> question id -> (F1, accuracy), in percent."""
     scores: dict[str, dict[str, tuple[float, float]]] = {}
+    verdicts = verdicts_of(answers)  # the run's claim labels, scored as labels as evaluate scores them
     for (strategy, dataset), rows in grouped_rows(answers, questions):
         if dataset != "ALL":
             continue
         scores[strategy] = {r["id"]: (100 * M.f1(r["answer"] or "", r["_answers"]),
-                                      100 * M.accuracy(r["answer"] or "", r["_answers"]))
+                                      100 * M.accuracy(r["answer"] or "", r["_answers"], verdicts))
                             for r in rows if r["_answers"]}  # a question without a gold answer is not scored
     return scores
 

@@ -145,9 +145,10 @@ def keep_threshold(best_scores: list[float], keep: float) -> float:
     return midpoint(lower, boundary)
 
 
-def quality(prediction: str, golds: list[str]) -> float:
-    """One answer's value for the switch objectives: (F1 + accuracy) / 2."""
-    return (M.f1(prediction, golds) + M.accuracy(prediction, golds)) / 2
+def quality(prediction: str, golds: list[str], verdicts: tuple[str, ...] = ()) -> float:
+    """One answer's value for the switch objectives: (F1 + accuracy) / 2; ``verdicts``: the claim labels, a gold
+    among them matched as a label ("NOT SUPPORTED" is no "SUPPORTED")."""
+    return (M.f1(prediction, golds) + M.accuracy(prediction, golds, verdicts)) / 2
 
 
 def first_step(row: dict, step: str) -> dict | None:
@@ -180,8 +181,11 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = F
         raise UserError("these probe rows were written by an older ragsift (Think-then-Act read at one count, "
                         f"one instruction): {STALE}")
 
+    def score(prediction, golds):
+        return quality(prediction, golds, tuple(verdicts))
+
     def value(field, p, g):
-        return quality(p[field], g["answers"])
+        return score(p[field], g["answers"])
 
     out = {}
     know, curve = switch_threshold([p["know_p_yes"] for p, _ in probes], [value("raisf_closed", p, g) for p, g in probes],
@@ -189,21 +193,21 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = F
     out["raisf.know_threshold"] = {"value": know, "n": len(probes), "curve": curve}
     # Think-then-Act: what it reads first, then both of its switches against that read
     keys = list(probes[0][0]["ta_retrieval"])  # the probe's order: the paper's reading first
-    by_reading = {key: sum(quality(p["ta_retrieval"][key], g["answers"]) for p, g in probes) / len(probes)
+    by_reading = {key: sum(score(p["ta_retrieval"][key], g["answers"]) for p, g in probes) / len(probes)
                   for key in keys}
     best = max(keys, key=lambda key: (round(by_reading[key], 9), -keys.index(key)))
     style, context, top = reading_of(best)
     out["think_act.context"] = {"value": context, "n": len(probes), "quality": by_reading}
     out["think_act.top_sentences"] = {"value": top, "n": len(probes)}
     out["think_act.answer_prompt"] = {"value": style, "n": len(probes)}
-    read = [quality(p["ta_retrieval"][best], g["answers"]) for p, g in probes]
+    read = [score(p["ta_retrieval"][best], g["answers"]) for p, g in probes]
     # it answers closed-book when beta >= beta', else retrieves
     beta, curve = switch_threshold([p["ta_beta"] for p, _ in probes], [value("ta_closed", p, g) for p, g in probes], read)
     out["think_act.beta_threshold"] = {"value": beta, "n": len(probes), "curve": curve}
     # it splits when P(AMBIGUOUS) >= t, else goes on as it would at the beta' just chosen; a split
     # into nothing new goes on the same way
     goes_on = [value("ta_closed", p, g) if passes(p["ta_beta"], beta) else r for (p, g), r in zip(probes, read)]
-    split = [r if p["ta_sub_queries"] is None else quality(p["ta_sub_queries"], g["answers"])
+    split = [r if p["ta_sub_queries"] is None else score(p["ta_sub_queries"], g["answers"])
              for (p, g), r in zip(probes, goes_on)]
     cut, curve = switch_threshold([p["ta_p_ambiguous"] for p, _ in probes], split, goes_on)
     out["think_act.ambiguity_threshold"] = {"value": cut, "n": len(probes), "curve": curve}
@@ -222,8 +226,8 @@ def choose(rows: list[dict], gold: dict[str, dict], keep: float, parts: bool = F
     claims = [(p["verdict_p_first"], g) for p, g in probes if p.get("verdict_p_first") is not None]
     if claims:
         first, second = verdicts
-        cut, curve = switch_threshold([s for s, _ in claims], [quality(first, g["answers"]) for _, g in claims],
-                                      [quality(second, g["answers"]) for _, g in claims])
+        cut, curve = switch_threshold([s for s, _ in claims], [score(first, g["answers"]) for _, g in claims],
+                                      [score(second, g["answers"]) for _, g in claims])
         out["answer_form.verdict_cut"] = {"value": cut, "n": len(claims), "curve": curve}
     return out
 

@@ -104,9 +104,10 @@ def evaluate(answers: str, questions: str, k: int | None = None, strategies: lis
     # tallied a row at a time, not held: a million answers held as rows (their traces too) took 3 GB
     scores: dict[tuple[str, str], Tally] = {}
     resolved: dict[tuple[str, str], Resolution] = {}
+    verdicts = verdicts_of(answers)
     for key, row in joined_rows(answers, questions, job, strategies, columns=SCORED_READ):
-        scores.setdefault(key, Tally(k)).add(row)
-        resolved.setdefault(key, Resolution()).add(row)
+        scores.setdefault(key, Tally(k, verdicts)).add(row)
+        resolved.setdefault(key, Resolution(verdicts)).add(row)
         if each is not None:
             each(key, row)
     order = sorted(scores, key=group_order)
@@ -116,7 +117,8 @@ def evaluate(answers: str, questions: str, k: int | None = None, strategies: lis
 class Resolution:
     """One (strategy, dataset) group's resolution figures, a row at a time."""
 
-    def __init__(self):
+    def __init__(self, verdicts: tuple[str, ...] = ()):
+        self.verdicts = verdicts
         self.n = self.retrievals = self.subs = self.depth = self.parse_failures = self.cut_off = 0
         self.modules: dict[str, list[int]] = {}  # resolved_by -> [rows, correct]
 
@@ -129,7 +131,7 @@ class Resolution:
         self.cut_off += row.get("n_truncated") or 0  # rows written before ragsift counted them: none
         module = self.modules.setdefault(row["resolved_by"], [0, 0])
         module[0] += 1
-        module[1] += M.accuracy(row["answer"] or "", row["_answers"])
+        module[1] += M.accuracy(row["answer"] or "", row["_answers"], self.verdicts)
 
     def result(self, strategy: str, dataset: str) -> dict:
         n = self.n
@@ -245,11 +247,12 @@ class Tally:
     """One (strategy, dataset) group's scores and costs, summed a row at a time (in the rows' order: the
     same sums as over the group held whole)."""
 
-    def __init__(self, k: int | None):
+    def __init__(self, k: int | None, verdicts: tuple[str, ...] = ()):
         self.k = k  # the recall cut-off; None: all retrieved
+        self.verdicts = verdicts  # the run's claim labels: a gold among them is a label, not words to find
         self.n = self.scored = self.errors = self.yn_n = self.yn_ok = self.rec_n = self.cite_n = 0
         self.em = self.f1 = self.acc = self.rec_any = self.rec_all = self.cite_p = self.cite_r = 0.0
-        self.calls = self.tokens = self.latency = self.retrievals = self.subs = 0.0
+        self.calls = self.tokens = self.scored_tokens = self.latency = self.retrievals = self.subs = 0.0
 
     def add(self, row: dict) -> None:
         golds, pred = row["_answers"], row["answer"] or ""
@@ -258,7 +261,7 @@ class Tally:
         self.errors += row["error"] is not None
         self.em += M.exact_match(pred, golds)
         self.f1 += M.f1(pred, golds)
-        self.acc += M.accuracy(pred, golds)
+        self.acc += M.accuracy(pred, golds, self.verdicts)
         if M.is_yes_no(golds):
             self.yn_n += 1
             self.yn_ok += M.accuracy(pred, golds)
@@ -266,9 +269,10 @@ class Tally:
         # a part of a split passage is found, or cited, as its passage: the gold names whole passages
         passages = (lambda ids: [passage_of(i) for i in ids]) if row.get("_split") else (lambda ids: ids)  # noqa: E731
         retrieved, cited = passages(row["retrieved_ids"] or []), passages(row.get("citations") or [])
-        # an error row's passages are where it stopped, not a retrieval to score (README: not misses)
-        if gold and retrieved and row["error"] is None:
-            a, b = M.recall_at_k(retrieved, gold, self.k or len(retrieved))
+        # an error row's passages are where it stopped, not a retrieval to score (README: not misses); a row
+        # that retrieved and kept none (MIGRES's filter keeps what it reads) found no gold: a miss, not left out
+        if gold and (retrieved or row["n_retrievals"]) and row["error"] is None:
+            a, b = M.recall_at_k(retrieved, gold, self.k or len(retrieved)) if retrieved else (0.0, 0.0)
             self.rec_any, self.rec_all, self.rec_n = self.rec_any + a, self.rec_all + b, self.rec_n + 1
         # citation precision / recall against gold passages, only where the model cited (a reader's
         # passages are its retrieval, scored by recall@k above)
@@ -281,6 +285,8 @@ class Tally:
         self.retrievals += row["n_retrievals"]
         self.subs += row["n_subquestions"]
         self.tokens += row["prompt_tokens"] + row["completion_tokens"]
+        if golds:  # only a question with a gold answer can be answered correctly
+            self.scored_tokens += row["prompt_tokens"] + row["completion_tokens"]
         self.latency += row["latency_s"]
 
     def result(self, strategy: str, dataset: str) -> dict:
@@ -297,7 +303,8 @@ class Tally:
             "errors": self.errors,
             "LLM calls/q": round(self.calls / n, 2), "retrievals/q": round(self.retrievals / n, 2),
             "sub-q/q": round(self.subs / n, 2), "tokens/q": round(tokens / n, 1),
-            "tokens/correct": round(tokens / acc) if acc else None,  # cost of one accurate answer
+            # cost of one accurate answer: the tokens of the questions that could be (those with a gold)
+            "tokens/correct": round(self.scored_tokens / acc) if acc else None,
             "latency s": round(self.latency / n, 2),
         }
 
@@ -419,23 +426,57 @@ def chart(table: list[dict], path) -> None:
     plt.close(fig)
 
 
-def retrieval_k(run: str) -> int | None:
-    """The recall@k cut-off compare scores a run at, and evaluate and report by default: its config.yaml's
-    retrieval.k (a strategy that retrieves more than k, MIGRES over its iterations, is not credited with
-    what it read past k), also for one part of it (it scored all retrieved); all retrieved for answers outside
-    a run (a file of one's own)."""
+def run_folder(answers: str) -> str:
+    """The run an answers path belongs to: itself, the run of one part of it (``<run>/<strategy>/part-N``), or
+    of one strategy's folder (``<run>/<strategy>``, where the run's config.yaml is one level up)."""
+    import pyarrow.fs as pafs
+
+    if PART.search(answers):  # <run>/<strategy>/part-NNNNN.parquet
+        return {3: answers.rsplit("/", 2)[0], 2: "."}.get(len(answers.rsplit("/", 2)), "..")
+    fs, root = filesystem(answers)
+    root = root.rstrip("/")
+    if "/" not in root or fs.get_file_info(root).type != pafs.FileType.Directory:
+        return answers
+    parent = root.rsplit("/", 1)[0]
+    if (fs.get_file_info(f"{root}/config.yaml").type != pafs.FileType.File
+            and fs.get_file_info(f"{parent}/config.yaml").type == pafs.FileType.File
+            and any(PART.fullmatch(i.path.rsplit("/", 1)[-1]) for i in fs.get_file_info(pafs.FileSelector(root)))):
+        return uri_of(answers, parent)
+    return answers
+
+
+def run_config(answers: str) -> dict:
+    """The config.yaml of the run an answers path belongs to; {} for answers outside a run (a file of one's own)
+    or an unreadable one."""
     import yaml
 
-    if PART.search(run):  # <run>/<strategy>/part-NNNNN.parquet
-        run = {3: run.rsplit("/", 2)[0], 2: "."}.get(len(run.rsplit("/", 2)), "..")
-    fs, where = filesystem(join(run, "config.yaml"))
+    fs, where = filesystem(join(run_folder(answers), "config.yaml"))
     try:
         with fs.open_input_stream(where) as f:
             config = yaml.safe_load(f.read().decode())
-    except (OSError, ValueError, yaml.YAMLError):  # none (an answer file given alone), or unreadable
-        return None
-    k = ((config or {}).get("retrieval") or {}).get("k") if isinstance(config, dict) else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def retrieval_k(run: str) -> int | None:
+    """The recall@k cut-off compare scores a run at, and evaluate and report by default: its config.yaml's
+    retrieval.k (a strategy that retrieves more than k, MIGRES over its iterations, is not credited with
+    what it read past k), also for one part or one strategy's folder of it (they scored all retrieved); all
+    retrieved for answers outside a run (a file of one's own)."""
+    k = (run_config(run).get("retrieval") or {}).get("k")
     return k if isinstance(k, int) and k > 0 else None
+
+
+def verdicts_of(run: str) -> tuple[str, ...]:
+    """The claim labels the run answered in (its answer_form.verdicts; the default's outside a run), which
+    accuracy reads as labels, not as words to find in an answer."""
+    from schemas.config import AnswerFormConfig
+
+    labels = (run_config(run).get("answer_form") or {}).get("verdicts")
+    if isinstance(labels, list) and labels and all(isinstance(v, str) for v in labels):
+        return tuple(labels)
+    return tuple(AnswerFormConfig().verdicts)
 
 
 def positive_int(text: str) -> int:
@@ -460,7 +501,11 @@ def run(args: argparse.Namespace) -> int:
     # credited a strategy that reads past k (its own k, sub-questions, MIGRES's iterations) with more
     k = args.k or retrieval_k(args.answers)
     table, resolved = evaluate(args.answers, args.questions, k)
-    if short := unfinished(args.answers):  # its scores are of the questions answered so far, n = those
+    if not table:
+        raise UserError(f"{redact(args.answers)}: its answer files hold no rows to score")
+    # a strategy's folder of a run: whether that strategy is finished (one part file is scored as it is)
+    run, strategy = run_folder(args.answers), args.answers.rstrip("/").rsplit("/", 1)[-1]
+    if short := (None if PART.search(args.answers) else unfinished(run, {strategy} if run != args.answers else None)):
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
     try:

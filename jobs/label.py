@@ -51,8 +51,10 @@ def _chat(user: str, assistant: str) -> list[dict]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
-def _correct(prediction: str, golds: list[str], match: str) -> bool:
-    return bool(golds) and bool((M.exact_match if match == "exact" else M.accuracy)(prediction or "", golds))
+def _correct(prediction: str, golds: list[str], match: str, verdicts: tuple[str, ...] = ()) -> bool:
+    if match == "exact":
+        return bool(golds) and bool(M.exact_match(prediction or "", golds))
+    return bool(golds) and bool(M.accuracy(prediction or "", golds, verdicts))
 
 
 def _steps(row: dict) -> dict[str, dict]:
@@ -139,7 +141,8 @@ def self_reasoning_labels(rows: list[dict], gold: dict[str, dict], passages: dic
         # read / follow_up the row's answer is a later read of it, which can differ either way
         form = form_of(Item(row["question"], kind=g.get("kind"), dataset=g.get("dataset")), forms)
         said = str(trajectory.get("answer") or "")
-        if not _correct(verdict(said, forms.verdicts) if form == VERDICT else clean_answer(said), golds, config.match):
+        if not _correct(verdict(said, forms.verdicts) if form == VERDICT else clean_answer(said), golds, config.match,
+                        tuple(forms.verdicts)):
             dropped["wrong answer"] += 1
             continue
         gold_pids, cited = set(gold_ids(g.get("gold_passage_ids"))), set(row["citations"] or [])

@@ -263,6 +263,11 @@ def test_a_slice_with_claims_chooses_the_verdict_cut_from_p_first_verdict_of_rag
     own = choose([row("0", 0.3, "WRONG"), row("1", 0.1, "RIGHT")], {"0": {"answers": ["WRONG"]}, "1": {"answers": ["RIGHT"]}},
                  keep=0.8, verdicts=("WRONG", "RIGHT"))  # the configured labels
     assert own["answer_form.verdict_cut"]["value"] == 0.2
+    # labels that contain each other are matched as labels: "NOT TRUE" is no "TRUE"
+    said = {"0": (0.3, "TRUE"), "1": (0.4, "TRUE"), "2": (0.1, "NOT TRUE"), "3": (0.05, "NOT TRUE")}
+    nested = choose([row(q, p, "NOT TRUE") for q, (p, _) in said.items()], {q: {"answers": [g]} for q, (_, g) in said.items()},
+                    keep=0.8, verdicts=("TRUE", "NOT TRUE"))
+    assert nested["answer_form.verdict_cut"]["value"] == 0.35  # (1.0 where "NOT TRUE" counted as containing "TRUE")
     assert "answer_form.verdict_cut" not in choose(rows[-1:], gold, keep=0.8)  # no claim in the slice: nothing chosen
     # the cut is on P(first verdict): the file carries the labels' order with it, defaults or not
     values = config_values(AnswerConfig(questions="claims.parquet"), {"answer_form.verdict_cut": {"value": 0.11}}, "f" * 64, 5)

@@ -326,3 +326,55 @@ def test_the_printed_table_shows_a_dataset_name_with_brackets_as_written(tmp_pat
     print_table(table)
     out = capsys.readouterr().out
     assert "squad[v2]" in out and "x[/y]" in out
+
+
+def test_recall_at_k_counts_a_row_that_retrieved_but_kept_no_passage_as_a_miss(tmp_path):
+    """MIGRES's rows hold the passages its filter kept: one that kept none left recall's denominator (100.0
+    over the one question that kept its gold)."""
+    gold = {"answers": ["x"], "gold_passage_ids": ["g"]}
+    answers, qs = write(tmp_path, [answer_row("a", "x", strategy="migres", retrieved_ids=["g"]),
+                                   answer_row("b", "x", strategy="migres", retrieved_ids=[], n_retrievals=3),
+                                   answer_row("c", "x", strategy="migres", retrieved_ids=[], n_retrievals=0)],
+                        [{"id": q, "question": "?", **gold} for q in "abc"], part="migres/part-00000.parquet")
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["recall@k any"], row["recall@k all"]) == (50.0, 50.0)  # c never retrieved: not scored
+
+
+def test_tokens_per_correct_answer_counts_only_the_tokens_of_questions_with_a_gold_answer(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "Paris"), answer_row("b", "whatever", prompt_tokens=1000)],
+                        [{"id": "a", "question": "?", "answers": ["Paris"]}, {"id": "b", "question": "?", "answers": []}])
+    row = overall(evaluate(answers, qs)[0])
+    assert (row["tokens/correct"], row["tokens/q"]) == (105, 555.0)
+
+
+def test_a_claim_is_scored_by_the_runs_own_verdict_labels(tmp_path):
+    answers, qs = write(tmp_path, [answer_row("a", "NOT SUPPORTED")],
+                        [{"id": "a", "question": "?", "answers": ["SUPPORTED"], "kind": "claim"}])
+    assert overall(evaluate(answers, qs)[0])["acc"] == 100.0  # outside a run: FEVER's labels, containment here
+    (tmp_path / "config.yaml").write_text("answer_form: {verdicts: [SUPPORTED, NOT SUPPORTED]}\n")
+    table, resolved = evaluate(answers, qs)
+    assert overall(table)["acc"] == 0.0
+    assert overall(resolved)["modules"]["passages"]["Corr"] == 0
+
+
+def test_evaluating_a_strategy_folder_scores_recall_at_the_runs_own_k_and_warns_if_it_is_unfinished(tmp_path, capsys):
+    import json
+
+    from jobs.cli import run_job
+
+    answers, qs = write(tmp_path, [answer_row("a", "Paris", retrieved_ids=["p1", "p2", "p3"])],
+                        [{"id": "a", "question": "?", "answers": ["Paris"], "gold_passage_ids": ["p1", "p3"]}])
+    (tmp_path / "config.yaml").write_text("retrieval: {k: 2}\n")
+    (tmp_path / "_manifest.json").write_text(json.dumps({"input.rows": 2, "commit.shard_rows": 1}))
+    assert run_job("evaluate", ["--answers", f"{answers}/rag", "--questions", qs]) == 0
+    row = overall(json.loads((tmp_path / "rag" / "eval.json").read_text()))
+    assert (row["recall@k all"], row["k"]) == (0.0, 2)
+    assert "rag" in row["unfinished"] and "warning" in capsys.readouterr().err
+
+
+def test_evaluate_of_answers_without_rows_says_so(tmp_path, capsys):
+    from jobs.cli import run_job
+
+    answers, qs = write(tmp_path, [], [{"id": "a", "question": "?", "answers": ["Paris"]}])
+    assert run_job("evaluate", ["--answers", answers, "--questions", qs]) != 0
+    assert "no rows to score" in capsys.readouterr().err

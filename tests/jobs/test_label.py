@@ -57,7 +57,7 @@ def test_raisf_labels_follow_appendix_a():
     # c: no gold -> no self-knowledge label; unparsed decomposition -> no pair
     assert [r["id"] for r in out["decomposition"]] == ["a", "b"]
     # a gold that is null or normalises to nothing is no gold: no label, not "unknown"
-    gold["c"] = {"answers": ["The", None]}
+    gold["c"] = {"answers": [" . ", None]}
     assert [r["id"] for r in raisf_labels(rows, gold, PASSAGES, LabelConfig())["self_knowledge"]] == ["a", "b"]
     assert json.loads(out["decomposition"][0]["messages"][1]["content"]) == {"sub_questions": ["a?", "b?"]}
 

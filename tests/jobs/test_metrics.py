@@ -37,8 +37,9 @@ def test_recall_at_k_any_and_all():
 
 
 def test_a_gold_that_is_null_or_normalises_to_nothing_makes_no_empty_answer_right():
-    for golds in ([""], ["The"], [None], ["", None]):
+    for golds in ([""], [" . "], [None], ["", None]):
         assert M.gold_answers(golds) == []
+    for golds in ([""], ["The"], [None], ["", None]):
         assert (M.exact_match("", golds), M.f1("", golds), M.accuracy("", golds)) == (0.0, 0.0, 0.0)
     assert M.exact_match("Paris", [None, "Paris"]) == 1.0  # a null beside a real gold is only skipped
 
@@ -48,3 +49,21 @@ def test_a_yes_no_gold_is_scored_by_the_answers_first_yes_no_word_not_by_contain
     assert M.accuracy("Yes, there is no doubt", ["yes"]) == 1.0
     assert M.accuracy("yes or no", ["no"]) == 0.0
     assert M.accuracy("Norway", ["no"]) == 0.0
+
+
+def test_a_gold_answer_that_is_only_an_article_like_a_is_scored_not_dropped():
+    """SQuAD's normalisation makes "A" (a choice's letter, a blood type) nothing: the question left the scores."""
+    assert M.gold_answers(["A", "B", "A+"]) == ["A", "B", "A+"]
+    assert (M.exact_match("A.", ["A"]), M.f1("a", ["A"]), M.accuracy("Answer: A", ["A"])) == (1.0, 1.0, 1.0)
+    assert (M.exact_match("B", ["A"]), M.accuracy("B", ["A"])) == (0.0, 0.0)
+    assert M.exact_match("The Eiffel Tower", ["Eiffel Tower"]) == 1.0  # articles beside other words still go
+
+
+def test_a_verdict_answer_is_correct_only_when_it_is_the_gold_label_not_a_label_that_contains_it():
+    labels = ("SUPPORTED", "NOT SUPPORTED")
+    assert M.accuracy("NOT SUPPORTED", ["SUPPORTED"], labels) == 0.0
+    assert M.accuracy("SUPPORTED", ["SUPPORTED"], labels) == 1.0
+    assert M.accuracy("The claim is not supported.", ["NOT SUPPORTED"], labels) == 1.0
+    assert M.accuracy("HALF TRUE", ["TRUE"], ("TRUE", "HALF TRUE", "FALSE")) == 0.0
+    assert M.accuracy("NOT SUPPORTED", ["SUPPORTED"]) == 1.0  # without the labels: containment, as for any answer
+    assert M.accuracy("Paris, France", ["Paris"], labels) == 1.0  # a gold that is no label: containment
