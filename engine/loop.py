@@ -241,7 +241,7 @@ class Engine:
         for launched in on_replica.values():
             self._drop(launched)
             if launched is not overdue:
-                stage.retry.appendleft((launched.remaining(), launched.attempts))
+                stage.retry.appendleft((launched.remaining(), launched.attempts, False))  # blameless
         restarts = stage.ray_restarts(replica)
         stage.restart(replica)
         self.supervisor.died(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it",
@@ -369,7 +369,9 @@ class Engine:
             self._deliver_batch(stage, batch, stage.failed(batch, error))
             return
         self.batch_splits += len(plan) > 1
-        stage.retry.extend(plan)
+        # a first failure is most likely the replica's: it goes again beside other work; after that it may
+        # hold what breaks a replica, and runs alone
+        stage.retry.extend((part, n, attempts > 0) for part, n in plan)
 
     def _test_stage(self, stage: Stage, err: BaseException) -> None:
         """Requests keep failing alone and nothing answers between: are they bad, or is the stage broken?
@@ -389,7 +391,7 @@ class Engine:
         stage.canary, stage.canary_since = stage.known_good, time.perf_counter()
         stage.canary_after, stage.canary_failed_on = stage.retries_failed_in_a_row, set()
         self.stage_tests += 1
-        stage.retry.appendleft(([stage.canary], 0))
+        stage.retry.appendleft(([stage.canary], 0, True))
 
     def _drop_stage_tests(self) -> None:
         """Every row is done: a stage test still queued answers nothing anyone waits for."""
@@ -409,7 +411,7 @@ class Engine:
             raise StageDown(f"stage {stage.name}: {stage.canary_after} requests retried alone raised in a row, "
                             f"and a request it had answered in this run failed too ({cause_of(err)}); fix "
                             "the cause and rerun the same command to resume")
-        stage.retry.appendleft(([stage.canary], 0))  # to a replica it has not failed on (Stage.healthy)
+        stage.retry.appendleft(([stage.canary], 0, True))  # to a replica it has not failed on (Stage.healthy)
 
     def _deliver_batch(self, stage: Stage, batch: list[Request], responses: list[Response]) -> None:
         canary = stage.is_test(batch)

@@ -137,8 +137,9 @@ class Stage:
         self.replicas = replicas
         self.batching = batching
         self.queue: deque[tuple[Request, float]] = deque()
-        # batches being retried after a failure: (requests, failures of that batch on its own)
-        self.retry: deque[tuple[list[Request], int]] = deque()
+        # batches being retried after a failure: (requests, failures of that batch on its own, whether it runs
+        # alone: a batch that failed more than once, or the stage test, may hold what breaks a replica)
+        self.retry: deque[tuple[list[Request], int, bool]] = deque()
         self.inflight = [0] * len(replicas)  # batches (calls, streams) on each replica
         self.running = 0  # requests sent to replicas and not back yet
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
@@ -190,8 +191,10 @@ class Stage:
     def free_replica(self, now: float | None = None) -> int | None:
         """The least-loaded healthy replica that may take the next batch, or None.
 
-        An idle replica takes any batch; a busy one only full batches, queued behind its current
-        work (up to ``max_inflight_per_replica``), so partial batches keep growing while it works.
+        An idle replica takes any batch; a busy one only full batches or a retry (a whole batch already),
+        queued behind its current work (up to ``max_inflight_per_replica``), so partial batches keep
+        growing while it works. A retry that runs alone waits for the least-loaded replica to empty, which
+        takes nothing new meanwhile; the others go on with the rest.
         """
         healthy = self.healthy(now)
         if not healthy:
@@ -199,9 +202,26 @@ class Stage:
         best = min(healthy, key=self.inflight.__getitem__)
         if self.inflight[best] == 0:
             return best
-        if self.retry:  # a retried batch may hold a request that breaks replicas: it runs alone
-            return None
-        return best if self.full() and self.inflight[best] < self.batching.max_inflight_per_replica else None
+        if self.isolating():
+            healthy = [r for r in healthy if r != best]  # best drains for the retry
+            if not healthy:
+                return None
+            best = min(healthy, key=self.inflight.__getitem__)
+        ready = self.full() or any(not alone for _, _, alone in self.retry)
+        return best if ready and self.inflight[best] < self.batching.max_inflight_per_replica else None
+
+    def isolating(self) -> bool:
+        """A retry waits for a replica with nothing else in flight."""
+        return any(alone for _, _, alone in self.retry)
+
+    def next_retry(self, replica: int) -> tuple[list[Request], int] | None:
+        """The oldest retry ``replica`` may take: any when it has nothing in flight, else one not run alone."""
+        idle = self.inflight[replica] == 0
+        for i, (batch, attempts, alone) in enumerate(self.retry):
+            if idle or not alone:
+                del self.retry[i]
+                return batch, attempts
+        return None
 
     def full(self) -> bool:
         """The queue holds a whole batch."""
@@ -235,12 +255,10 @@ class Stage:
 
     def take_for(self, replica: int) -> tuple[list[Request], int]:
         """The next batch for ``replica`` and how often it already failed on its own."""
-        return self.take()
+        return self.next_retry(replica) or self.take()
 
     def take(self) -> tuple[list[Request], int]:
-        """The next batch and how often it already failed on its own."""
-        if self.retry:
-            return self.retry.popleft()
+        """The next batch of queued requests (and 0: none failed yet)."""
         n = min(len(self.queue), self.batching.max_batch)
         return [self.queue.popleft()[0] for _ in range(n)], 0
 
@@ -386,16 +404,23 @@ class StreamingGeneratorStage(GeneratorStage):
         self.tokens_in_flight[replica] -= sum(map(self.cost, requests))
 
     def free_replica(self, now=None):
-        """The healthy replica with the fewest tokens in flight, if it has room (a retried batch runs
-        on a replica with nothing else in flight, as on the batch path). Among equally loaded ones, the
-        one that got work longest ago: when the driver cannot keep every replica busy, the work still
-        spreads over all of them instead of piling on the first ones."""
+        """The healthy replica with the fewest tokens in flight, if it has room. Among equally loaded ones,
+        the one that got work longest ago: when the driver cannot keep every replica busy, the work still
+        spreads over all of them instead of piling on the first ones. A retry that runs alone goes to a
+        replica with nothing else in flight, as on the batch path: the least-loaded one takes nothing new
+        until it is empty, and the others go on with the rest (a replica's death fails each of its hundreds
+        of streams on its own; run alone one by one, each waited for a replica to drain, and a pool of 8
+        answered 5-16 requests in 30 s where it had answered 3,000)."""
         healthy = self.healthy(now)
         if not healthy:
             return None
-        if self.retry:  # as on the batch path: the first idle replica (fewest tokens, lowest index)
+        if self.isolating():
             best = min(healthy, key=self.tokens_in_flight.__getitem__)
-            return best if self.inflight[best] == 0 else None
+            if self.inflight[best] == 0:
+                return best
+            healthy = [r for r in healthy if r != best]  # best drains for the retry
+            if not healthy or not (self.queue or any(not alone for _, _, alone in self.retry)):
+                return None
         best = min(healthy, key=lambda r: (self.tokens_in_flight[r], self.last_sent[r]))
         if self.tokens_in_flight[best] and self.n_starting(now):
             return None  # the rest of the burst is the starting replicas' share
@@ -403,8 +428,8 @@ class StreamingGeneratorStage(GeneratorStage):
 
     def take_for(self, replica: int) -> tuple[list[Request], int]:
         """The next batch that fits ``replica``'s room (at least one request)."""
-        if self.retry:
-            return self.retry.popleft()
+        if (retry := self.next_retry(replica)) is not None:
+            return retry
         room = (self.budget[replica] or 0) - self.tokens_in_flight[replica]
         # a burst is shared with the other idle replicas and those still starting: a replica's room is twice
         # its KV cache, so one took a small run's 20 requests (and each burst's first max_batch) while three
@@ -450,8 +475,6 @@ class RankerStage(Stage):
 
     def take(self) -> tuple[list[Request], int]:
         """As many requests as fit ``max_texts`` (at least one): a call's time is its texts, not its requests."""
-        if self.retry:
-            return self.retry.popleft()
         limit, texts, batch = getattr(self.batching, "max_texts", None), 0, []
         while self.queue and len(batch) < self.batching.max_batch:
             size = len(self.queue[0][0].texts)

@@ -48,7 +48,7 @@ def test_two_overdue_batches_on_one_replica_restart_it_once_and_each_request_is_
     engine._wait_and_route()
     stage = engine.stages["generator"]
     assert engine.kills == [0] and engine.batch_failures == 1 and engine.supervisor.restarts == 1
-    queued = [r for batch, _ in stage.retry for r in batch]
+    queued = [r for batch, _, _ in stage.retry for r in batch]
     assert sorted(queued, key=str) == sorted([*first.batch, *second.batch], key=str)
     assert not engine.launched and stage.inflight == [0]
 
@@ -70,7 +70,7 @@ def test_a_run_that_fails_leaves_its_stages_idle_for_the_next_run_and_its_own_er
     stage = engine.stages["generator"]
     launch(engine, 0, time.perf_counter())
     stage.queue.append((request(1), time.perf_counter()))
-    stage.retry.append(([request(2)], 1))
+    stage.retry.append(([request(2)], 1, True))
 
     def fails(*args):
         raise StageDown("the generator stage is down")
@@ -255,7 +255,7 @@ def test_a_readiness_call_made_stale_by_a_death_read_in_the_same_pass_is_skipped
     monkeypatch.setattr(loop.ray, "get", get)
     eng._wait_and_route()
     assert stale not in eng.supervisor.probes and 1 in ranker.restarting  # it waits for a new readiness call
-    assert [r for batch, _ in retriever.retry for r in batch] == [asked]
+    assert [r for batch, _, _ in retriever.retry for r in batch] == [asked]
 
 
 def test_a_shard_that_died_under_a_retriever_batch_is_not_said_to_be_its_encoder_nor_counted_twice(monkeypatch):
@@ -292,7 +292,7 @@ def test_a_shard_that_died_under_a_retriever_batch_is_not_said_to_be_its_encoder
     eng.supervisor.watch(0.0, force=True)
     assert eng.supervisor.restarts == 1 and stage.deaths == [0] and stage.shard_deaths == [0, 1]
     assert not any("replica 0 died" in line for line in said) and any("shard 1 died" in line for line in said)
-    assert [r for b, _ in stage.retry for r in b] == [asked]
+    assert [r for b, _, _ in stage.retry for r in b] == [asked]
 
 
 def test_a_stream_that_fails_after_answering_everything_queues_no_empty_retry(engine):
@@ -332,3 +332,59 @@ def test_a_retriever_batch_queued_behind_the_rankers_calls_on_their_shared_encod
     monkeypatch.setattr(ranker.stats, "received", lambda refs: None)  # Ray's object table: no Ray here
     eng._wait_and_route()  # the ranker's call answers: the encoder is working through its queue
     assert kills == [] and "r" in eng.launched
+
+
+def test_a_first_failure_is_retried_beside_other_work_and_a_second_one_runs_alone(engine):
+    """retry_plan: most first failures are the replica's; a batch that fails again may hold what breaks one."""
+    from ray.exceptions import RayTaskError
+
+    stage = engine.stages["generator"]
+    engine._batch_failed(stage, 0, [request(1)], 0, RayTaskError("stream", "", RuntimeError("died")))
+    engine._batch_failed(stage, 0, [request(2)], 1, RayTaskError("stream", "", RuntimeError("died")))
+    assert [(b[0], alone) for b, _, alone in stage.retry] == [(request(1), False), (request(2), True)]
+
+
+def test_a_retried_batch_goes_to_a_busy_replica_beside_its_work_unless_it_runs_alone():
+    """Every retry waited for a replica with nothing in flight, and queued work waited behind it: with
+    async replicas, a death's hundreds of retried streams each waited for a replica to drain."""
+    stage = GeneratorStage(["a", "b"], StageBatching(max_batch=4, max_inflight_per_replica=3))
+    stage.restarting.clear()
+    stage.inflight = [2, 1]
+    stage.retry.append(([request(1)], 1, False))
+    assert stage.free_replica() == 1 and stage.take_for(1) == ([request(1)], 1)
+    stage.inflight = [2, 1]
+    stage.retry.append(([request(2)], 2, True))  # runs alone: b, the least loaded, drains for it
+    stage.queue.extend((request(i), 0.0) for i in range(3, 7))  # a whole batch: a goes on with it
+    assert stage.free_replica() == 0 and [r for r in stage.take_for(0)[0]] == [request(i) for i in range(3, 7)]
+    stage.inflight = [3, 1]
+    assert stage.free_replica() is None  # a is full; b takes nothing until it is empty
+    stage.inflight = [3, 0]
+    assert stage.free_replica() == 1 and stage.take_for(1) == ([request(2)], 2)
+
+
+def test_a_dead_async_replicas_streams_are_retried_on_the_others_without_draining_the_pool():
+    """8 replicas, one dead: its 400 streams, each retried alone, waited for a replica to drain one by one,
+    and the pool answered 5-16 requests in 30 s where it had answered 3,000 (a reviewer's simulation)."""
+    from engine.stages import StreamingGeneratorStage
+    from schemas.config import LLMBatching
+
+    stage = StreamingGeneratorStage([object()] * 3, LLMBatching(max_batch=8), "generator")
+    for replica in range(3):
+        stage.restarting.discard(replica)
+        stage.ready(replica, 100_000)
+    busy = Generate((("user", "x" * 40),), max_tokens=4)
+    for replica in range(3):
+        stage.sent(replica, [busy])
+        stage.inflight[replica] = 1
+    stage.retry.extend(([request(i)], 1, False) for i in range(6))  # a death's first failures
+    taken = []
+    while stage.retry and (replica := stage.free_replica()) is not None:
+        batch, _ = stage.take_for(replica)
+        stage.sent(replica, batch)
+        stage.inflight[replica] += 1
+        taken.append(replica)
+    assert not stage.retry and sorted(set(taken)) == [0, 1, 2]
+    stage.retry.append(([request(9)], 2, True))  # failed twice: runs alone, on the replica that empties first
+    stage.queue.extend((request(i), 0.0) for i in range(10, 13))
+    replica = stage.free_replica()
+    assert replica is not None and request(9) not in stage.take_for(replica)[0]

@@ -159,8 +159,11 @@ def test_a_transient_failure_retries_the_batch_whole(ray_session, kind):
     calm = calm_answers(ray_session, kind)
     by_id, rows, engine = run(ray_session, QUESTIONS, generator=FlakyGenerator, kind=kind)
     assert answers(by_id) == calm and all(r["error"] is None for r in rows)
-    assert engine.batch_failures == 2 and engine.batch_splits == 0  # each replica's first batch failed once
-    assert engine.metrics()["batch_splits"] == 0
+    # each replica's first call failed once; the first failure is retried whole. An async replica takes a retry
+    # beside its own work, so the retry may be the other replica's first call and fail there too: then, failed
+    # twice, it is split (a batch replica's retry went to the replica that had failed, idle again)
+    assert engine.batch_failures == 2 and engine.batch_splits <= (kind == "async")
+    assert engine.metrics()["batch_splits"] == engine.batch_splits
 
 
 def test_a_request_that_kills_replicas_is_isolated_to_one_error_row(ray_session, kind):
