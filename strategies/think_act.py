@@ -50,16 +50,21 @@ REFERENCE = re.compile(r"(?<![\w#])#(\d+)\b")  # a sub-query naming an earlier o
 
 _LEAD_IN = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:rewritten|completed?|clear)\s+(?:and\s+complete\s+)?question"
                       r"\s*[*_]*\s*:\s*[*_]*\s*", re.IGNORECASE)
+# "The claim is incomplete because ...", "The question is incomplete.": a comment on what it was asked to rewrite
+# (the noun in lower case: "The Question was created by Steve Ditko." is a claim)
+_COMMENT = re.compile(r"^[*_]*(?i:the|this)\s+(?:claim|question|statement|query)\b")
 
 
-def rewritten(output: str, question: str, claim: bool = False) -> str:
+def rewritten(output: str, question: str, claim: bool = False, cut_off: bool = False) -> str:
     """q_comp from the rewrite's ``output``: its first line that is a question, unless ``question`` is a
     claim (the model also answers it instead, "The answer is: The Bellas.", or comments on it, "The question
     is incomplete."; either took the user's question's place in retrieval and the answer prompt); the
     question as it was when no such line exists. A question is known by its kind, not its "?": NQ's are
-    written without one ("who sang i want to dance with somebody"), and took any output as written."""
+    written without one ("who sang i want to dance with somebody"), and took any output as written. A
+    claim's rewrite is taken as written, unless ``cut_off`` by its token budget or a comment on the claim."""
     if claim:  # its rewrite need not be a question
-        return clean_answer(output) or question
+        line = clean_answer(output)
+        return line if line and not cut_off and not _COMMENT.match(line) else question
     for line in output.splitlines():
         line = clean_answer(_LEAD_IN.sub("", line))
         if line.endswith("?") and has_words(line):
@@ -121,7 +126,8 @@ class ThinkThenAct(Routine):
             if label == "INCOMPLETE":  # q_final = q_comp
                 rewrite = yield Generate(answer_messages(prompt("think_act/complete").format(question=item.question),
                                                          system=None), max_tokens=64, step="rewrite")
-                query = rewritten(rewrite.text, item.question, claim=form_of(item, self.forms) == VERDICT)
+                query = rewritten(rewrite.text, item.question, claim=form_of(item, self.forms) == VERDICT,
+                                  cut_off=rewrite.finish_reason == "length")
                 item.trace.append({"step": "rewrite", "query": query, "output": rewrite.text[:300],
                                    "taken": query != item.question})
             if label == "AMBIGUOUS":  # q_group = {q^1, ..., q^k}

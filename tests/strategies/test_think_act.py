@@ -16,7 +16,7 @@ from schemas.records import (
     Retrieval,
     Retrieve,
 )
-from strategies.think_act import ThinkActConfig, ThinkThenAct, sentences
+from strategies.think_act import ThinkActConfig, ThinkThenAct, rewritten, sentences
 from tests.strategies.scripted import drive
 
 PASSAGES = [Passage("p0", "Paris", "Paris is the capital of France. It is large.", 0.9),
@@ -138,6 +138,35 @@ def test_a_claims_rewrite_is_taken_as_written():
     _, item = drive(ThinkThenAct(ThinkActConfig()), claim, Verdicts(assess="INCOMPLETE", beta=0.1,
                     rewrite="Whitney Houston sang I Wanna Dance with Somebody."), log=log, kind="claim")
     assert [r.query for _, r in log if isinstance(r, Retrieve)] == ["Whitney Houston sang I Wanna Dance with Somebody."]
+
+
+@pytest.mark.parametrize("output, finish_reason", [
+    ("Whitney Houston sang I Wanna Dance with Somebody, the 1987 single from her", "length"),
+    ("The claim is incomplete because it does not say which song.", "stop"),
+    ("The question is incomplete.", "stop"),
+    ("**This claim** lacks the song's name.", "stop"),
+])
+def test_a_claims_rewrite_cut_off_by_its_budget_or_commenting_on_it_leaves_the_users_claim_to_be_judged(
+        output, finish_reason):
+    """Any rewrite of a claim was taken as written: one cut off at its 64 tokens, or a comment on the claim,
+    was retrieved for and judged in place of the claim."""
+    log, claim = [], "Whitney Houston sang it."
+
+    class Verdicts(Script):
+        def __call__(self, request, item):
+            if request.step == "rewrite":
+                return Generation(output, 20, 64, finish_reason=finish_reason)
+            if request.step == "answer":
+                return Judgment(request.choices[0], None, 30, 2)
+            return super().__call__(request, item)
+    _, item = drive(ThinkThenAct(ThinkActConfig()), claim, Verdicts(assess="INCOMPLETE", beta=0.1), log=log, kind="claim")
+    rewrite = next(t for t in item.trace if t["step"] == "rewrite")
+    assert (rewrite["query"], rewrite["taken"], rewrite["output"]) == (claim, False, output)
+    assert [r.query for _, r in log if isinstance(r, Retrieve)] == [claim]
+    assert claim in log[-1][1].messages[-1][1] and output not in log[-1][1].messages[-1][1]
+    # a claim about "The Question" (a comics hero) is a claim, not a comment on one
+    assert rewritten("The Question was created by Steve Ditko.", "The Question exists.", claim=True) == (
+        "The Question was created by Steve Ditko.")
 
 
 def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggregated():
