@@ -172,7 +172,7 @@ class MIGRES(Routine):
             iteration.update(answer=answer, confidence=confidence, missing=missing)
             if clean_answer(answer) and UNANSWERABLE not in answer.lower():  # "```" / "Answer:" answer nothing
                 if self.config.answer_step == "read":
-                    return (yield from self.final(item, info, iterations, "answered"))
+                    return (yield from self.final(item, info, iterations, "answered", clean_answer(answer)))
                 return self.done(item, clean_answer(answer), "answered", iterations, info)
             if t + 1 >= self.max_iterations(item):
                 return (yield from self.final(item, info, iterations, "max_iterations"))
@@ -320,15 +320,19 @@ class MIGRES(Routine):
             item, request, lambda text: parse_string_list(text, "queries", self.config.max_queries), f"query {t}")
         return queries
 
-    def final(self, item: Item, info: list[dict], iterations: list[dict], ending: str):
+    def final(self, item: Item, info: list[dict], iterations: list[dict], ending: str, main: str = ""):
         """The answer read from the gathered information, in the question's form: when the loop ends
-        unanswered, and (``answer_step: read``) when the main module found the information sufficient."""
+        unanswered, and (``answer_step: read``) when the main module found the information sufficient,
+        its answer ``main`` kept where the read cleans to nothing ("```", "Answer:")."""
         user = prompt("migres/final").format(information=information(info), question=item.question)
         form = form_of(item, self.forms)
         response = yield final_request(user, form, self.forms, step="final")
         said = traced("final", response, form, self.forms)  # the choice taken, and the probabilities it was taken by
         iterations[-1].update(final=said["output"], **({"final_probs": said["probs"]} if "probs" in said else {}))
-        return self.done(item, final_answer(response, form, self.forms), ending, iterations, info)
+        answer = final_answer(response, form, self.forms)
+        if not answer and main:
+            iterations[-1]["fallback"] = "main"
+        return self.done(item, answer or main, ending, iterations, info)
 
     def max_iterations(self, item: Item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations

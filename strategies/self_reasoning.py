@@ -163,16 +163,23 @@ class SelfReasoning(Routine):
         if self.config.answer_step == "read" and choices(form, self.forms) is None:
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
                 analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
-            answer = answered(item, "read_analysis", read, form, self.forms)
+            answer = self._read(item, answered(item, "read_analysis", read, form, self.forms), answer)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have
             turn = prompt("self_reasoning/follow_up").format(question=item.question)
             reply = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
             item.trace.append({"step": "follow_up", "output": reply.text})
-            answer = clean_answer(reply.text)
+            answer = self._read(item, clean_answer(reply.text), answer)
         # with no passage to read, a "relevant" verdict answers from the model's own knowledge all the same
         return Done(answer, "passages" if t.relevant and item.passages else "internal_knowledge", cited)
+
+    @staticmethod
+    def _read(item: Item, read: str, answer: str) -> str:
+        """The short answer read, or where it cleans to nothing ("Answer:", "```") the trajectory's own."""
+        if not read:
+            item.trace[-1]["fallback"] = "trajectory"
+        return read or answer
 
     def _model(self, item: Item, form: str) -> tuple[type[BaseModel], str]:
         answers = choices(form, self.forms)

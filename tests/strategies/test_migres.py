@@ -3,6 +3,8 @@ sentence level, knowledge prompting, entailment check, memory, and the iteration
 
 import json
 
+import pytest
+
 from schemas.records import (
     Entail,
     Entailment,
@@ -288,6 +290,22 @@ def test_once_the_main_module_finds_the_information_sufficient_the_answer_is_rea
     assert trace(item)["iterations"][-1]["answer"] == "The director of Levity is American."
     done, _ = drive(MIGRES(MigresConfig(answer_step="main")), "What nationality is the director of Levity?", Wordy())
     assert (done.answer, done.resolved_by) == ("The director of Levity is American.", "answered")
+
+
+@pytest.mark.parametrize("read", ["```\n```", "Answer:\n", ""])
+def test_a_closing_read_that_cleans_to_nothing_leaves_the_main_modules_answer(read):
+    """The main module had answered "American" and the read of the information wrote a bare fence: the row
+    answered "" as "answered"."""
+    class Blank(Script):
+        def __call__(self, request, item):
+            return Generation(read) if request.step == "final" else super().__call__(request, item)
+
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", Blank())
+    assert (done.answer, done.resolved_by) == ("American", "answered")
+    last = trace(item)["iterations"][-1]
+    assert (last["answer"], last["final"], last["fallback"]) == ("American", read, "main")
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", Script())
+    assert "fallback" not in trace(item)["iterations"][-1]  # a read that answered is the answer
 
 
 def test_a_statement_citing_passages_in_another_shape_is_read_and_a_bad_one_skipped():

@@ -256,6 +256,16 @@ def test_a_range_cited_in_the_analysis_is_cut_to_the_passages_shown_before_it_is
     assert done.citations == ["p3", "p4", "p2", "p1", "p0"]
 
 
+@pytest.mark.parametrize("answer_step, step", [("read", "read_analysis"), ("follow_up", "follow_up")])
+@pytest.mark.parametrize("read", ["Answer:\n", "```\n```", ""])
+def test_a_short_answer_read_that_cleans_to_nothing_leaves_the_trajectorys_answer(answer_step, step, read):
+    """The trajectory answered "Paris" and the read of it wrote "Answer:": the row answered "" from passages."""
+    done, item = drive(SelfReasoning(SelfReasoningConfig(answer_step=answer_step)), "capital of France?",
+                       script(trajectory(answer='"Paris"'), read=read))
+    assert (done.answer, done.resolved_by, done.citations) == ("Paris", "passages", ["p1", "p0"])
+    assert item.trace[-1] == {"step": step, "output": read, "fallback": "trajectory"}
+
+
 @pytest.mark.parametrize("answer", ["```", "Answer:", '""'])
 def test_a_trajectory_answer_that_cleans_to_nothing_goes_to_the_fallback_read(answer):
     """Its answer was checked with strip() and returned cleaned: "```" was the question's answer, empty."""
