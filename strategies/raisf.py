@@ -159,7 +159,8 @@ class RAISF(Routine):
             item.trace.append({"step": "retrieve", "ids": [p.id for p in item.passages]})
             if not c.passage_relevance:  # both ablated: read everything retrieved
                 user = self.read_prompt.format(passages=format_passages(item.passages), question=q)
-                done = yield from self.answer(item, "answer_passages", "passages", user)
+                # with nothing retrieved the answer is the model's own, as rag's
+                done = yield from self.answer(item, "answer_passages", "passages" if item.passages else "closed_book", user)
                 return Done(done.answer, done.resolved_by)  # no module chose among them: no citation, as rag's
             scores = relevance_scores((yield relevance_requests(q, item.passages, c)), len(item.passages), c)
             relevant = [p for p, s in zip(item.passages, scores) if passes(s, c.relevance_threshold)]

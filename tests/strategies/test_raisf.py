@@ -371,6 +371,16 @@ def test_with_both_judges_ablated_the_passages_read_are_no_citation():
     assert (done.resolved_by, done.citations) == ("passages", [])
 
 
+def test_with_both_judges_ablated_and_nothing_retrieved_the_answer_is_closed_book():
+    """It said `passages` over no passage, where rag, Think-then-Act and Self-Reasoning say the model's own."""
+    script = Script()
+
+    def nothing_retrieved(request, item):
+        return Retrieval([]) if isinstance(request, Retrieve) else script(request, item)
+    done, item = drive(RAISF(RaisfConfig(self_knowledge=False, passage_relevance=False)), "Q", nothing_retrieved)
+    assert (done.resolved_by, done.citations, item.passages) == ("closed_book", [], [])
+
+
 @pytest.mark.timeout(20)
 def test_a_huge_d_th_is_refused_at_once_naming_the_depth_setting():
     """raisf.d_th=1000000 computed its tree's node count (m^d summed) for minutes before any error."""
