@@ -116,6 +116,17 @@ class ThinkThenAct(Routine):
     def from_run(cls, run) -> ThinkThenAct:
         return cls(run.think_act, run.answer_form)
 
+    @staticmethod
+    def check(run) -> None:
+        if not run.think_act.assess:  # only an assessed query is split into sub-queries
+            return
+        if run.engine.max_depth < 1:  # every AMBIGUOUS query would pay for a split whose sub-queries are all dropped
+            raise ValueError(f"engine.max_depth {run.engine.max_depth} leaves no depth for think_act's sub-queries "
+                             "(an AMBIGUOUS query's split): at least 1, or think_act.assess: false")
+        if 1 + run.think_act.max_subqueries > run.engine.max_nodes_per_root:
+            raise ValueError(f"engine.max_nodes_per_root {run.engine.max_nodes_per_root} cannot hold a query and "
+                             f"think_act.max_subqueries {run.think_act.max_subqueries} sub-queries")
+
     def solve(self, item: Item) -> Solve:
         query = item.question
         if self.config.assess and item.depth == 0:  # the paper assesses the user's query, not sub-queries

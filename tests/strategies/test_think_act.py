@@ -286,3 +286,15 @@ def test_a_retrieval_that_finds_nothing_answers_closed_book_and_says_so():
 
     done, item = drive(ThinkThenAct(ThinkActConfig()), "Is it?", Nothing(beta=0.2))
     assert steps(item)[-2:] == ["retrieve", "answer"] and done.resolved_by == "closed_book"
+
+
+def test_an_engine_with_no_depth_or_too_few_nodes_for_the_sub_queries_is_refused_at_config_time():
+    """engine.max_depth 0 validated, and every AMBIGUOUS query paid for a split whose sub-queries were all dropped."""
+    from strategies.registry import AnswerConfig
+    with pytest.raises(ValueError, match="engine.max_depth 0 leaves no depth for think_act's sub-queries"):
+        AnswerConfig(strategies=["think_act"], engine={"max_depth": 0})
+    with pytest.raises(ValueError, match="engine.max_nodes_per_root 4 cannot hold .* think_act.max_subqueries 4"):
+        AnswerConfig(strategies=["think_act"], engine={"max_nodes_per_root": 4})
+    AnswerConfig(strategies=["think_act"], engine={"max_depth": 0}, think_act={"assess": False})  # it never splits
+    AnswerConfig(strategies=["think_act"], engine={"max_depth": 1, "max_nodes_per_root": 5})
+    AnswerConfig(strategies=["rag"], engine={"max_depth": 0})
