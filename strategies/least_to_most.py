@@ -51,7 +51,7 @@ class LeastToMost(Routine):
         pairs = []
         for sub in subs:  # each in order, with the pairs solved before it
             answer = yield from self.step(item, pairs, sub, detected_form(sub, SUB_QUESTION, self.forms), "solve")
-            pairs.append((sub, answer))
+            pairs.append((sub, answer or "unknown"))  # no answer is shown as RA-ISF and Think-then-Act show it, not blank
         answer = yield from self.step(item, pairs, item.question, form_of(item, self.forms), "final")
         return Done(answer, "decomposition" if pairs else "closed_book")
 

@@ -29,6 +29,18 @@ def test_sub_questions_are_solved_in_order_with_earlier_answers_in_context():
     assert item.counts["subquestions"] == 2
 
 
+def test_a_sub_answer_that_cleans_to_nothing_is_passed_on_as_unknown():
+    """It was passed on blank ("Answer: \\n"), where RA-ISF and Think-then-Act show "unknown"."""
+    log, answers = [], script(["A?", "B?"])
+
+    def blank_first(request, item):
+        return Generation("Answer:\n", 30, 3) if "Question: A?" in request.messages[-1][1] else answers(request, item)
+    done, item = drive(LeastToMost(LeastToMostConfig()), "Q", blank_first, log=log)
+    prompts = [r.messages[-1][1] for _, r in log[1:]]
+    assert "Question: A?\nAnswer: unknown\n\nQuestion: B?" in prompts[1] and "Answer: unknown" in prompts[2]
+    assert [t["output"] for t in item.trace if t["step"] == "solve"][0] == "Answer:\n"  # what the model wrote
+
+
 def test_an_unparseable_decomposition_is_retried_once_then_answered_directly():
     log = []
     done, item = drive(LeastToMost(LeastToMostConfig()), "Q", script("no idea"), log=log)
