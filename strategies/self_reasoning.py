@@ -154,7 +154,7 @@ class SelfReasoning(Routine):
             item.trace.append({"step": "trajectory", "parsed": False, "output": response.text})
             name = "self_reasoning/fever_read" if form == VERDICT else "rag/user"
             read = yield final_request(prompt(name).format(passages=format_passages(item.passages),
-                                                           question=item.question), form, self.forms, step="read")
+                                                           question=item.question), form, self.forms, step="fallback_read")
             # a plain read cites nothing: its passages are the retrieval, not citations
             return Done(answered(item, "fallback_read", read, form, self.forms), "fallback")
         cited = self._citations(item, t) if t.relevant else []  # RAP: irrelevant evidence cites nothing
@@ -162,13 +162,13 @@ class SelfReasoning(Routine):
         answer = verdict(t.answer, self.forms.verdicts) if form == VERDICT else clean_answer(t.answer)
         if self.config.answer_step == "read" and choices(form, self.forms) is None:
             read = yield final_request(prompt("self_reasoning/read_analysis").format(
-                analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="answer")
+                analysis=t.analysis, answer=t.answer, question=item.question), form, self.forms, step="read_analysis")
             answer = self._read(item, answered(item, "read_analysis", read, form, self.forms), answer)
         elif self.config.answer_step == "follow_up" and choices(form, self.forms) is None:
             # the same conversation, one turn on: the paper's model writes its short answer with the
             # passages still in view, which the read of the analysis alone does not have
             turn = prompt("self_reasoning/follow_up").format(question=item.question)
-            reply = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="answer")
+            reply = yield Generate(request.messages + (("assistant", response.text), ("user", turn)), step="follow_up")
             item.trace.append({"step": "follow_up", "output": reply.text})
             answer = self._read(item, clean_answer(reply.text), answer)
         # with no passage to read, a "relevant" verdict answers from the model's own knowledge all the same

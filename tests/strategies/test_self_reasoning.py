@@ -101,7 +101,7 @@ def test_with_answer_step_read_the_short_answer_is_read_from_the_analysis_in_the
     config = SelfReasoningConfig(answer_step="read")
     done, item = drive(SelfReasoning(config), "capital of France?", script(wordy, read="Paris"), log=log)
     read = log[-1][1]
-    assert read.step == "answer" and not read.json_schema and "The capital of France is Paris [1]." in read.messages[-1][1]
+    assert read.step == "read_analysis" and not read.json_schema and "The capital of France is Paris [1]." in read.messages[-1][1]
     assert (done.answer, done.resolved_by, done.citations) == ("Paris", "passages", ["p1", "p0"])
     assert item.trace[-1] == {"step": "read_analysis", "output": "Paris"}
     done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "capital of France?", script(wordy))
@@ -228,7 +228,7 @@ def test_with_answer_step_follow_up_the_short_answer_is_the_next_turn_of_the_tra
     config = SelfReasoningConfig(answer_step="follow_up")
     done, item = drive(SelfReasoning(config), "capital of France?", script(wordy, read="Answer: Paris"), log=log)
     first, follow = log[1][1], log[-1][1]
-    assert follow.step == "answer" and not follow.json_schema and follow.max_tokens is None  # a short answer's budget
+    assert follow.step == "follow_up" and not follow.json_schema and follow.max_tokens is None  # a short answer's budget
     assert follow.messages[:len(first.messages)] == first.messages  # the passages, as the trajectory saw them
     assert follow.messages[len(first.messages)] == ("assistant", json.dumps(wordy))
     assert follow.messages[-1][0] == "user" and "capital of France?" in follow.messages[-1][1]
@@ -239,6 +239,18 @@ def test_with_answer_step_follow_up_the_short_answer_is_the_next_turn_of_the_tra
     s.start(item)
     s.resume(item, [Retrieval(PASSAGES)])
     assert s.resume(item, [Generation(json.dumps(trajectory(answer="yes")))]).answer == "yes"
+
+
+@pytest.mark.parametrize("answer_step, trajectories", [
+    ("read", [trajectory()]), ("follow_up", [trajectory()]), ("read", ["not json", "not json"])])
+def test_each_step_after_the_trajectory_is_asked_and_traced_under_one_name(answer_step, trajectories):
+    """The fallback read was asked as `read` and traced `fallback_read`, the read of the analysis and the
+    follow-up asked as `answer`: step_tokens and metrics.json's truncated, keyed by the request, named no step
+    the trace has."""
+    log = []
+    _, item = drive(SelfReasoning(SelfReasoningConfig(answer_step=answer_step)), "Q", script(*trajectories), log=log)
+    assert log[-1][1].step == item.trace[-1]["step"] in ("read_analysis", "follow_up", "fallback_read")
+    assert {r.step for _, r in log} <= {"retrieve", "trajectory"} | {t["step"] for t in item.trace}
 
 
 def test_a_range_of_passages_cited_in_the_analysis_cites_each():
