@@ -157,6 +157,8 @@ class MIGRES(Routine):
         history: list[str] = []  # memory: every query asked
         uses: dict[str, int] = {}  # memory: how often a passage was used
         iterations: list[dict] = []
+        # the record of the run, kept up to date in place: a question that fails midway shows how far it got
+        item.trace.append({"step": "migres", "iterations": iterations, "information": info})
         queries, t = [item.question], 0
         while True:
             history += queries
@@ -173,7 +175,7 @@ class MIGRES(Routine):
             if clean_answer(answer) and UNANSWERABLE not in answer.lower():  # "```" / "Answer:" answer nothing
                 if self.config.answer_step == "read":
                     return (yield from self.final(item, info, iterations, "answered", clean_answer(answer)))
-                return self.done(item, clean_answer(answer), "answered", iterations, info)
+                return self.done(clean_answer(answer), "answered", info)
             if t + 1 >= self.max_iterations(item):
                 return (yield from self.final(item, info, iterations, "max_iterations"))
             missing = missing or item.question
@@ -332,13 +334,13 @@ class MIGRES(Routine):
         answer = final_answer(response, form, self.forms)
         if not answer and main:
             iterations[-1]["fallback"] = "main"
-        return self.done(item, answer or main, ending, iterations, info)
+        return self.done(answer or main, ending, info)
 
     def max_iterations(self, item: Item) -> int:
         return self.config.max_iterations_open_domain if item.kind == "single-hop" else self.config.max_iterations
 
-    def done(self, item: Item, answer: str, resolved_by: str, iterations: list[dict], info: list[dict]) -> Done:
-        item.trace.append({"step": "migres", "iterations": iterations, "information": info})
+    @staticmethod
+    def done(answer: str, resolved_by: str, info: list[dict]) -> Done:
         return Done(answer, resolved_by, list(dict.fromkeys(pid for i in info for pid in i["source"])))
 
 

@@ -342,8 +342,8 @@ def test_paper_strategies_compare_with_the_real_model(ten_questions):
             for rewrite in (t for t in json.loads(row["trace"]) if t.get("step") == "rewrite"):
                 assert not rewrite["taken"] or rewrite["query"].endswith("?"), rewrite
         if strategy == "migres":
-            trace = json.loads(row["trace"])[-1]
-            assert trace["step"] == "migres" and 1 <= len(trace["iterations"]) <= 2
+            trace = next(t for t in json.loads(row["trace"]) if t.get("step") == "migres")
+            assert 1 <= len(trace["iterations"]) <= 2
             assert row["resolved_by"] in ("answered", "max_iterations", "no_new_query") and row["n_retrievals"] >= 1
             assert set(row["citations"]) <= set(row["retrieved_ids"])
             if row["resolved_by"] == "answered":  # answer_step: read: the answer is read from the information

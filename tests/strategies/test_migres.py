@@ -99,7 +99,27 @@ def test_missing_information_drives_a_second_iteration_to_the_answer():
     assert [it["passages"] for it in its] == [[["film"]], [["bio"]]]  # the noise passage is under delta
     assert its[0]["answer"] == "unanswerable" and its[0]["missing"] == "The nationality of Ed Solomon"
     assert [r.k for _, r in log if isinstance(r, Retrieve)] == [50, 50]
-    assert item.trace[-1]["step"] == "migres"
+    assert item.trace[0]["step"] == "migres"  # written when the first iteration starts
+
+
+def test_a_question_that_fails_midway_keeps_the_record_of_its_iterations_so_far():
+    """The `migres` entry was written only when the question was done: an error row in iteration 2 had none."""
+    script, mains = Script(), []
+
+    def main_fails_second(request, item):
+        if is_main(request):
+            mains.append(request)
+            if len(mains) == 2:
+                return Generation("", error="prompt of 2100 tokens leaves 0 of max_model_len 2048")
+        return script(request, item)
+    done, item = drive(MIGRES(MigresConfig()), "What nationality is the director of Levity?", main_fails_second)
+    assert done.resolved_by == "error"
+    its = trace(item)["iterations"]
+    assert [it["queries"] for it in its] == [["What nationality is the director of Levity?"],
+                                             ["Which nationality is Ed Solomon?"]]
+    assert its[0]["answer"] == "unanswerable" and its[1]["passages"] == [["bio"]] and "answer" not in its[1]
+    assert trace(item)["information"] == [{"info": "Levity was directed by Ed Solomon.", "source": ["film"]},
+                                          {"info": "Ed Solomon is American.", "source": ["bio"]}]
 
 
 def test_sentence_filter_keeps_passing_sentences_or_the_whole_passage():
