@@ -9,7 +9,8 @@ The paper fine-tunes a model to write this trajectory; here the prompt is its GP
 (relevance, then evidence, then analysis, then the answer: the model reasons before it answers).
 What the trajectory may copy is bounded (``self_reasoning.max_citations``, ``*_chars``): an untuned
 model otherwise spends its tokens copying whole passages into the quotes and the analysis and never
-reaches the answer. The answer is in the question's form (forms.py): yes / no, a verdict for
+reaches the answer; a trajectory past a bound (a server that does not enforce the schema) is cut to it,
+not rejected. The answer is in the question's form (forms.py): yes / no, a verdict for
 ``kind=claim`` (the fact-verification variant), else a short answer. Irrelevant evidence -> the
 answer comes from the model's own knowledge (``resolved_by=internal_knowledge``). The untuned 0.5B
 model writes sentences in the short ``answer`` field (median 11 words on the calib slice), so by
@@ -121,6 +122,24 @@ def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReason
                         analysis=(str, Field(max_length=config.analysis_chars)), answer=(answer, ...))
 
 
+def within_bounds(obj: dict, k: int, config: SelfReasoningConfig) -> dict:
+    """A trajectory within its schema's bounds, which a server that does not enforce maxLength, maxItems or
+    minimum lets a model pass (the whole trajectory, its answer too, was rejected for one of them): strings
+    cut to their length, citations of no passage shown dropped, the citations cut to max_citations."""
+    def cut(value, n):
+        return value[:n] if isinstance(value, str) else value
+
+    cites = obj.get("cite_list")
+    if isinstance(cites, list):
+        shown = [c for c in cites if not (isinstance(c, dict) and type(c.get("cite_index")) is int
+                                          and not 1 <= c["cite_index"] <= k)]
+        cites = [{**c, "cite_content": cut(c.get("cite_content"), config.quote_chars),
+                  "cite_reason": cut(c.get("cite_reason"), config.reason_chars)} if isinstance(c, dict) else c
+                 for c in shown[:min(k, config.max_citations)]]
+    return {**obj, "relevant_reason": cut(obj.get("relevant_reason"), config.reason_chars), "cite_list": cites,
+            "analysis": cut(obj.get("analysis"), config.analysis_chars), "answer": cut(obj.get("answer"), config.answer_chars)}
+
+
 class SelfReasoning(Routine):
     name = "self_reasoning"
     Config = SelfReasoningConfig
@@ -145,7 +164,7 @@ class SelfReasoning(Routine):
                            step="trajectory")
 
         def parse(text):
-            t = parse_as(model, text)
+            t = parse_as(model, text, lambda obj: within_bounds(obj, max(1, len(item.passages)), self.config))
             # an answer that cleans to nothing ("```", "Answer:") is no answer: the fallback reads instead
             return t, t is not None and bool(clean_answer(t.answer))
 

@@ -9,6 +9,7 @@ into the same model.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
@@ -20,12 +21,13 @@ def schema_of(model: type[BaseModel]) -> str:
     return json.dumps(model.model_json_schema())
 
 
-def parse_as(model: type[BaseModel], text: str) -> BaseModel | None:
-    """``text`` as an instance of ``model`` (also inside a code fence or surrounding prose), or None."""
+def parse_as(model: type[BaseModel], text: str, bound: Callable[[dict], dict] | None = None) -> BaseModel | None:
+    """``text`` as an instance of ``model`` (also inside a code fence or surrounding prose), or None;
+    ``bound`` brings the object within the schema's bounds first, where a server may not enforce them."""
     obj = parse_json_object(text)
     if obj is None:
         return None
     try:
-        return model.model_validate(obj)
+        return model.model_validate(bound(obj) if bound else obj)
     except ValidationError:
         return None

@@ -253,6 +253,23 @@ def test_each_step_after_the_trajectory_is_asked_and_traced_under_one_name(answe
     assert {r.step for _, r in log} <= {"retrieve", "trajectory"} | {t["step"] for t in item.trace}
 
 
+def test_a_trajectory_past_a_bound_its_server_did_not_enforce_is_kept_within_it_not_rejected():
+    """An endpoint that ignores maxLength / maxItems / minimum let an analysis of 501 characters, a cite_index 0
+    or 4 citations through, and the whole trajectory was rejected: the row fell back, its answer lost."""
+    cite = {"cite_content": "q" * 250, "cite_reason": "r" * 200}
+    over = {**trajectory(analysis="Paris [2]. " + "x" * 495, answer="Paris " + "y" * 80), "relevant_reason": "z" * 151,
+            "cite_list": [{"cite_index": i, **cite} for i in (0, 2, 6, 1, 3, 4)]}
+    done, item = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q", script(over))
+    assert (done.answer, done.resolved_by) == ("Paris " + "y" * 74, "passages") and "parse_failures" not in item.counts
+    t = item.trace[-1]
+    assert [c["cite_index"] for c in t["cite_list"]] == [2, 1, 3] and done.citations == ["p1", "p0", "p2"]
+    assert (len(t["analysis"]), len(t["relevant_reason"]), len(t["cite_list"][0]["cite_content"]),
+            len(t["cite_list"][0]["cite_reason"])) == (500, 150, 200, 150)
+    # no usable answer is still no answer: the fallback reads
+    done, _ = drive(SelfReasoning(SelfReasoningConfig()), "Q", script(trajectory(answer="```"), trajectory(answer="```")))
+    assert done.resolved_by == "fallback"
+
+
 def test_a_range_of_passages_cited_in_the_analysis_cites_each():
     """[1-3] was not read: the row had no citation though the analysis gave three."""
     done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
