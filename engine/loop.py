@@ -317,10 +317,8 @@ class Engine:
         stats = launched.stage.stats
         stats.calls += 1
         stats.requests += len(launched.remaining())  # a stream's answered ones counted as they came
-        stats.batch_sizes.append(len(launched.batch))
-        finished = time.perf_counter()
-        stats.batch_ended(launched.replica, launched.started, finished)
-        stats.spans.append((launched.replica, launched.started - self.started, finished - self.started))
+        stats.batch_sizes[len(launched.batch)] += 1
+        stats.batch_ended(launched.replica, launched.started, time.perf_counter(), origin=self.started)
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
                       err: BaseException, started: float | None = None) -> None:

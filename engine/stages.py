@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +34,14 @@ from schemas.records import (
 
 @dataclass
 class StageStats:
+    """A stage's figures for metrics.json, held in a size that does not grow with the run: a run of millions of
+    questions ends tens of millions of batches (under continuous batching nearly one per request), and a
+    list of each batch's size and span took ~6 GB and a quarter hour to summarise after the last row."""
+
     calls: int = 0
     requests: int = 0
     busy_s: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)
+    batch_sizes: Counter = field(default_factory=Counter)  # batch size -> batches of that size
     errors: int = 0
     rests: int = 0  # failures after which the replica got no work for engine.failure_cooldown_s
     peak_tokens_in_flight: int = 0  # streaming stages: the most estimated tokens one replica had in flight
@@ -47,35 +51,51 @@ class StageStats:
     # through the object store (too large to inline in the task's reply: pulled from the node that made it)
     bytes_in: int = 0
     bytes_in_by_reference: int = 0
-    # (replica, launched, finished) of every batch, seconds since the run started: utilisation over time
-    spans: list[tuple[int, float, float]] = field(default_factory=list)
+    # busy replica-seconds in consecutive slices of bin_s from the run's start (utilisation over time); at
+    # MAX_BINS slices, neighbours merge and bin_s doubles
+    busy_bins: list[float] = field(default_factory=list)
+    bin_s: float = 1.0
     # per replica, the time from which its busy time is not counted yet: batches on one replica overlap
     # (streams, max_inflight_per_replica), and summed per batch they made busy_s exceed the wall time
     busy_from: dict[int, float] = field(default_factory=dict)
+
+    MAX_BINS = 4096
 
     def batch_started(self, replica: int, now: float, inflight_before: int) -> None:
         if inflight_before == 0:
             self.busy_from[replica] = now
 
-    def batch_ended(self, replica: int, started: float, finished: float) -> None:
+    def batch_ended(self, replica: int, started: float, finished: float, origin: float = 0.0) -> None:
         """Adds the time since the replica's busy time was last counted: busy_s is the union of its batches'
-        spans (the replica is busy while it has one in flight), counted as each batch ends."""
+        spans (the replica is busy while it has one in flight), counted as each batch ends; ``origin``: the
+        run's start, from which the busy time is placed in its slice."""
         since = self.busy_from.get(replica, started)
         self.busy_s += max(0.0, finished - since)
         self.busy_from[replica] = max(since, finished)
+        self._add_busy(since - origin, finished - origin)
+
+    def _add_busy(self, a: float, b: float) -> None:
+        a = max(0.0, a)
+        if b <= a:
+            return
+        while b / self.bin_s >= self.MAX_BINS:
+            self.busy_bins = [sum(self.busy_bins[i:i + 2]) for i in range(0, len(self.busy_bins), 2)]
+            self.bin_s *= 2
+        last = int(b // self.bin_s)
+        self.busy_bins.extend([0.0] * (last + 1 - len(self.busy_bins)))
+        for i in range(int(a // self.bin_s), last + 1):
+            self.busy_bins[i] += max(0.0, min(b, (i + 1) * self.bin_s) - max(a, i * self.bin_s))
 
     def summary(self, wall_s: float = 0.0, replicas: int = 1) -> dict[str, Any]:
-        sizes = sorted(self.batch_sizes)
-        pct = (lambda q: sizes[min(len(sizes) - 1, int(q * len(sizes)))]) if sizes else (lambda q: 0)
         return {
             "calls": self.calls,
             "requests": self.requests,
             "errors": self.errors,
             "rests": self.rests,
             "busy_s": round(self.busy_s, 3),
-            "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": pct(0.5),
-                           "p90": pct(0.9), "max": sizes[-1] if sizes else 0},
-            "utilisation": utilisation(self.spans, wall_s, replicas),
+            "batch_size": {"mean": round(self.requests / max(1, self.calls), 2), "p50": percentile(self.batch_sizes, 0.5),
+                           "p90": percentile(self.batch_sizes, 0.9), "max": max(self.batch_sizes, default=0)},
+            "utilisation": utilisation(self.busy_bins, self.bin_s, wall_s, replicas),
             **({"peak_tokens_in_flight": self.peak_tokens_in_flight} if self.peak_tokens_in_flight else {}),
             **({"prefix_cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4),
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens} if self.prompt_tokens else {}),
@@ -96,19 +116,28 @@ class StageStats:
                 self.bytes_in_by_reference += size
 
 
-def utilisation(spans: list[tuple[int, float, float]], wall_s: float, replicas: int, bins: int = 50) -> dict:
-    """Busy fraction of the stage's replicas in each of ``bins`` equal slices of the run. A replica
-    counts as busy while it has at least one batch in flight (queued batches overlap: union them)."""
+def percentile(counts: Counter, q: float) -> int:
+    """The q-th value of the values ``counts`` counts (the value at index int(q * n) of them sorted)."""
+    n = sum(counts.values())
+    index, seen = min(n - 1, int(q * n)), 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen > index:
+            return value
+    return 0
+
+
+def utilisation(busy_bins: list[float], bin_s: float, wall_s: float, replicas: int, bins: int = 50) -> dict:
+    """Busy fraction of the stage's replicas in each of ``bins`` equal slices of the run, from the busy
+    replica-seconds counted in slices of ``bin_s`` (a replica busy while it has at least one batch in flight:
+    its overlapping batches counted once)."""
     width = wall_s / bins if wall_s > 0 else 0.0
     busy = [0.0] * bins
     if width:
-        for replica in {r for r, _, _ in spans}:
-            end = 0.0
-            for _, a, b in sorted(s for s in spans if s[0] == replica):
-                a = max(a, end)  # the part not already covered by this replica's earlier batches
-                end = max(end, b)
-                for i in range(int(a // width), min(bins, int(b // width) + 1)):
-                    busy[i] += max(0.0, min(b, (i + 1) * width) - max(a, i * width))
+        for j, seconds in enumerate(busy_bins):  # spread evenly over its slice, into the report's
+            a, b = j * bin_s, (j + 1) * bin_s
+            for i in range(int(a // width), min(bins, int(b // width) + 1)):
+                busy[i] += seconds * max(0.0, min(b, (i + 1) * width) - max(a, i * width)) / bin_s
     return {"bin_s": round(width, 3), "busy": [round(min(1.0, x / (width * replicas)), 3) if width else 0.0
                                                for x in busy]}
 

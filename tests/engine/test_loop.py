@@ -65,7 +65,7 @@ def test_window_bounds_roots_in_flight_and_batches_respect_max_batch(ray_session
     assert len(rows) == 100
     assert engine.peak_in_flight == 10
     sizes = engine.stages["generator"].stats.batch_sizes
-    assert max(sizes) <= 4 and sum(sizes) == 100
+    assert max(sizes) <= 4 and sum(size * n for size, n in sizes.items()) == 100
 
 
 def test_identical_requests_are_computed_once(ray_session):
@@ -346,11 +346,17 @@ def test_a_row_counts_its_generations_cut_off_at_max_tokens_and_the_run_counts_t
 
 
 def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_session):
-    from engine.stages import utilisation
+    from engine.stages import StageStats, utilisation
 
     # replica 0 busy 0-10 s (two overlapping batches), replica 1 busy 5-10 s
-    assert utilisation([(0, 0, 5), (0, 2, 10), (1, 5, 10)], 10, 2, bins=5) == {
-        "bin_s": 2.0, "busy": [0.5, 0.5, 0.75, 1.0, 1.0]}
+    stats = StageStats()
+    stats.batch_started(0, 0.0, 0)
+    stats.batch_started(0, 2.0, 1)
+    stats.batch_ended(0, 0.0, 5.0)
+    stats.batch_ended(0, 2.0, 10.0)
+    stats.batch_started(1, 5.0, 0)
+    stats.batch_ended(1, 5.0, 10.0)
+    assert utilisation(stats.busy_bins, stats.bin_s, 10, 2, bins=5) == {"bin_s": 2.0, "busy": [0.5, 0.5, 0.75, 1.0, 1.0]}
     rows = []
     engine = make_engine(ray_session, rows)
     engine.run([Question(f"q{i}", f"question {i}") for i in range(40)], ["direct"])
@@ -468,7 +474,14 @@ def test_busy_seconds_are_the_union_of_a_replicas_overlapping_streams_and_runnin
         launched = {id(b): b for b in engine.launched.values()}.values()
         seen.append((stage.running, sum(len(b.remaining()) for b in launched), sum(stage.inflight)))
 
-    rows = []
+    rows, spans = [], []
+    count = stage.stats.batch_ended
+
+    def ended(replica, started, finished, origin=0.0):  # each stream's span, to union here
+        spans.append((replica, started, finished))
+        count(replica, started, finished, origin)
+
+    stage.stats.batch_ended = ended
     engine = Engine({"generator": stage}, {"direct": STRATEGIES["direct"](StrategySettings())}, EngineConfig(window=32),
                     rows.append, on_progress=report, progress_every_s=0.0)
     engine.run([Question(f"q{i}", f"question {i}") for i in range(12)], ["direct"])
@@ -477,7 +490,23 @@ def test_busy_seconds_are_the_union_of_a_replicas_overlapping_streams_and_runnin
     assert any(streams > 1 for _, _, streams in seen)  # the replica had streams in flight at once
     # the engine counts each of the run's streams as it starts and ends: busy_s is the union of their spans
     # (the spans' and the count's start times are two readings of the clock a few microseconds apart)
-    assert stage.stats.busy_s == pytest.approx(union(stage.stats.spans), abs=0.05)
+    assert stage.stats.busy_s == pytest.approx(union(spans), abs=0.05)
+    assert sum(stage.stats.busy_bins) == pytest.approx(stage.stats.busy_s)  # utilisation's slices hold the same time
+
+
+def test_stage_statistics_do_not_grow_with_the_number_of_batches():
+    """A list per batch (its size and span) took ~6 GB and ~15 minutes to summarise at 50M batches."""
+    from engine.stages import StageStats
+
+    stats = StageStats()
+    for i in range(200_000):  # one replica busy without a break for 200,000 s, a batch a second
+        stats.batch_started(0, float(i), 0)
+        stats.batch_ended(0, float(i), i + 1.0)
+        stats.batch_sizes[1 + i % 8] += 1
+    assert len(stats.busy_bins) <= StageStats.MAX_BINS and len(stats.batch_sizes) == 8
+    summary = stats.summary(wall_s=200_000.0, replicas=1)
+    assert summary["utilisation"]["busy"] == [1.0] * 50 and summary["busy_s"] == 200_000.0
+    assert (summary["batch_size"]["p50"], summary["batch_size"]["p90"], summary["batch_size"]["max"]) == (5, 8, 8)
 
 
 def test_equally_loaded_async_replicas_take_turns_so_work_spreads_over_all_of_them():
