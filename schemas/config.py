@@ -131,15 +131,19 @@ class PlacementGroupConfig(Section):
 # vLLM's engine arguments (0.32's EngineArgs) that decide how a replica schedules, batches, caches and places its
 # work, not what it answers: like the typed speed fields of LLMConfig, they move an answer at most in its last
 # digits, as a batch's composition already does between two runs with the same values. In `engine_kwargs` a
-# resumed run may change them, and the request cache serves what runs with other values computed.
+# resumed run may change them, and the request cache serves what runs with other values computed. Those a typed
+# field sets (gpu_memory_utilization, enforce_eager, tensor_parallel_size...) are refused there (ENGINE_ARGS_OF_FIELDS).
 ENGINE_SPEED_ARGS = frozenset({
     "max_num_seqs", "max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_active_seqs",
     "max_num_queued_reqs", "max_num_queued_tokens", "long_prefill_token_threshold", "enable_chunked_prefill",
     "scheduling_policy", "async_scheduling", "stream_interval", "enable_prefix_caching", "prefix_caching_hash_algo",
-    "block_size", "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override", "cpu_offload_gb",
-    "enforce_eager", "max_cudagraph_capture_size", "cudagraph_capture_sizes", "tensor_parallel_size",
-    "pipeline_parallel_size", "distributed_executor_backend", "disable_custom_all_reduce", "disable_log_stats",
+    "block_size", "kv_cache_memory_bytes", "num_gpu_blocks_override", "cpu_offload_gb",
+    "max_cudagraph_capture_size", "cudagraph_capture_sizes", "disable_custom_all_reduce", "disable_log_stats",
     "max_parallel_loading_workers", "use_tqdm_on_load"})
+# vLLM's engine arguments that a replica is given from LLMConfig's field of the same name (actors/generator.py's
+# engine_arguments): in engine_kwargs as well, every replica died with "got multiple values for keyword argument"
+ENGINE_ARGS_OF_FIELDS = ("model", "dtype", "max_model_len", "enforce_eager", "tensor_parallel_size",
+                         "pipeline_parallel_size", "gpu_memory_utilization", "seed")
 
 
 def answer_engine_kwargs(engine_kwargs: dict) -> dict:
@@ -209,7 +213,20 @@ class LLMConfig(Section):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="more of vLLM's engine arguments "
                                           "(vllm.LLM's; AsyncEngineArgs' under serving: async); unused with `endpoint`. "
                                           "Those of ENGINE_SPEED_ARGS (max_num_seqs, enable_prefix_caching...) are speed "
-                                          "settings: a resumed run may change them")
+                                          "settings: a resumed run may change them. Not those this pool's own fields set "
+                                          "(gpu_memory_utilization, seed...) nor distributed_executor_backend")
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _no_argument_given_twice(cls, value, info):
+        for key in value:
+            if key in ENGINE_ARGS_OF_FIELDS:
+                raise ValueError(f"{key} is this pool's own field: set it beside engine_kwargs, not in it")
+            if key == "distributed_executor_backend":
+                raise ValueError(f"{key}: ragsift sets it itself (uni on one device, ray over a replica's placement group)")
+            if key == "disable_log_stats" and info.data.get("serving") == "async":
+                raise ValueError(f"{key}: ragsift sets it itself under serving: async")
+        return value
 
     @property
     def world_size(self) -> int:

@@ -88,7 +88,7 @@ def test_a_tokenizer_or_template_named_in_engine_kwargs_is_keyed_by_its_files(tm
     here = keys(tokenizer="tok")
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert keys(tokenizer="tok") != here  # "tok" names no folder from here: another tokenizer (a hub name)
-    assert keys(enforce_eager=True) == keys(enforce_eager=True)  # settings that are not paths as they are
+    assert keys(quantization="fp8") == keys(quantization="fp8")  # settings that are not paths as they are
 
 
 def test_a_search_setting_keys_the_retriever_only_on_an_index_whose_shards_read_it(indexes):

@@ -224,3 +224,18 @@ def test_a_config_ragsift_writes_loads_back_to_the_same_values(tmp_path):
     again = load_config(AnswerConfig, str(written))
     assert again.answer_form.by_dataset == {"08": "short", "0o17": "yes_no"}
     assert again.generator.engine_kwargs == {"revision": "09"} and again.input.split == "2024-01-01"
+
+
+@pytest.mark.parametrize(("override", "refusal"), [
+    ("generator.engine_kwargs.gpu_memory_utilization=0.5", r"generator\.engine_kwargs: .*gpu_memory_utilization is this "
+                                                           r"pool's own field: set it beside engine_kwargs"),
+    ("judge.engine_kwargs.seed=1", r"judge\.engine_kwargs: .*seed is this pool's own field"),
+    ("generator.engine_kwargs.distributed_executor_backend=mp", "distributed_executor_backend: ragsift sets it itself"),
+    ("generator.engine_kwargs.disable_log_stats=false", "disable_log_stats: ragsift sets it itself under serving: async")])
+def test_an_engine_argument_a_typed_field_or_ragsift_sets_is_refused_in_engine_kwargs_naming_the_field(override, refusal):
+    """`generator.engine_kwargs.gpu_memory_utilization=0.5` validated, then every replica died with "dict() got
+    multiple values for keyword argument": actors/generator.py passes the field's value as well."""
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(AnswerConfig, None, [override])
+    batch = load_config(AnswerConfig, None, ["generator.serving=batch", "generator.engine_kwargs.disable_log_stats=false"])
+    assert batch.generator.engine_kwargs == {"disable_log_stats": False}  # vllm.LLM takes it from engine_kwargs alone
