@@ -59,6 +59,9 @@ def answer(config: AnswerConfig, log=print, force: bool = False, stages: dict | 
     plan = plan_input(config.questions, limit=config.limit)  # validates the schema before any actor starts
     if not plan.rows:  # before: Ray started and the models loaded to answer nothing, exit 0
         raise UserError(f"{redact(config.questions)} holds no questions to answer (0 rows)")
+    if retry_errors and force:  # --force would discard every answer whose errors --retry-errors is to answer again
+        check_output(config, plan=plan, hint="--retry-errors answers its error rows with the run's own config, which "
+                                             "--force does not change: give that config, or leave out --retry-errors")
     if plan.duplicate_rows:  # said only in metrics.json before: a label run's counts did not add up to the rows given
         n = len(plan.duplicate_rows)
         log(f"{n} question {'row repeats' if n == 1 else 'rows repeat'} an earlier row's id: each id is answered once, "

@@ -7,7 +7,7 @@ import pytest
 
 from engine.stages import GeneratorStage
 from jobs.answer import answer
-from schemas.config import StageBatching
+from schemas.config import ConfigError, StageBatching
 from schemas.records import Generation
 from strategies.registry import AnswerConfig
 from tests.engine.fakes import FakeGenerator
@@ -185,3 +185,20 @@ def test_a_run_whose_rows_are_all_errors_or_over_the_configured_share_exits_3_wi
     # the rerun that finds every part committed answers nothing, and says what the output holds
     again = answer(config, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())})
     assert error_status("answer", again, 0.5) == 3
+
+
+def test_retry_errors_with_force_over_a_changed_config_is_refused_and_keeps_the_output(ray_session, tmp_path):
+    """`--retry-errors --force` with a changed config discarded every committed answer, then answered them all."""
+    ray = ray_session
+    questions, out = tmp_path / "q.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["question 0", "question 1 POISON"]}), questions)
+    run(ray, questions, out, FakeGenerator)
+    before = (out / "direct" / "part-00000.parquet").read_bytes()
+    actor = ray.remote(Healed).options(num_cpus=0).remote()
+    changed = AnswerConfig(questions=str(questions), output=str(out), strategies=["direct"], sampling={"max_tokens": 9},
+                           commit={"shard_rows": 10}, engine={"window": 8, "max_attempts": 2})
+    with pytest.raises(ConfigError, match=r"differs in: sampling\.max_tokens.*leave out --retry-errors"):
+        answer(changed, log=lambda *_: None, stages={"generator": GeneratorStage([actor], StageBatching())},
+               force=True, retry_errors=True)
+    assert (out / "direct" / "part-00000.parquet").read_bytes() == before
+    assert ray.get(actor.requests.remote()) == []
