@@ -247,11 +247,19 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
     Answers are read in chunks of parts and labels written as they come: memory holds the gold
     answers (id, answers, gold passage ids) and one chunk of answer rows with their passages."""
     cols = question_columns(config.questions)  # a bad gold column fails before the answering, not after
+    if "answers" not in cols:  # said before the answering, which took hours for labels it could not make
+        kinds = [k for k in RAISF_KINDS if k in config.label.collect] if "raisf_labels" in config.strategies else []
+        kinds += ["self_reasoning"] if "self_reasoning" in config.strategies else []
+        empty = [k for k in kinds if k in ("self_knowledge", "self_reasoning")]
+        if empty == kinds:
+            raise UserError(f"{redact(source or config.questions)} has no `answers` column, and every kind asked "
+                            f"({', '.join(kinds)}) is labelled against gold answers: give questions with answers")
+        if empty:
+            log(f"warning: no `answers` column: {' and '.join(empty)} will have no labels (they need gold answers); "
+                f"labelling {', '.join(k for k in kinds if k not in empty)}")
     answer_job.answer(config, log=log, force=force)
     gold = by_first_id(read_table(config.questions, [
         "id", *[c for c in ("answers", "gold_passage_ids", "kind", "dataset") if c in cols]]).to_pylist())
-    if "answers" not in cols:
-        log("no `answers` column: no self-knowledge labels and no self-reasoning trajectories (both need gold)")
     summary, writers = {}, []
     split = read_split_index(config.output, config.strategies)
     if "raisf_labels" in config.strategies:

@@ -5,6 +5,7 @@ from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobs.label import (
     LabelWriter,
@@ -257,3 +258,32 @@ def test_the_card_names_the_users_questions_file_and_its_sha256_not_only_the_con
     card = card_text([], {}, config, source=given.questions)
     assert f"`{jsonl}` (sha256 of the file: `{hashlib.sha256(jsonl.read_bytes()).hexdigest()}`)" in card
     assert f"read as ragsift's Parquet copy `{config.questions}`" in card
+
+
+def test_questions_without_answers_are_refused_before_answering_when_every_kind_asked_needs_gold(tmp_path, monkeypatch):
+    """`ragsift label` answered every question before it noticed there was no `answers` column, then exited 0
+    with nothing labelled; where some kinds need no gold, the others' emptiness was said only at the end."""
+    from jobs import label as label_job
+    from schemas.errors import UserError
+    from strategies.registry import AnswerConfig
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), questions)
+    said, answered = [], []
+
+    def answer(config, log, force):
+        answered.append(config.strategies)
+        raise RuntimeError("answered")
+
+    monkeypatch.setattr(label_job.answer_job, "answer", answer)
+    for strategies, collect in ((["self_reasoning"], []), (["raisf_labels", "self_reasoning"], ["self_knowledge"])):
+        config = AnswerConfig(questions=str(questions), output=str(tmp_path / "out"), strategies=strategies,
+                              label={"collect": collect or ["self_knowledge"]})
+        with pytest.raises(UserError, match=r"no `answers` column, and every kind asked \(.*\) is labelled against gold"):
+            label_job.label(config, log=said.append)
+    assert not answered
+    config = AnswerConfig(questions=str(questions), output=str(tmp_path / "out"), strategies=["raisf_labels", "self_reasoning"])
+    with pytest.raises(RuntimeError, match="answered"):
+        label_job.label(config, log=said.append)
+    assert said == ["warning: no `answers` column: self_knowledge and self_reasoning will have no labels (they need gold "
+                    "answers); labelling relevance, decomposition"]
