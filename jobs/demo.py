@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.answer import answer
+from jobs.answer import answer, error_status
 from jobs.cli import strategy_names
 from jobs.evaluate import evaluate, print_tables, write_reports
 from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
@@ -100,12 +100,12 @@ def run(args: argparse.Namespace) -> int:
         if llm is not None:
             llm_settings(llm)
     ensure_index(index_dir, args.shards, log)
-    answer(config, log=log, force=args.force)
+    metrics = answer(config, log=log, force=args.force)
     table, resolved = evaluate(args.output, str(QUESTIONS), k=config.retrieval.k, strategies=config.strategies)
     write_reports(table, args.output, resolved)
     log(f"demo finished in {time.perf_counter() - started:.0f} s; tables in {args.output}/eval.md")
     print_tables(table, resolved)
-    return 0
+    return error_status("demo", metrics, config.commit.max_error_share)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,7 +85,7 @@ def test_a_whole_section_set_past_the_demos_flags_is_refused(tmp_path, builds, s
 
 def test_a_search_time_index_setting_is_the_demos_to_take(tmp_path, builds, monkeypatch):
     answered = []
-    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(config.index.nprobe))
+    monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(config.index.nprobe) or {})
     monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
     monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
     monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
@@ -99,7 +99,7 @@ def test_a_quoted_set_key_is_read_as_the_config_reads_it(tmp_path, builds, monke
     was refused as an index build setting, and a quoted key holding "=" was cut inside its quotes."""
     answered = []
     monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(
-        (config.index.nprobe, config.answer_form.by_dataset)))
+        (config.index.nprobe, config.answer_form.by_dataset)) or {})
     monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
     monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
     monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
@@ -130,6 +130,7 @@ def test_a_demo_of_other_settings_in_the_same_output_is_refused_unless_forced(tm
         ShardedOutput(config.output, identity, config.strategies, config.commit.shard_rows, force=force, log=log,
                       defaults=identity_defaults(), speed=operational)
         answered.append((config.limit, force))
+        return {}  # its metrics: no row answered
 
     monkeypatch.setattr(demo, "answer", opens)
     monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
@@ -171,3 +172,16 @@ def demo_job_args(tmp_path):
     from jobs.cli import _parser
 
     return _parser("demo", demo_job).parse_args(["--index-dir", "~/idx", "--output", str(tmp_path / "o")])
+
+
+def test_a_demo_whose_error_rows_pass_the_max_error_share_exits_3_as_answer_does(tmp_path, builds, monkeypatch, capsys):
+    """`ragsift demo` exited 0 whatever share of its rows were error rows; answer, compare, label and sweep exit 3."""
+    checked = {s: {"ok": True, "rows": 200, "errors": errors} for s, errors in (("direct", 0), ("rag", 30))}
+    monkeypatch.setattr(demo, "answer", lambda config, log, force: {"exactly_once": checked})
+    monkeypatch.setattr(demo, "llm_settings", lambda llm: None)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: ([], []))
+    monkeypatch.setattr(demo, "write_reports", lambda *a, **k: None)
+    write_manifest(tmp_path / "idx")
+    assert demo.run(demo_args(tmp_path, "--set", "commit.max_error_share=0.05")) == 3
+    assert "ragsift demo: error: 30 of the output's 400 rows are error rows" in capsys.readouterr().err
+    assert demo.run(demo_args(tmp_path, "--set", "commit.max_error_share=0.1")) == 0
