@@ -321,18 +321,19 @@ def _pip_install(requirements: list[str]) -> None:
 
 def add_arguments(p) -> None:
     p.add_argument("action", choices=["list", "prepare"])
-    p.add_argument("names", nargs="*", default=[], help="aliases to prepare (default: the offline defaults)")
+    p.add_argument("names", nargs="*", default=[], help="aliases to list (default: all) or to prepare (default: the "
+                   "offline defaults)")
 
 
 def run(args) -> int:
+    names = args.names or (list(REGISTRY) if args.action == "list" else [DEFAULT_GENERATOR, TEST_GENERATOR, DEFAULT_EMBEDDER])
+    if unknown := [n for n in names if n not in REGISTRY]:  # before a GB-size prepare of the names ahead of a typo
+        raise UserError(f"unknown offline model(s) {', '.join(map(repr, unknown))}; known: {', '.join(REGISTRY)}")
     if args.action == "list":
-        for alias, m in REGISTRY.items():
+        for alias, m in ((n, REGISTRY[n]) for n in names):
             state = "ready" if is_prepared(alias) else "not prepared"
             print(f"{alias:32} {m.kind:10} {state:13} {m.description}")
         return 0
-    names = args.names or [DEFAULT_GENERATOR, TEST_GENERATOR, DEFAULT_EMBEDDER]
-    if unknown := [n for n in names if n not in REGISTRY]:  # before a GB-size prepare of the names ahead of a typo
-        raise UserError(f"unknown offline model(s) {', '.join(map(repr, unknown))}; known: {', '.join(REGISTRY)}")
     for alias in names:
         prepare(alias)
     return 0

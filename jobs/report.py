@@ -240,7 +240,8 @@ def render(runs: list[dict]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", nargs="+", required=True, help="answer or compare output directories")
+    p.add_argument("--runs", nargs="+", action="extend", required=True,
+                   help="answer or compare output directories (given once or repeated)")
     p.add_argument("--questions", required=True, help="the questions with gold `answers`: any file `answer` reads")
     p.add_argument("--out", required=True, help="HTML file to write")
 

@@ -91,3 +91,17 @@ def test_models_without_an_action_asks_for_the_action_only(capsys):
     with pytest.raises(SystemExit):
         main(["models"])
     assert capsys.readouterr().err.rstrip().endswith("the following arguments are required: action")
+
+
+def test_models_list_with_names_lists_only_those_and_an_unknown_name_is_refused_naming_the_known(monkeypatch, capsys):
+    """`ragsift models list foo` ignored its names and listed every model."""
+    import argparse
+
+    monkeypatch.setattr(models, "is_prepared", lambda alias: False)
+    assert models.run(argparse.Namespace(action="list", names=[models.TEST_GENERATOR])) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 1 and listed[0].startswith(models.TEST_GENERATOR)
+    with pytest.raises(UserError, match=f"unknown offline model.*'foo'; known: .*{models.DEFAULT_GENERATOR}"):
+        models.run(argparse.Namespace(action="list", names=["foo"]))
+    models.run(argparse.Namespace(action="list", names=[]))
+    assert len(capsys.readouterr().out.splitlines()) == len(models.REGISTRY)

@@ -209,3 +209,15 @@ def test_report_reads_of_the_answer_rows_only_the_columns_it_scores_and_draws(ru
     parts = [columns for path, columns in asked if "part-" in path]
     assert len(parts) == 2 and all(columns and "trace" not in columns and "question" not in columns for columns in parts)
     assert "<td>raisf</td><td>ALL</td><td>2</td><td>2</td><td>100.0</td>" in out.read_text()
+
+
+def test_runs_given_with_several_runs_flags_are_all_reported():
+    """`--runs A --runs B` kept only B: the page left A out and said nothing."""
+    import argparse
+
+    from jobs.report import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--runs", "a", "--runs", "b", "c", "--questions", "q.parquet", "--out", "r.html"])
+    assert args.runs == ["a", "b", "c"]
