@@ -34,7 +34,9 @@ READY_WAIT_S = 600.0  # for the pools before the first value; a replica still st
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", required=True, help="dotted config field, e.g. think_act.beta_threshold")
-    p.add_argument("--values", required=True, help="comma-separated values (parsed as YAML)")
+    p.add_argument("--values", required=True,
+                   help="comma-separated values, each parsed as YAML (a comma inside [], {} or quotes is the value's: "
+                        "'[a, b],[c]' is two lists); a list that starts with '-' is written --values=-1,0")
     answer_job.add_arguments(p, retry_errors=False)
 
 
@@ -121,7 +123,7 @@ def distinct_values(base, param: str, values: str) -> list[tuple[str, object]]:
     """Each comma-separated value (trimmed) with its config, once per value the config validates to: "0, 0.5"
     named a folder "= 0.5", and "1,1e0" or "true,yes" answered the same setting twice, in two folders."""
     kept, seen = [], []
-    for value in (v.strip() for v in values.split(",")):
+    for value in (v.strip() for v in top_level_values(values)):
         if not value:  # YAML reads it as null: a trailing comma swept a run of "none"
             raise ConfigError(f"sweep --values {values!r}: an empty value (write null for none)")
         config = with_value(base, param, value)
@@ -130,6 +132,32 @@ def distinct_values(base, param: str, values: str) -> list[tuple[str, object]]:
             seen.append(setting)
             kept.append((value, config))
     return kept
+
+
+def top_level_values(text: str) -> list[str]:
+    """``text`` cut at each comma outside [], {} and a quoted scalar: a list or mapping value keeps its own
+    commas. A quote opens a scalar only where one begins (``it's`` is plain text)."""
+    parts, depth, quote, start, i = [], 0, None, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\" and quote == '"':
+                i += 1  # an escaped character, a quote among them
+            elif ch == quote == "'" and text[i + 1:i + 2] == "'":
+                i += 1  # '' inside '...' is one quote
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"" and text[:i].rstrip()[-1:] in ("", ",", "[", "{", ":"):
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth <= 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    return [*parts, text[start:]]
 
 
 def field_value(config, param: str):

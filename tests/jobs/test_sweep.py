@@ -293,3 +293,12 @@ def test_a_sweep_stopped_midway_stops_its_llm_engines_too(tmp_path, monkeypatch)
     code = main(["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", str(questions),
                  "--output", str(tmp_path / "sweep"), "--strategy", "rag"])
     assert code == 130 and stopped == [(stages, 15.0)]
+
+
+def test_values_are_cut_at_top_level_commas_so_lists_and_quoted_text_can_be_swept():
+    """`--values '[multi-hop, sub-question],[multi-hop]'` was cut at every comma: "[multi-hop" was refused as YAML."""
+    from jobs.sweep import distinct_values
+
+    base = AnswerConfig(questions="q.parquet", output="out", strategies=["rag"])
+    swept = distinct_values(base, "answer_form.detect_yes_no", "[multi-hop, sub-question], [multi-hop],['x, y']")
+    assert [c.answer_form.detect_yes_no for _, c in swept] == [["multi-hop", "sub-question"], ["multi-hop"], ["x, y"]]
