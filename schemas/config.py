@@ -47,8 +47,8 @@ class Section(BaseModel):
         # pydantic takes true as 1 and false as 0: `--set retrieval.k=true` ran with k = 1
         if isinstance(value, bool) and _numbers_only(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"a number, not {str(value).lower()}")
-        # YAML reads 1e3 as text (its floats need a dot), and pydantic takes no text of that form for an int:
-        # `--set retrieval.k=1e0` was refused where 1.0 and 1 are one value
+        # pydantic takes no text such as "1e3" for an int (a quoted YAML value, a Session's Python value), where
+        # 1.0 and 1 are one value
         if (isinstance(value, str) and _EXPONENT.fullmatch(value.strip())
                 and _numbers_only(cls.model_fields[info.field_name].annotation)):
             return float(value)
@@ -99,7 +99,7 @@ class EndpointConfig(Section):
     max_retries: int = Field(5, json_schema_extra=SPEED, ge=0, description="retries with exponential backoff on "
                              "429, 408, 409, 5xx and lost connections (the openai client's); a request still failing "
                              "fails its call, which the engine retries and at last turns into an error row")
-    timeout_s: float = Field(600, json_schema_extra=SPEED, gt=0, description="one HTTP request's timeout")
+    timeout_s: float = Field(600, json_schema_extra=SPEED, gt=0, allow_inf_nan=False, description="one HTTP request's timeout")
     vllm_extensions: bool = Field(True, description="judgments use vLLM's `structured_outputs: {choice}`; False for "
                                   "servers without it: a judgment is then free text, read as the choice it names, else scored by "
                                   "its first token's top log-probs, else an error")
@@ -255,8 +255,9 @@ class LLMConfig(Section):
 class SamplingConfig(Section):
     """Defaults for vllm.SamplingParams; greedy so runs are reproducible."""
 
-    temperature: float = Field(0.0, ge=0, description="of every generation (judgments are always greedy); 0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; 1 = off")
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False,
+                               description="of every generation (judgments are always greedy); 0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, description="nucleus sampling; 1 = off")
     max_tokens: int = Field(48, ge=1, description="completion budget of a generation whose step names none (a short "
                             "answer); structured steps (trajectories, sub-question lists) set their own")
 
@@ -400,14 +401,15 @@ class StageBatching(Section):
     max_wait_s: float = Field(0.05, ge=0, description="how long the oldest queued request waits for a fuller batch "
                               "(a batch also goes as soon as no other is running)")
     max_inflight_per_replica: int = Field(2, ge=1, description="batches queued at one replica")
-    timeout_s: float | None = Field(None, gt=0,
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="a batch running longer fails and its replica is restarted; None = no limit")
 
 
 class LLMBatching(StageBatching):
     max_batch: int = Field(256, ge=1, description="requests per call to a replica (async replicas: per streaming call)")
-    timeout_s: float | None = Field(1800, gt=0, description="a batch running longer fails (async replicas: this long "
-                                    "without a result from its replica) and its replica is restarted; None = no limit")
+    timeout_s: float | None = Field(1800, gt=0, allow_inf_nan=False,
+                                    description="a batch running longer fails (async replicas: this long without a "
+                                    "result from its replica) and its replica is restarted; None = no limit")
     max_tokens_in_flight: int | None = Field(None, ge=1, description="async replicas: estimated prompt + completion "
                                              "tokens in flight per replica; None = twice the replica's KV cache")
 
@@ -416,7 +418,7 @@ class RetrieverBatching(StageBatching):
     """Batching of the retriever, nli and know stages (and the ranker's)."""
 
     max_batch: int = Field(128, ge=1, description="requests per call to a replica")
-    timeout_s: float | None = Field(600, gt=0, description="a batch running longer fails and its replica is "
+    timeout_s: float | None = Field(600, gt=0, allow_inf_nan=False, description="a batch running longer fails and its replica is "
                                     "restarted; None = no limit")
 
 
@@ -709,9 +711,9 @@ class ConfigError(UserError):
 
 
 class Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's core schema for booleans and integers: `no`, `on`, `y` stay
-    strings (a license, a split, a dataset named so), `010` is ten (not octal eight), `1:30` is a string
-    (not sexagesimal ninety); only true / false are booleans."""
+    """PyYAML's safe loader with YAML 1.2's core schema for booleans, integers and floats: `no`, `on`, `y` stay
+    strings (a license, a split, a dataset named so), `010` is ten (not octal eight), `1:30` and `1:30.5` are
+    strings (not sexagesimal ninety), `1e3` is a float; only true / false are booleans."""
 
 
 def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
@@ -722,13 +724,20 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 # and no timestamps (YAML 1.2 has none): `--set input.split=2024-01-01` was a date, refused as "not a valid string"
 Yaml12Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers
-            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:timestamp")]
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                           "tag:yaml.org,2002:timestamp")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                    list("tTfF"))
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
                                    list("-+0123456789"))
 Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
+# a whole number without a dot or exponent is the int above; SafeLoader's float constructor reads the rest
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
 
 
 class Yaml12Dumper(yaml.SafeDumper):

@@ -239,3 +239,18 @@ def test_an_engine_argument_a_typed_field_or_ragsift_sets_is_refused_in_engine_k
         load_config(AnswerConfig, None, [override])
     batch = load_config(AnswerConfig, None, ["generator.serving=batch", "generator.engine_kwargs.disable_log_stats=false"])
     assert batch.generator.engine_kwargs == {"disable_log_stats": False}  # vllm.LLM takes it from engine_kwargs alone
+
+
+def test_floats_are_read_as_yaml_1_2_where_1_30_5_is_text_and_infinity_is_refused_where_it_means_nothing(tmp_path):
+    """YAML 1.1's float resolver was still on: `engine.generator.max_wait_s=1:30.5` read 90.5 (sexagesimal), and
+    `sampling.temperature=.inf` or an endpoint's `timeout_s: .inf` were taken."""
+    with pytest.raises(ConfigError, match=r"engine\.generator\.max_wait_s: Input should be a valid number"):
+        load_config(AnswerConfig, None, ["engine.generator.max_wait_s=1:30.5"])
+    c = load_config(AnswerConfig, None, ["engine.generator.max_wait_s=1e-1", "sampling.top_p=.5", "input.split=1_0.5"])
+    assert (c.engine.generator.max_wait_s, c.sampling.top_p, c.input.split) == (0.1, 0.5, "1_0.5")
+    f = tmp_path / "c.yaml"
+    f.write_text("generator: {model: m, endpoint: {base_url: 'http://127.0.0.1:8000/v1', timeout_s: .inf}}\n")
+    for file, overrides in ((None, ["sampling.temperature=.inf"]), (None, ["sampling.top_p=.nan"]),
+                            (None, ["engine.generator.timeout_s=.inf"]), (f, [])):
+        with pytest.raises(ConfigError, match=r"(temperature|top_p|timeout_s): Input should be a finite number"):
+            load_config(AnswerConfig, file, overrides)
