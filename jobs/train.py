@@ -37,7 +37,7 @@ from jobs.relevance_pairs import PAIRS
 from jobs.storage import check_kept
 from jobs.train_know import train_know
 from jobs.train_relevance import train_relevance
-from schemas.config import load_config
+from schemas.config import home_expanded, load_config
 from schemas.training import KnowTraining, RelevanceTraining
 
 # Flags are shortcuts for the fields of the same name (schemas/training.py holds the defaults, the
@@ -78,7 +78,7 @@ def settings(args: argparse.Namespace) -> RelevanceTraining | KnowTraining:
     section = SETTINGS[args.judge]
     flags = {name: getattr(args, name) for name in section.model_fields if name != "exclude"}
     layered = load_config(section, args.config, args.set, **flags)
-    return layered.model_copy(update={"exclude": [*layered.exclude, *(args.exclude or [])]})
+    return layered.model_copy(update={"exclude": [*layered.exclude, *map(home_expanded, args.exclude or [])]})
 
 
 def run(args: argparse.Namespace) -> int:

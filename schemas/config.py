@@ -623,7 +623,7 @@ class CacheConfig(Section):
                           in ("", "0", "false", "no", "off"),
                           description="False (or --no-cache, or RAGSIFT_NO_CACHE=1) = this run neither reads nor "
                           "writes the disk cache (it still shares identical requests within itself)")
-    path: str | None = Field(None, description="the SQLite file; None = $RAGSIFT_HOME/cache/requests.sqlite "
+    path: str | None = Field(None, description="the local SQLite file (not a URI); None = $RAGSIFT_HOME/cache/requests.sqlite "
                              "(~/.cache/ragsift). On a cluster it is on the driver's machine")
     max_mb: int | None = Field(4096, ge=1, description="a run that opens the file holding more responses than "
                                "this deletes the oldest written until they take 80% of it (the file keeps its size "
@@ -631,7 +631,10 @@ class CacheConfig(Section):
 
     @field_validator("path")
     @classmethod
-    def _home(cls, value):
+    def _a_local_file(cls, value):
+        # an s3:// path made a local SQLite file "s3:/bucket/..."; the value is not repeated: it may hold a secret
+        if value and "://" in value:
+            raise ValueError("the request cache is a local SQLite file (SQLite cannot write to object storage), not a URI")
         return home_expanded(value)
 
 
@@ -837,7 +840,7 @@ def load_config(cls: type[BaseModel], file: str | Path | list | None = None, ove
     """Build ``cls`` from defaults, YAML files (each over the one before, field by field), dotted
     overrides, then explicit keyword values."""
     data: dict[str, Any] = {}
-    for path in map(Path, [file] if isinstance(file, (str, Path)) else file or []):
+    for path in (Path(f).expanduser() for f in ([file] if isinstance(file, (str, Path)) else file or [])):
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
         try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from schemas.config import SPEED, Section
+from schemas.config import SPEED, Section, home_expanded
 
 EXCLUDE = "id lists (one id a line) or question Parquet files whose questions are never trained on"
 
@@ -40,6 +40,11 @@ class RelevanceTraining(Section):
     threads: int | None = Field(None, ge=1, json_schema_extra=SPEED, description="torch threads on CPU (default: every core)")
     bf16: bool = Field(False, description="bfloat16 mixed precision (GPUs, and CPUs with AVX512-BF16 / AMX)")
 
+    @field_validator("output", "questions", "index_dir", "pairs", "exclude")
+    @classmethod
+    def _home(cls, value):
+        return [home_expanded(v) for v in value] if isinstance(value, list) else home_expanded(value)
+
     @model_validator(mode="after")
     def _one_source_of_pairs(self) -> RelevanceTraining:
         if self.pairs and self.mine_only:
@@ -63,3 +68,8 @@ class KnowTraining(Section):
     embedder: str = Field("all-minilm-l6-v2", description="question vectors (alias, path or hub name)")
     c: float = Field(1.0, gt=0, description="inverse regularisation strength of the logistic regression")
     held_out: float = Field(0.1, ge=0, lt=1, description="share of questions kept out of training (by id hash)")
+
+    @field_validator("labels", "output", "exclude")
+    @classmethod
+    def _home(cls, value):
+        return [home_expanded(v) for v in value] if isinstance(value, list) else home_expanded(value)

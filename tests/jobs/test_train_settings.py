@@ -465,3 +465,16 @@ def test_pairs_are_not_mined_from_an_index_of_split_passages(monkeypatch):
         "embedder": "e", "shards": [{"dir": "s"}], "chunks": {"words": 100, "overlap": 0, "split": 3}})
     with pytest.raises(UserError, match=r"idx holds passages split into parts \(index.chunk_words\)"):
         mine_pairs([{"id": "a", "question": "Who?", "gold_passage_ids": ["p1"]}], "idx", negatives=0)
+
+
+def test_a_tilde_in_a_training_path_is_the_home_folder(tmp_path, monkeypatch):
+    """`output: ~/m_rel` in a train config wrote the model into a folder named "~" under the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    mining = settings(parse(["relevance", "--set", "questions=~/q.parquet", "--set", "index_dir=~/idx",
+                             "--output", "~/pairs", "--mine-only", "--set", "exclude=[~/a.txt]", "--exclude", "~/b.txt"]))
+    assert (mining.questions, mining.index_dir, mining.output) == tuple(str(tmp_path / n) for n in ("q.parquet", "idx", "pairs"))
+    assert mining.exclude == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    assert settings(parse(["relevance", "--pairs", "~/p.parquet", "--output", "m"])).pairs == str(tmp_path / "p.parquet")
+    know = settings(parse(["know", "--set", "labels=~/labels", "--set", "output=~/m_know", "--set", "exclude=[~/c.txt]"]))
+    assert (know.labels, know.output, know.exclude) == (str(tmp_path / "labels"), str(tmp_path / "m_know"),
+                                                        [str(tmp_path / "c.txt")])

@@ -254,3 +254,14 @@ def test_floats_are_read_as_yaml_1_2_where_1_30_5_is_text_and_infinity_is_refuse
                             (None, ["engine.generator.timeout_s=.inf"]), (f, [])):
         with pytest.raises(ConfigError, match=r"(temperature|top_p|timeout_s): Input should be a finite number"):
             load_config(AnswerConfig, file, overrides)
+
+
+def test_a_tilde_in_a_config_file_path_is_the_home_folder_and_a_uri_for_the_cache_path_is_refused(tmp_path, monkeypatch):
+    """`--config ~/c.yaml` (quoted, or from a script) said the file does not exist, and `cache.path=s3://b/c.sqlite`
+    created a local SQLite file under a folder named "s3:"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "c.yaml").write_text("retrieval: {k: 7}\n")
+    assert load_config(AnswerConfig, "~/c.yaml").retrieval.k == 7 and load_config(AnswerConfig, ["~/c.yaml"]).retrieval.k == 7
+    assert load_config(AnswerConfig, None, ["cache.path=~/requests.sqlite"]).cache.path == str(tmp_path / "requests.sqlite")
+    with pytest.raises(ConfigError, match=r"cache\.path: .*a local SQLite file .*not a URI"):
+        load_config(AnswerConfig, None, ["cache.path=s3://bucket/requests.sqlite"])
