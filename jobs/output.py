@@ -418,22 +418,30 @@ class ShardedOutput:
                    for shard, n in shard_sizes.items() for s in self.strategies if self.todo(s, shard))
 
     def reopen_errors(self) -> int:
-        """Open every committed part that holds error rows again, its answered rows already written, so
-        that answering its error rows again commits it whole (the old part is replaced only then).
-        Returns how many error rows are to be answered again."""
+        """Mark every committed part that holds error rows to be answered again: its answered rows are
+        copied into its new part when the first of its answers comes (``_reopened``), so that answering its
+        error rows commits it whole (the old part is replaced only then). Returns how many error rows are to
+        be answered again."""
+        # the ids and errors alone, and no part opened yet: a run of 1,000 parts with errors read every part
+        # whole (traces too) and held 1,000 writers open, past the open files a process may have
         for strategy, shard in sorted(self.committed):
             with self.fs.open_input_file(self._path(strategy, shard)) as f:
-                table = pq.read_table(f)
+                table = pq.read_table(f, columns=["id", "error"])
             failed = pc.is_valid(table["error"])
-            if not pc.any(failed).as_py():
-                continue
-            kept = table.filter(pc.invert(failed))
-            part = self._open(strategy, shard)
-            part.writer.write_table(conformed(kept, self.schema))
-            part.written = kept.num_rows
-            self.committed.discard((strategy, shard))
-            self.retrying[(strategy, shard)] = frozenset(table.filter(failed)["id"].to_pylist())
+            if pc.any(failed).as_py():
+                self.committed.discard((strategy, shard))
+                self.retrying[(strategy, shard)] = frozenset(table.filter(failed)["id"].to_pylist())
         return sum(map(len, self.retrying.values()))
+
+    def _reopened(self, strategy: str, shard: int) -> _Open:
+        """The new part of a part being answered again, holding the old part's answered rows."""
+        with self.fs.open_input_file(self._path(strategy, shard)) as f:
+            table = pq.read_table(f)
+        kept = table.filter(pc.is_null(table["error"]))
+        part = self._open(strategy, shard)
+        part.writer.write_table(conformed(kept, self.schema))
+        part.written = kept.num_rows
+        return part
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -449,7 +457,7 @@ class ShardedOutput:
         if row.get("error"):
             self.error_rows[row["strategy"], re.sub(r"\d+", "N", row["error"][:200])] += 1
         with self._writing(*key):
-            part = self.open.get(key) or self._open(*key)
+            part = self.open.get(key) or (self._reopened(*key) if key in self.retrying else self._open(*key))
             part.rows.append(row)
             part.written += 1
             if len(part.rows) >= self.row_group_rows:

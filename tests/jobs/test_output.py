@@ -724,3 +724,27 @@ def test_an_output_that_recorded_a_section_its_run_does_not_read_resumes_and_a_n
     with pytest.raises(ConfigError, match="differs in: raisf.k"):
         output("both", ["raisf"])
     assert output("both", ["raisf"], raisf={"k": 7}).committed == set()  # the same settings: it resumes
+
+
+def test_retry_errors_reads_only_ids_and_errors_and_opens_a_part_only_when_its_answers_come(tmp_path, monkeypatch):
+    """A run of 1,000 parts with errors read each whole (traces too) and held a writer open for every one:
+    past 1,024 open files before Ray started."""
+    out = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=2)
+    for shard in range(3):
+        out.sealed(shard, 2)
+        out.write({**row(f"q{2 * shard}", "rag", shard), "trace": "x" * 100})
+        out.write({**row(f"q{2 * shard + 1}", "rag", shard), "error": "boom"})
+    assert out.close() == []
+    read = []
+    whole = output_module.pq.read_table
+    monkeypatch.setattr(output_module.pq, "read_table", lambda f, columns=None: read.append(columns) or whole(f, columns=columns))
+    again = ShardedOutput(str(tmp_path), IDENTITY, ["rag"], shard_rows=2)
+    assert again.reopen_errors() == 3 and read == [["id", "error"]] * 3 and again.open == {}
+    for shard in range(3):
+        again.sealed(shard, 2)
+    again.write({**row("q3", "rag", 1), "answer": "healed"})  # only its part is opened, and commits whole
+    assert again.open == {} and ("rag", 1) in again.committed and ("rag", 0) not in again.committed
+    part = pq.read_table(tmp_path / "rag" / "part-00001.parquet")
+    assert part["id"].to_pylist() == ["q2", "q3"] and part["answer"].to_pylist() == ["a", "healed"]
+    assert part["trace"].to_pylist()[0] == "x" * 100
+    assert pq.read_table(tmp_path / "rag" / "part-00000.parquet")["error"].to_pylist() == [None, "boom"]  # untouched
