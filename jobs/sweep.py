@@ -22,12 +22,13 @@ from pydantic import ValidationError
 from jobs import answer as answer_job
 from jobs.answer import previous_metrics
 from jobs.evaluate import answer_files, evaluate, gold_columns
+from jobs.identity import POOL_SECTIONS, sections_unread
 from jobs.pools import build_stages, llm_engines_stopped, pool_plan, ray_request
 from jobs.questions import plan_input
 from jobs.request_cache import open_cache
 from jobs.storage import filesystem, join, read_table
-from schemas.config import ConfigError, parse_override
-from strategies.registry import STRATEGIES, make_strategy
+from schemas.config import ConfigError, built_with_index, parse_override
+from strategies.registry import make_strategy
 
 READY_WAIT_S = 600.0  # for the pools before the first value; a replica still starting after it is the engine's wait
 
@@ -168,27 +169,19 @@ def field_value(config, param: str):
     return node
 
 
-def sections_read(config) -> set[str]:
-    """The config sections the run's strategies are built from, recorded as each reads them."""
-    read: set[str] = set()
-
-    class Recording:
-        def __getattr__(self, name):
-            read.add(name)
-            return getattr(config, name)
-
-    for name in config.strategies:
-        STRATEGIES[name].from_run(Recording())
-    return read
-
-
 def check_read(base, param: str, section: str) -> None:
-    """A strategy's own section (or ``label``, the label job's) that no strategy of the run reads would sweep N
-    identical runs and a flat table (think_act.beta_threshold with --strategy rag)."""
-    owned = {name for name, cls in STRATEGIES.items() if cls.Config} | {"label"}
-    if section in owned and section not in sections_read(base):
-        raise ConfigError(f"sweep --param {param}: no strategy of this run ({', '.join(base.strategies)}) reads "
-                          f"the {section} section, so every value would answer alike; add --strategy to run one that does")
+    """A setting no value can change the answers by would sweep N identical runs and a flat table: a strategy's
+    own section (or ``label``, the label job's) that no strategy of the run reads (think_act.beta_threshold
+    with --strategy rag), a pool's that no strategy asks for (judge.model with rag), or how the index is built."""
+    if section in sections_unread(base):
+        unread, fix = ((f"asks for the {section} pool", "run a strategy that asks for it") if section in POOL_SECTIONS.values()
+                       else (f"reads the {section} section", "add --strategy to run one that does"))
+        raise ConfigError(f"sweep --param {param}: no strategy of this run ({', '.join(base.strategies)}) {unread}, "
+                          f"so every value would answer alike; {fix}")
+    if built_with_index(".".join(parse_override(f"{param}=")[0])):
+        raise ConfigError(f"sweep --param {param}: set when the index is built (a run searches its index as built), so "
+                          "every value would answer alike; build an index per value with `ragsift index` and answer "
+                          "each with `ragsift answer --index-dir`")
 
 
 def stages_needed(config) -> set[str]:

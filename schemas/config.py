@@ -328,6 +328,15 @@ class IndexConfig(Section):
         return self
 
 
+def built_with_index(key: str) -> bool:
+    """Whether the dotted answer config field ``key`` is how ``ragsift index`` builds an index (``index.*`` but
+    its location and search settings, and ``embedder.model``): a run searches its index as the manifest says
+    it was built, and encodes queries with the index's embedder."""
+    section, _, field = key.partition(".")
+    return key == "embedder.model" or (section == "index" and field.split(".")[0] not in ("", "path",
+                                                                                          *IndexConfig.search_time))
+
+
 class RetrievalConfig(Section):
     """How a ``Retrieve`` request is served: dense (FAISS), BM25, or both fused by reciprocal rank."""
 

@@ -126,7 +126,7 @@ def test_a_setting_no_strategy_of_the_run_reads_is_refused_before_anything_runs(
     """think_act.beta_threshold with --strategy rag answered every value alike: a flat table, as if the
     setting did nothing."""
     from jobs.cli import main
-    from jobs.sweep import sections_read
+    from jobs.identity import sections_unread
 
     (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
     code = main(["sweep", "--param", param, "--values", "exact,1", "--questions", str(tmp_path / "q.jsonl"),
@@ -134,7 +134,30 @@ def test_a_setting_no_strategy_of_the_run_reads_is_refused_before_anything_runs(
     section = param.split(".")[0]
     assert code == 2 and f"no strategy of this run ({strategy}) reads the {section} section" in capsys.readouterr().err
     base = AnswerConfig(questions="q.parquet", output="out", strategies=["raisf_labels", "think_act"])
-    assert {"raisf", "label", "think_act"} <= sections_read(base)  # raisf_labels reads RA-ISF's section
+    assert not {"raisf", "label", "think_act"} & sections_unread(base)  # raisf_labels reads RA-ISF's section
+
+
+@pytest.mark.parametrize("param, values, why", [
+    ("judge.model", "smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct", "asks for the judge pool"),
+    ("reranker.model", "a,b", "asks for the reranker pool"), ("nli.model", "a,b", "asks for the nli pool"),
+    ("know.model", "a,b", "asks for the know pool"), ("embedder.model", "all-minilm-l6-v2,bge-small", "when the index is built"),
+    ("index.bm25_k1", "0.9,1.2", "when the index is built"), ("index.index_type", "flat,hnsw", "when the index is built"),
+    ("index.chunk_words", "50,100", "when the index is built")])
+def test_a_pool_no_strategy_asks_for_or_how_the_index_is_built_is_refused_before_any_pool_starts(
+        tmp_path, capsys, param, values, why):
+    """With --strategy rag, judge.model (a pool no strategy of the run asks for), embedder.model (a run encodes
+    queries with its index's embedder) or index.chunk_words (the index is already built) answered every value
+    alike, and sweep.md read as if the setting had no effect."""
+    from jobs.cli import main
+    from jobs.sweep import check_read
+
+    with pytest.raises(ConfigError, match=why):  # the check the sweep runs first, on the base config
+        check_read(AnswerConfig(questions="q.parquet", output="out", strategies=["rag"]), param, param.split(".")[0])
+    (tmp_path / "q.jsonl").write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    code = main(["sweep", "--param", param, "--values", values, "--questions", str(tmp_path / "q.jsonl"),
+                 "--output", str(tmp_path / "out"), "--index-dir", str(tmp_path / "idx"), "--strategy", "rag"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and error.startswith(f"ragsift sweep: error: sweep --param {param}: ") and why in error
 
 
 def test_a_sweep_parameter_is_the_field_alone(tmp_path, capsys):
