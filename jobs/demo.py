@@ -19,7 +19,7 @@ from jobs.index import FORMAT, IndexJobConfig, build_index, read_manifest
 from jobs.models import DEFAULT_GENERATOR, ragsift_home
 from jobs.pools import llm_settings
 from jobs.storage import check_kept, file_sha256, filesystem
-from schemas.config import IndexConfig, as_override, load_config, parse_override
+from schemas.config import as_override, built_with_index, load_config, parse_override
 from schemas.errors import UserError
 from strategies.registry import AnswerConfig
 
@@ -71,7 +71,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # set by the demo's own flags; a --set of them was silently outranked or disagreed with the index it built
 FLAGGED = {"output": "--output", "questions": "none: the demo's questions are fixed", "strategies": "--strategy",
            "limit": "--limit", "generator.model": "--generator"}
-SEARCH_TIME = tuple(f"index.{key}" for key in IndexConfig.search_time)  # the rest of index.* is how the demo builds it
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"demo --set {key}=...: set its fields one by one ({key}.<field>=...)")
         if flag:
             raise UserError(f"demo --set {key}: set by the demo's flags ({flag})")
-        if key.startswith("index.") and key not in SEARCH_TIME:
-            raise UserError(f"demo --set {key}: the demo builds its own index (--index-dir / --shards); "
-                            "build one with `ragsift index` and use `ragsift answer` for other index settings")
+        if key == "index.path" or built_with_index(key):
+            raise UserError(f"demo --set {key}: the demo builds its own index (--index-dir / --shards); to build one "
+                            "another way, use `ragsift index` and answer from it with `ragsift answer --index-dir`")
     config = load_config(  # checked before the index is built
         AnswerConfig, None, [as_override("index.path", str(index_dir)), as_override("generator.model", args.generator),
                              *args.set],

@@ -24,7 +24,7 @@ from jobs.output import section_of
 from jobs.pools import encoder_model
 from jobs.questions import InputPlan
 from jobs.request_cache import know_embedder, revision, search_settings
-from schemas.config import speed_setting
+from schemas.config import built_with_index, speed_setting
 from strategies.registry import STRATEGIES, AnswerConfig, make_strategy
 
 
@@ -32,7 +32,10 @@ def run_identity(config: AnswerConfig, plan: InputPlan) -> dict:
     """What decides the answers, flat with dotted keys: the output it was written with must match it."""
     flat = _flatten(config.model_dump(mode="json"))
     unread = sections_unread(config)
-    identity = {k: v for k, v in flat.items() if not operational(k) and section_of(k) not in unread}
+    # how the index was built (index.chunk_words, embedder.model) is its manifest's, whose digest is below: a run
+    # searches its index as built, so a config's value decides nothing, as an unread section's does not
+    identity = {k: v for k, v in flat.items()
+                if not operational(k) and section_of(k) not in unread and not built_with_index(k)}
     # the input by its content, not its path: the same questions moved elsewhere resume, an edited file does not
     identity.update({"input.sha256": plan.sha256, "input.rows": plan.rows, "input.bytes": plan.file_size,
                      "input.duplicate_rows": len(plan.duplicate_rows)})

@@ -83,6 +83,21 @@ def test_a_whole_section_set_past_the_demos_flags_is_refused(tmp_path, builds, s
     assert builds == []
 
 
+@pytest.mark.parametrize("setting", ["index.chunk_words=100", "index.index_type=hnsw", "embedder.model=other"])
+def test_how_the_demo_index_is_built_is_refused_pointing_at_ragsift_index_and_answering_from_it(
+        tmp_path, builds, monkeypatch, setting):
+    """It said to "use `ragsift answer` for other index settings", which searches its index as built; and
+    `--set embedder.model` was taken, answering with the demo index's embedder all the same."""
+    from schemas.errors import UserError
+
+    monkeypatch.setattr(demo, "answer", lambda *a, **k: pytest.fail("answered"))
+    with pytest.raises(UserError, match=rf"demo --set {setting.split('=')[0]}: the demo builds its own index .*; to "
+                                        r"build one another way, use `ragsift index` and answer from it with `ragsift "
+                                        r"answer --index-dir`"):
+        demo.run(demo_args(tmp_path, "--set", setting))
+    assert builds == []
+
+
 def test_a_search_time_index_setting_is_the_demos_to_take(tmp_path, builds, monkeypatch):
     answered = []
     monkeypatch.setattr(demo, "answer", lambda config, log, force: answered.append(config.index.nprobe) or {})

@@ -240,6 +240,39 @@ def test_a_search_setting_no_shard_reads_is_no_part_of_the_identity_and_one_reco
     assert again.committed == {("rag", 0)}
 
 
+def test_how_the_index_was_built_is_no_part_of_the_identity_and_an_output_that_recorded_it_still_resumes(
+        tmp_path, monkeypatch):
+    """A run searches its index as built (its manifest's digest is in the identity) and encodes queries with the
+    index's embedder: a resume after `--set index.chunk_words=100` was refused, and --force threw away answers
+    that would have come out the same."""
+    from jobs import identity as identity_module
+    from jobs.identity import identity_defaults, run_identity
+    from strategies.registry import AnswerConfig
+
+    monkeypatch.setattr(identity_module, "manifest_sha256", lambda path: "sha-of-the-manifest")
+    monkeypatch.setattr(identity_module, "read_manifest", lambda path: {"shards": [{"factory": "Flat"}]})
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["q0"], "question": ["Who?"]}), questions)
+
+    def identity(**settings):
+        config = AnswerConfig(questions=str(questions), strategies=["rag"], embedder={"model": settings.pop("embedder")},
+                              index={"path": str(tmp_path / "idx"), **settings})
+        return run_identity(config, plan_input(str(questions)))
+
+    built = identity(embedder="all-minilm-l6-v2")
+    assert built == identity(embedder="bge-small", chunk_words=100, index_type="hnsw", nlist=8, pq_m=8, pq_bits=4,
+                             hnsw_m=8, train_sample=2000, bm25=False, bm25_k1=1.2, bm25_b=0.7)
+    assert built["index.manifest_sha256"] == "sha-of-the-manifest"
+    # as a run before this change recorded them
+    recorded = {**built, "embedder.model": "all-minilm-l6-v2", "index.index_type": "flat", "index.chunk_words": 100}
+    out = ShardedOutput(str(tmp_path / "out"), recorded, ["rag"], shard_rows=3)
+    out.sealed(0, 1)
+    out.write(row("q0", "rag", 0))
+    out.close()
+    again = ShardedOutput(str(tmp_path / "out"), built, ["rag"], shard_rows=3, defaults=identity_defaults())
+    assert again.committed == {("rag", 0)}
+
+
 def test_an_output_recorded_with_the_input_path_before_digests_existed_still_resumes(tmp_path):
     old = {**IDENTITY, "input.uri": "/data/q.parquet", "index.path": "/idx"}
     out = ShardedOutput(str(tmp_path), old, ["rag"], shard_rows=3)
