@@ -231,12 +231,26 @@ class Engine:
         for b in self.launched.values():
             if b.overdue(now):
                 overdue.setdefault((id(b.stage), b.replica), b)
+        killed: set[tuple[int, int]] = set()  # (stage, shard) restarted in this pass: once, whatever waited on it
         for launched in overdue.values():
-            self._restart_replica(launched)
+            self._restart_replica(launched, killed)
 
-    def _restart_replica(self, overdue: Launched) -> None:
-        """Restart the replica of an overdue batch; the batch failed, the ones queued behind it did not."""
-        stage, replica = overdue.stage, overdue.replica
+    def _restart_replica(self, overdue: Launched, killed: set[tuple[int, int]] | None = None) -> None:
+        """Restart the replica of an overdue batch; the batch failed, the ones queued behind it did not. Where
+        other actors it waits on are the stuck ones (a retriever's shard), they are restarted instead."""
+        stage, replica, killed = overdue.stage, overdue.replica, set() if killed is None else killed
+        if stuck := stage.stuck_elsewhere(overdue):
+            self._drop(overdue)
+            for shard in stuck:
+                if (id(stage), shard) in killed:
+                    continue
+                killed.add((id(stage), shard))
+                self.supervisor.log(f"{stage.name} shard {shard}: no result for {stage.batching.timeout_s} s while the "
+                                    "other shards answered, killed to restart it")
+                stage.restart_shard(shard)  # the batches queued at it fail with its death and are retried
+            self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
+                               TimeoutError(f"shards {stuck} gave no result in {stage.batching.timeout_s} s"))
+            return
         on_replica = {id(b): b for b in self.launched.values() if b.stage is stage and b.replica == replica}
         for launched in on_replica.values():
             self._drop(launched)

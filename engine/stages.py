@@ -327,6 +327,11 @@ class Stage:
         retriever's shard): not its replica's death, and counted as that actor's own by the watch."""
         return False
 
+    def stuck_elsewhere(self, launched: Launched) -> list[int]:
+        """Actors besides its replica that an overdue batch waits on and that answered nothing of it while their
+        peers did (a retriever's shards): they, not the replica, are restarted. None here."""
+        return []
+
     def ray_restarts(self, replica: int) -> int | None:
         """How often Ray restarted a replica's actor, or None where Ray cannot say (not a Ray actor)."""
         return self._restarts_of(self.replicas[replica])
@@ -582,6 +587,24 @@ class RetrieverStage(Stage):
 
     def shard_restarts(self, shard: int) -> int | None:
         return self._restarts_of(self.shards[shard])
+
+    def stuck_elsewhere(self, launched: Launched) -> list[int]:
+        """The shards an overdue batch still waits on where others answered it: a hung shard (or one reloading
+        its index after a death) timed every encoder's batches out, and each encoder was killed in turn while
+        the shard kept them all waiting. With every shard waiting, the encoder may be what hangs: none."""
+        import ray
+
+        if len(self.shards) < 2:
+            return []
+        _, waiting = ray.wait(launched.refs, num_returns=len(launched.refs), timeout=0)
+        stuck = sorted({i % len(self.shards) for i, ref in enumerate(launched.refs) if ref in waiting})
+        return stuck if len(stuck) < len(self.shards) else []
+
+    def restart_shard(self, shard: int) -> None:
+        """Kill a stuck shard so Ray restarts it: every call queued at it fails (and is retried), blaming no encoder."""
+        import ray
+
+        ray.kill(self.shards[shard], no_restart=False)
 
     def died_elsewhere(self, err) -> bool:
         dead = getattr(err, "actor_id", None)

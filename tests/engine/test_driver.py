@@ -388,3 +388,37 @@ def test_a_dead_async_replicas_streams_are_retried_on_the_others_without_drainin
     stage.queue.extend((request(i), 0.0) for i in range(10, 13))
     replica = stage.free_replica()
     assert replica is not None and request(9) not in stage.take_for(replica)[0]
+
+
+def test_a_hung_retriever_shard_is_restarted_not_the_encoder_whose_batch_waited_on_it(monkeypatch):
+    """A batch waits on its encoder and every shard: timed by the encoder's last result, a hung shard got each
+    encoder killed in turn (600 s apiece) while it kept every batch waiting, and was never restarted itself."""
+    from engine.stages import RetrieverStage
+    from schemas.records import Retrieve
+
+    stage = RetrieverStage([object()], [object(), object()], StageBatching(timeout_s=600))
+    stage.restarting.clear()
+    restarted = {"encoder": [], "shard": []}
+    monkeypatch.setattr(stage, "restart", restarted["encoder"].append)
+    monkeypatch.setattr(stage, "restart_shard", restarted["shard"].append)
+    said = []
+    eng = Engine({"retriever": stage}, {}, EngineConfig(failure_cooldown_s=0), lambda row: None, log=said.append)
+    asked = Retrieve("q", 3)
+    eng.waiters[asked] = []
+    batch = Launched(stage, 0, [asked], ["shard0", "shard1"], started=time.perf_counter() - 700, pending=2)
+    stage.inflight[0] += 1
+    eng.launched.update(shard0=batch, shard1=batch)
+    answered = {"shard0"}  # shard 0 answered the batch, shard 1 never does
+    monkeypatch.setattr(loop.ray, "wait", lambda refs, num_returns, timeout: (
+        [r for r in refs if r in answered], [r for r in refs if r not in answered]))
+    eng._wait_and_route()
+    assert restarted == {"encoder": [], "shard": [1]} and any("shard 1" in line for line in said)
+    assert [r for b, _, _ in stage.retry for r in b] == [asked] and not eng.launched and stage.inflight == [0]
+    # every shard waiting: the encoder may be what hangs, and it is restarted as before
+    batch = Launched(stage, 0, [asked], ["s0", "s1"], started=time.perf_counter() - 700, pending=2)
+    stage.retry.clear()
+    stage.inflight[0] += 1
+    eng.launched.update(s0=batch, s1=batch)
+    monkeypatch.setattr(eng.supervisor, "died", lambda *args, **kwargs: None)
+    eng._wait_and_route()
+    assert restarted == {"encoder": [0], "shard": [1]}
