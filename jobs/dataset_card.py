@@ -17,6 +17,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import yaml
 
+from jobs.pools import encoder_model
 from jobs.question_sources import sha256_of, source_sha256
 from jobs.storage import filesystem, redact, write_whole
 from schemas.errors import UserError
@@ -70,7 +71,7 @@ def card_text(configs: list[dict], summary: dict, config, source: str | None = N
     header = {"license": config.label.license, "task_categories": ["question-answering", "text-classification"],
               "tags": ["rag", "ragsift", "ra-isf", "judge-training"], "configs": configs}
     models = {"generator": config.generator.model, "judge": (config.judge or config.generator).model,
-              "embedder": config.embedder.model}
+              "embedder": encoder_model(config)}  # the index's, which encoded the passages and the queries
     lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
              "# Judge-training labels from `ragsift label`", "",
              "Collected as RA-ISF's Appendix A describes (one pass of the generator per question), plus "

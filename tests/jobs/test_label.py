@@ -287,3 +287,20 @@ def test_questions_without_answers_are_refused_before_answering_when_every_kind_
         label_job.label(config, log=said.append)
     assert said == ["warning: no `answers` column: self_knowledge and self_reasoning will have no labels (they need gold "
                     "answers); labelling relevance, decomposition"]
+
+
+def test_the_card_names_the_embedder_of_the_index_the_labels_were_retrieved_from(tmp_path):
+    """It named `embedder.model` of the config, which a run does not use where its index was built with another."""
+    import json
+
+    from jobs.dataset_card import card_text
+    from jobs.index import MANIFEST
+    from strategies.registry import AnswerConfig
+
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / MANIFEST).write_text(json.dumps({"embedder": "intfloat/e5-small-v2", "shards": []}))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "a", "question": "Who?", "answers": ["x"]}\n')
+    config = AnswerConfig(questions=str(questions), output=str(tmp_path / "lab"), strategies=["raisf_labels"],
+                          index={"path": str(tmp_path / "idx")})
+    assert "embedder `intfloat/e5-small-v2`" in card_text([], {}, config)
