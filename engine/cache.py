@@ -40,8 +40,10 @@ WRITE_AFTER_S = 10.0
 
 
 class RequestCache:
-    def __init__(self, size: int, path: str | Path | None = None, namespaces: dict[str, str] | None = None):
+    def __init__(self, size: int, path: str | Path | None = None, namespaces: dict[str, str] | None = None,
+                 max_bytes: int | None = None):
         self.size = size
+        self.max_bytes = max_bytes  # the disk part's bound (cache.max_mb): pruned to at open and after each write
         self.memory: OrderedDict[Request, Response] = OrderedDict()
         self.path = Path(path).expanduser() if path else None
         self.namespaces = namespaces or {}
@@ -50,7 +52,7 @@ class RequestCache:
         self._db: sqlite3.Connection | None = None
         self.disk_error: str | None = None  # why the disk part was given up for this run
         self.read_only = False  # the file is read where it lies (a folder this run cannot write): nothing is stored
-        self.pruned = 0  # responses deleted when the run opened it, the oldest first, to keep it under its bound
+        self.pruned = 0  # responses deleted, the oldest first, to keep it under its bound
         self.undecodable = 0  # stored rows that could not be read back: looked up as misses
 
     def get(self, request: Request) -> tuple[Response | None, str | None]:
@@ -106,6 +108,9 @@ class RequestCache:
                 if locked(err):  # by another writer past the busy timeout: kept for the next write
                     return
                 self._give_up_disk(err)
+            # at every write, not only at open: a run of a million questions wrote gigabytes past its bound
+            if self.max_bytes is not None:
+                self.prune(self.max_bytes)
         self.pending.clear()
 
     def prune(self, max_bytes: int, keep: float = 0.8) -> int:

@@ -56,11 +56,11 @@ class EngineActor:
     """One engine, in an actor of its own, over every ``n``-th question of the input."""
 
     def __init__(self, stages: dict, strategies: dict, config: EngineConfig, share: float, cache_path=None,
-                 namespaces: dict[str, str] | None = None):
+                 namespaces: dict[str, str] | None = None, max_bytes: int | None = None):
         for stage in stages.values():
             stage.share = share
         # the run's disk cache, opened here (SQLite in WAL mode takes several writers); memory is per engine
-        cache = RequestCache(config.cache_size, cache_path, namespaces)
+        cache = RequestCache(config.cache_size, cache_path, namespaces, max_bytes)
         # filled on the engine's thread, emptied by the streaming call's
         self.rows: queue.Queue = queue.Queue()
         self.lines: queue.Queue = queue.Queue()
@@ -141,13 +141,13 @@ class _StageView:
 def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo: Todo, write: Callable[[dict], None],
                 report: Callable, log: Callable[[str], None], cache: RequestCache | None = None,
                 report_every_s: float = 10.0) -> dict:
-    """Answer with ``n`` engine actors, each with the disk part of ``cache`` (its path and namespaces);
+    """Answer with ``n`` engine actors, each with the disk part of ``cache`` (its path, namespaces and bound);
     ``write`` each row here; returns the merged metrics."""
     import ray
 
     actor = ray.remote(EngineActor).options(num_cpus=config.engine.actor_cpus, max_restarts=0,
                                             resources=config.engine.actor_resources or None)
-    disk = (cache.path, cache.namespaces) if cache is not None else (None, None)
+    disk = (cache.path, cache.namespaces, cache.max_bytes) if cache is not None else ()
     engines = [actor.remote(stages, strategies, config.engine, 1.0 / n, *disk) for _ in range(n)]
     streams = {engines[k].run.remote(read, (k, n), config.strategies, todo): k for k in range(n)}
     statuses: list[dict] = [{} for _ in range(n)]
@@ -196,7 +196,7 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
     done = [m for m in metrics if m is not None]
     merged = merge_metrics(done, time.perf_counter() - started, first_row,
                            last=done.index(metrics[last]) if last is not None else None)
-    merged["request_cache"]["pruned"] = cache.pruned if cache is not None else 0  # the driver's open, not the engines'
+    merged["request_cache"]["pruned"] += cache.pruned if cache is not None else 0  # the driver's open, besides the engines'
     return merged
 
 
@@ -246,7 +246,8 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
                   request_cache={"path": next((c["path"] for c in caches if c["path"]), None),
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
                                  "read_only": any(c.get("read_only") for c in caches),
-                                 "pruned": 0, "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
+                                 "pruned": sum(c["pruned"] for c in caches),
+                                 "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
                                  "hits": hits, "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                                  "by_stage": dict(sorted(by_stage.items()))},
                   driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())

@@ -25,9 +25,10 @@ def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
     if not (disk and config.cache.enabled):
         return RequestCache(config.engine.cache_size)
     path = config.cache.path or ragsift_home() / "cache" / "requests.sqlite"
-    cache = RequestCache(config.engine.cache_size, path, namespaces(config))
-    if config.cache.max_mb is not None:
-        cache.prune(config.cache.max_mb * 2**20)
+    max_bytes = config.cache.max_mb * 2**20 if config.cache.max_mb is not None else None
+    cache = RequestCache(config.engine.cache_size, path, namespaces(config), max_bytes)
+    if max_bytes is not None:
+        cache.prune(max_bytes)
     return cache
 
 

@@ -635,8 +635,9 @@ class CacheConfig(Section):
     path: str | None = Field(None, description="the local SQLite file (not a URI); None = $RAGSIFT_HOME/cache/requests.sqlite "
                              "(~/.cache/ragsift). On a cluster it is on the driver's machine")
     max_mb: int | None = Field(4096, ge=1, description="a run that opens the file holding more responses than "
-                               "this deletes the oldest written until they take 80% of it (the file keeps its size "
-                               "and reuses the space; delete the file to give it back); None = never")
+                               "this, or takes it past this as it writes (checked at every write), deletes the oldest "
+                               "written until they take 80% of it (the file keeps its size and reuses the space; delete "
+                               "the file to give it back); None = never")
 
     @field_validator("path")
     @classmethod

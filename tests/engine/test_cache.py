@@ -264,13 +264,31 @@ def test_a_cache_over_its_bound_loses_its_oldest_responses_when_a_run_opens_it_a
     assert path.stat().st_size <= full
 
 
+def test_a_run_keeps_its_disk_cache_under_its_bound_as_it_writes_not_only_when_it_opens_it(tmp_path):
+    """Pruned only at open: a run of a million questions wrote ~5 GB past cache.max_mb onto the disk its output
+    shares."""
+    path = tmp_path / "c.sqlite"
+    bound = 256 * 2**10
+    cache = RequestCache(10, path, NAMESPACES, max_bytes=bound)
+    for i in range(4000):  # ~2.4 MB of responses
+        cache.put(Generate((("user", f"q{i}"),)), Generation("x" * 500, 1, 1))
+    cache.flush()
+    pages, free, size = (cache.db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
+                                                                                 "page_size"))
+    assert (pages - free) * size <= bound
+    kept = cache.db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    assert cache.pruned == 4000 - kept > 0
+    assert cache.get(Generate((("user", "q3999"),)))[0] and not RequestCache(0, path, NAMESPACES).get(
+        Generate((("user", "q0"),)))[0]  # the oldest went
+
+
 def test_a_run_opens_its_disk_cache_pruned_to_cache_max_mb_and_says_how_many_went(tmp_path):
     from jobs.request_cache import open_cache
     from strategies.registry import AnswerConfig
 
     path = tmp_path / "c.sqlite"
     config = AnswerConfig(cache={"path": str(path), "enabled": True, "max_mb": 1})
-    cache = open_cache(config)
+    cache = RequestCache(10, path, open_cache(config).namespaces)  # no bound: as a version that pruned only at open
     for i in range(4000):
         cache.put(Generate((("user", f"q{i}"),)), Generation("y" * 600, 1, 1))
     cache.flush()

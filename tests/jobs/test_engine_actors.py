@@ -145,12 +145,28 @@ def test_a_cache_handed_to_engine_actors_is_shared_on_disk_by_a_sweeps_values(ra
     assert sqlite3.connect(db).execute("SELECT count(*) FROM responses").fetchone()[0] == 60
 
 
+def test_engine_actors_keep_the_disk_cache_under_its_bound_as_they_write_and_say_how_many_went(ray_session, tmp_path):
+    """They opened the file without its bound and never pruned: a long run wrote gigabytes past cache.max_mb."""
+    import sqlite3
+
+    from engine.cache import RequestCache
+
+    write_questions(tmp_path / "q.parquet", 20)
+    db = tmp_path / "requests.sqlite"
+    cache = RequestCache(1000, db, {"generator": "g", "judge": "g", "retriever": "r"}, max_bytes=8 * 2**10)
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"),
+                          strategies=["direct", "rag"], engine={"actors": 2, "actor_cpus": 0})
+    metrics = answer(config, log=lambda *_: None, stages=stub_stages(ray_session), cache=cache)
+    kept = sqlite3.connect(db).execute("SELECT count(*) FROM responses").fetchone()[0]
+    assert metrics["request_cache"]["pruned"] > 0 and kept < 60  # 60 responses computed
+
+
 def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say():
     """Before, hits by kind, hits per stage, the cache's path, the prefix-cache hit rate and the replicas'
     vLLM counters were only under `engines`."""
     from jobs.engine_actors import merge_metrics
 
-    def part(memory, disk, prompt, cached, biggest):
+    def part(memory, disk, prompt, cached, biggest, pruned=0):
         stage = {"calls": 2, "requests": 8, "errors": 0, "rests": 0, "busy_s": 1.0,
                  "batch_size": {"mean": 4.0, "p50": 4, "p90": biggest, "max": biggest},
                  "driver_bytes_in": {"total": 10, "by_reference": 0, "per_request": 1.2},
@@ -159,16 +175,17 @@ def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say()
         return {"roots_done": 4, "tokens_computed": 100, "requests_deduped": 0, "batch_failures": 0, "batch_splits": 0,
                 "stage_tests": 0, "empty_answers": 0, "trees_capped": 0, "parse_failures": 0, "peak_roots_in_flight": 4,
                 "replica_restarts": 0, "stages": {"generator": stage}, "resolved_by": {"rag": {"retrieval": 4}},
-                "request_cache": {"path": "/c.sqlite", "disk_error": None, "undecodable": 0, "lookups": 8,
+                "request_cache": {"path": "/c.sqlite", "disk_error": None, "undecodable": 0, "lookups": 8, "pruned": pruned,
                                   "hits": {"memory": memory, "disk": disk},
                                   "by_stage": {"generator": {"lookups": 8, "memory": memory, "disk": disk}}}}
 
-    early, late = part(1, 2, 100, 50, 5), part(3, 0, 300, 30, 6)
+    early, late = part(1, 2, 100, 50, 5, pruned=7), part(3, 0, 300, 30, 6, pruned=3)
     late["stages"]["generator"]["vllm"] = {"kv_cache_usage": 0.9}  # read by the engine that finished last
     merged = merge_metrics([early, late], wall_s=2.0, first_row_s=0.5, last=1)
     cache = merged["request_cache"]
     assert cache["path"] == "/c.sqlite" and cache["hits"] == {"memory": 4, "disk": 2} and cache["hit_rate"] == 0.375
     assert cache["by_stage"] == {"generator": {"lookups": 16, "memory": 4, "disk": 2}}
+    assert cache["pruned"] == 10  # what each engine pruned as it wrote
     generator = merged["stages"]["generator"]
     assert generator["prefix_cache_hit_rate"] == 0.2 and generator["batch_size"]["max"] == 6
     # one replica, busy 1 s in each engine's eyes: not 2 s of a 2 s run (busy while either had a batch on it)
