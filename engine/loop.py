@@ -84,7 +84,7 @@ class Engine:
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         # responses already computed: this run's (memory) and, with a path, earlier runs' (disk)
-        self.cache = cache if cache is not None else RequestCache(config.cache_size)
+        self.cache = cache if cache is not None else RequestCache(config.cache_size, memory_bytes=config.cache_mb * 2**20)
         self.cache_lookups: dict[str, int] = {}  # by request stage
         self.cache_hits: dict[str, dict[str, int]] = {}  # by request stage, then "memory" / "disk"
         self.waiters: dict[Request, list[tuple[Node, int]]] = {}

@@ -60,7 +60,7 @@ class EngineActor:
         for stage in stages.values():
             stage.share = share
         # the run's disk cache, opened here (SQLite in WAL mode takes several writers); memory is per engine
-        cache = RequestCache(config.cache_size, cache_path, namespaces, max_bytes)
+        cache = RequestCache(config.cache_size, cache_path, namespaces, max_bytes, config.cache_mb * 2**20)
         # filled on the engine's thread, emptied by the streaming call's
         self.rows: queue.Queue = queue.Queue()
         self.lines: queue.Queue = queue.Queue()

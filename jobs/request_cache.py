@@ -22,11 +22,12 @@ from strategies.registry import AnswerConfig
 def open_cache(config: AnswerConfig, disk: bool = True) -> RequestCache:
     """The request cache of runs on pools built from ``config``: memory only with ``disk=False`` (pools
     that are not ``config``'s, e.g. a test's stubs, must not write into it) or ``cache.enabled=False``."""
+    memory_bytes = config.engine.cache_mb * 2**20
     if not (disk and config.cache.enabled):
-        return RequestCache(config.engine.cache_size)
+        return RequestCache(config.engine.cache_size, memory_bytes=memory_bytes)
     path = config.cache.path or ragsift_home() / "cache" / "requests.sqlite"
     max_bytes = config.cache.max_mb * 2**20 if config.cache.max_mb is not None else None
-    cache = RequestCache(config.engine.cache_size, path, namespaces(config), max_bytes)
+    cache = RequestCache(config.engine.cache_size, path, namespaces(config), max_bytes, memory_bytes)
     if max_bytes is not None:
         cache.prune(max_bytes)
     return cache

@@ -447,6 +447,11 @@ class EngineConfig(Section):
     nli: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
     know: RetrieverBatching = Field(json_schema_extra=SPEED, default_factory=RetrieverBatching)
     cache_size: int = Field(100_000, json_schema_extra=SPEED, ge=0, description="completed requests remembered for dedup")
+    cache_mb: int = Field(1024, json_schema_extra=SPEED, ge=0, description="MiB those requests and their responses may "
+                          "take in memory (reckoned from their texts), in the driver and in each engine actor; the "
+                          "least recently used go first once this or cache_size is reached. 1024 holds 100,000 "
+                          "direct / rag requests (1.5-6 KB each at k=5) but ~19,000 retrievals of 50 passages (~55 KB "
+                          "each): at 100,000 of those a process held ~4.4 GB")
     max_nodes_per_root: int = Field(256, ge=1, description="question nodes per root tree, a guard against runaway "
                                     "strategies; sub-questions past it are not run (their parent gets them back as "
                                     "failed, metrics.json counts trees_capped). Must hold a whole RA-ISF tree")

@@ -106,6 +106,25 @@ def test_without_a_path_it_is_a_bounded_memory_cache_that_writes_nothing(tmp_pat
     assert not list(tmp_path.iterdir())
 
 
+def test_the_memory_part_is_bounded_in_bytes_as_well_as_in_entries_the_oldest_going_first():
+    """Bounded in entries only: 100,000 retrievals of 50 passages held ~4.4 GB in the driver and in each engine actor."""
+    from jobs.request_cache import open_cache
+    from strategies.registry import AnswerConfig
+
+    cache = open_cache(AnswerConfig(engine={"cache_mb": 1}, cache={"enabled": False}))
+    for i in range(100):
+        cache.put(Retrieve(f"q{i}", 50), Retrieval([Passage(f"{i}-{j}", "T", "x" * 600, 0.5) for j in range(50)]))
+    assert 10 < len(cache) < 100 and 30_000 * len(cache) < cache.held <= 2**20  # each holds 50 x 600 chars at least
+    assert cache.get(Retrieve("q99", 50))[1] == "memory" and cache.get(Retrieve("q0", 50)) == (None, None)
+    for i in range(200):  # direct's short answers: all remembered, as before
+        cache.put(Generate((("user", f"q{i}"),)), Generation("an answer", 1, 1))
+    assert all(cache.get(Generate((("user", f"q{i}"),)))[1] == "memory" for i in range(200))
+    from jobs.engine_actors import EngineActor
+
+    config = EngineConfig(cache_mb=1)  # the caches an engine and an engine actor make themselves
+    assert Engine({}, {}, config, print).cache.memory_bytes == EngineActor({}, {}, config, 1.0).engine.cache.memory_bytes == 2**20
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_a_second_run_on_the_same_disk_cache_computes_nothing_and_says_so(ray_session, tmp_path):
