@@ -19,7 +19,7 @@ import os
 import re
 import sqlite3
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 
 from schemas.records import (
@@ -38,6 +38,10 @@ WRITE_EVERY = 256  # responses buffered before one transaction (a commit per res
 # ...or this many seconds, whichever comes first: a slow model (a 1.5B trajectory takes minutes on a CPU)
 # fills 256 in hours, and a driver killed without cleanup (kill -9, a lost node) loses what is buffered
 WRITE_AFTER_S = 10.0
+# a write another writer's lock refused waited SQLite's busy timeout (60 s): the next waits twice as long as the last
+# pause, from WRITE_AFTER_S up to this, instead of one per put (a driver held a minute per response)
+LOCKED_RETRY_MAX_S = 640.0
+PENDING_MAX_BYTES = 64 * 2**20  # responses waiting for a locked file, at most: the oldest go unsaved (counted)
 
 
 class RequestCache:
@@ -50,8 +54,11 @@ class RequestCache:
         self.memory: OrderedDict[Request, tuple[Response, int]] = OrderedDict()  # each with its footprint
         self.path = Path(path).expanduser() if path else None
         self.namespaces = namespaces or {}
-        self.pending: list[tuple[str, str, str, float]] = []
+        self.pending: deque[tuple[str, str, str, float]] = deque()
+        self.pending_bytes = 0
         self.flushed_at = time.monotonic()
+        self.retry_s = 0.0  # the pause before the next write while the file is locked; 0 = not locked
+        self.unsaved = 0  # responses dropped unwritten while the file stayed locked
         self._db: sqlite3.Connection | None = None
         self.disk_error: str | None = None  # why the disk part was given up for this run
         self.read_only = False  # the file is read where it lies (a folder this run cannot write): nothing is stored
@@ -88,33 +95,44 @@ class RequestCache:
             return
         self._remember(request, response)
         if self._on_disk(request):
-            self.pending.append((self.key(request), request.stage, encode(response), time.time()))
-            if len(self.pending) >= WRITE_EVERY:
+            text = encode(response)
+            self.pending.append((self.key(request), request.stage, text, time.time()))
+            self.pending_bytes += len(text)
+            while self.pending_bytes > PENDING_MAX_BYTES:
+                self.pending_bytes -= len(self.pending.popleft()[2])
+                self.unsaved += 1
+            if len(self.pending) >= WRITE_EVERY and not self.retry_s:
                 self.flush()
             else:
                 self.flush_if_due()
 
     def flush_if_due(self) -> None:
-        """Write what is buffered once WRITE_AFTER_S have passed since the last write."""
-        if self.pending and time.monotonic() - self.flushed_at >= WRITE_AFTER_S:
+        """Write what is buffered once WRITE_AFTER_S (or, while the file is locked, ``retry_s``) have passed since
+        the last write."""
+        if self.pending and time.monotonic() - self.flushed_at >= max(WRITE_AFTER_S, self.retry_s):
             self.flush()
 
     def flush(self) -> None:
         """Write the buffered responses (the engine calls this when a run ends and, through
-        ``flush_if_due``, every WRITE_AFTER_S seconds; ``put`` every WRITE_EVERY responses)."""
+        ``flush_if_due``, every WRITE_AFTER_S seconds; ``put`` every WRITE_EVERY responses; both only every
+        ``retry_s`` while another writer holds the file locked)."""
         self.flushed_at = time.monotonic()
         if self.pending and self.disk_error is None and not self.read_only:
             try:
                 with self.db:  # one transaction
                     self.db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", self.pending)
             except (sqlite3.DatabaseError, OSError) as err:  # OSError: its folder cannot be made
-                if locked(err):  # by another writer past the busy timeout: kept for the next write
+                if locked(err):  # by another writer past the busy timeout: kept for a later write
+                    self.flushed_at = time.monotonic()
+                    self.retry_s = min(LOCKED_RETRY_MAX_S, 2 * self.retry_s or WRITE_AFTER_S)
                     return
                 self._give_up_disk(err)
+            self.retry_s = 0.0
             # at every write, not only at open: a run of a million questions wrote gigabytes past its bound
             if self.max_bytes is not None:
                 self.prune(self.max_bytes)
         self.pending.clear()
+        self.pending_bytes = 0
 
     def prune(self, max_bytes: int, keep: float = 0.8) -> int:
         """Where the stored responses take more than ``max_bytes``, delete the oldest written until they take
@@ -156,6 +174,7 @@ class RequestCache:
                   "the file is kept; give cache.path a place this run can write, with space, or run with --no-cache")
         self.disk_error = f"{self.path}: {type(err).__name__}: {err} ({advice})"
         self.pending.clear()
+        self.pending_bytes = 0
 
     def key(self, request: Request) -> str:
         fields = [getattr(request, f.name) for f in dataclasses.fields(request) if f.compare]

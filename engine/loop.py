@@ -652,6 +652,8 @@ class Engine:
         hits = {w: sum(h[w] for h in self.cache_hits.values()) for w in ("memory", "disk")}
         return {"path": str(self.cache.path) if self.cache.path else None, "disk_error": self.cache.disk_error,
                 "read_only": self.cache.read_only, "pruned": self.cache.pruned, "undecodable": self.cache.undecodable,
+                # dropped while the file stayed locked, or still waiting for it when the run ended
+                "unsaved": self.cache.unsaved + len(self.cache.pending),
                 "lookups": lookups, "hits": hits,
                 "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                 "by_stage": {stage: {"lookups": n, **self.cache_hits.get(stage, {"memory": 0, "disk": 0})}

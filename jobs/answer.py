@@ -285,6 +285,9 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
     write_record(config, metrics)
     if given_up := (metrics.get("request_cache") or {}).get("disk_error"):  # said only in metrics.json before
         log(f"warning: this run gave up its request cache on disk: {given_up}")
+    if unsaved := (metrics.get("request_cache") or {}).get("unsaved"):
+        log(f"warning: {unsaved} responses of this run were not saved to the request cache on disk: another process "
+            "held its file locked (a rerun computes them again)")
     if left or not all(c["ok"] for c in check.values()):
         raise RuntimeError(f"output incomplete: uncommitted parts {left[:5]}, check {check}")
     log(f"answered {roots_done} (question, strategy) pairs in {metrics['wall_s']} s -> "

@@ -247,7 +247,8 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
                                  "disk_error": next((c["disk_error"] for c in caches if c["disk_error"]), None),
                                  "read_only": any(c.get("read_only") for c in caches),
                                  "pruned": sum(c["pruned"] for c in caches),
-                                 "undecodable": sum(c["undecodable"] for c in caches), "lookups": lookups,
+                                 "undecodable": sum(c["undecodable"] for c in caches),
+                                 "unsaved": sum(c["unsaved"] for c in caches), "lookups": lookups,
                                  "hits": hits, "hit_rate": round(sum(hits.values()) / lookups, 4) if lookups else 0.0,
                                  "by_stage": dict(sorted(by_stage.items()))},
                   driver_bytes_in_per_root=round(sum(s["driver_bytes_in"]["total"] for s in stages.values())

@@ -253,6 +253,39 @@ def test_a_row_another_version_wrote_or_a_damaged_file_is_a_miss_not_a_failed_ru
     assert not shared.pending and RequestCache(0, path, NAMESPACES).get(other) == (other_response, "disk")
 
 
+def test_a_locked_cache_file_is_written_again_after_doubling_pauses_not_at_every_put_and_holds_bounded_bytes(
+        tmp_path, monkeypatch):
+    """A write the lock refused kept its rows, and every later put (256 and more waiting) wrote again, each waiting
+    SQLite's busy timeout (60 s): a minute of the driver per response while another process held the file."""
+    import engine.cache as cache_module
+
+    clock = [1000.0]
+    monkeypatch.setattr("engine.cache.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(cache_module, "PENDING_MAX_BYTES", 100_000)
+    tries = []
+    monkeypatch.setattr(cache_module, "locked", lambda err, real=cache_module.locked: tries.append(clock[0]) or real(err))
+    path = tmp_path / "c.sqlite"
+    cache = RequestCache(0, path, NAMESPACES)
+    cache.db.execute("PRAGMA busy_timeout = 0")
+    holder = sqlite3.connect(path)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the file
+    for i in range(1000):
+        cache.put(Generate((("user", f"q{i}"),)), Generation(f"answer {i:04}", 1, 1))
+    assert tries == [1000.0]  # the 256th put's write; none at the 744 puts after it
+    for _ in range(200):  # the engine's loop asks every second
+        clock[0] += 1
+        cache.flush_if_due()
+    assert [b - a for a, b in zip(tries, tries[1:])] == [10, 20, 40, 80]
+    assert cache.pending_bytes <= 100_000 and cache.unsaved == 1000 - len(cache.pending) > 0  # the oldest dropped
+    assert Engine({}, {}, EngineConfig(), print, cache=cache).cache_summary()["unsaved"] == 1000  # dropped or waiting
+    holder.rollback()
+    clock[0] += 160
+    cache.flush_if_due()
+    stored = sqlite3.connect(path).execute("SELECT count(*) FROM responses").fetchone()[0]
+    assert stored == 1000 - cache.unsaved and not cache.pending and cache.retry_s == 0 and len(tries) == 5
+    assert RequestCache(0, path, NAMESPACES).get(Generate((("user", "q999"),)))[0].text == "answer 0999"
+
+
 def test_a_generation_cached_before_finish_reasons_were_kept_reads_back_with_none_known():
     from engine.cache import decode
 

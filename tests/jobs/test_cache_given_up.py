@@ -32,6 +32,25 @@ def test_a_damaged_cache_file_is_said_in_the_log_and_the_questions_are_answered(
             and "delete the file" in line]
 
 
+def test_responses_a_locked_cache_file_kept_from_disk_are_counted_and_said_in_the_log(ray_session, tmp_path):
+    """A file another process held locked kept the run's responses off the disk silently."""
+    import sqlite3
+
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["question a", "question b"]}), tmp_path / "q.parquet")
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"])
+    cache = RequestCache(10, tmp_path / "requests.sqlite", namespaces(config))
+    cache.db.execute("PRAGMA busy_timeout = 0")
+    holder = sqlite3.connect(tmp_path / "requests.sqlite")
+    holder.execute("BEGIN EXCLUSIVE")  # held for the whole run
+    actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    lines = []
+    metrics = answer(config, log=lambda *a, **k: lines.append(" ".join(map(str, a))),
+                     stages={"generator": GeneratorStage([actor], StageBatching())}, cache=cache)
+    assert metrics["exactly_once"]["direct"]["ok"] and metrics["request_cache"]["unsaved"] == 2
+    assert metrics["request_cache"]["disk_error"] is None
+    assert [line for line in lines if line.startswith("warning: 2 responses of this run were not saved")]
+
+
 def test_a_runs_recorded_config_leaves_the_cache_to_the_rerun(tmp_path, monkeypatch):
     """config.yaml recorded `cache: {enabled: true}`: rerun with `--config` under RAGSIFT_NO_CACHE=1, it read and
     wrote the cache all the same."""

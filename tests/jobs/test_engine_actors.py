@@ -166,7 +166,7 @@ def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say()
     vLLM counters were only under `engines`."""
     from jobs.engine_actors import merge_metrics
 
-    def part(memory, disk, prompt, cached, biggest, pruned=0):
+    def part(memory, disk, prompt, cached, biggest, pruned=0, unsaved=0):
         stage = {"calls": 2, "requests": 8, "errors": 0, "rests": 0, "busy_s": 1.0,
                  "batch_size": {"mean": 4.0, "p50": 4, "p90": biggest, "max": biggest},
                  "driver_bytes_in": {"total": 10, "by_reference": 0, "per_request": 1.2},
@@ -176,16 +176,17 @@ def test_the_merged_metrics_of_engine_actors_keep_what_one_engines_metrics_say()
                 "stage_tests": 0, "empty_answers": 0, "trees_capped": 0, "parse_failures": 0, "peak_roots_in_flight": 4,
                 "replica_restarts": 0, "stages": {"generator": stage}, "resolved_by": {"rag": {"retrieval": 4}},
                 "request_cache": {"path": "/c.sqlite", "disk_error": None, "undecodable": 0, "lookups": 8, "pruned": pruned,
+                                  "unsaved": unsaved,
                                   "hits": {"memory": memory, "disk": disk},
                                   "by_stage": {"generator": {"lookups": 8, "memory": memory, "disk": disk}}}}
 
-    early, late = part(1, 2, 100, 50, 5, pruned=7), part(3, 0, 300, 30, 6, pruned=3)
+    early, late = part(1, 2, 100, 50, 5, pruned=7, unsaved=2), part(3, 0, 300, 30, 6, pruned=3)
     late["stages"]["generator"]["vllm"] = {"kv_cache_usage": 0.9}  # read by the engine that finished last
     merged = merge_metrics([early, late], wall_s=2.0, first_row_s=0.5, last=1)
     cache = merged["request_cache"]
     assert cache["path"] == "/c.sqlite" and cache["hits"] == {"memory": 4, "disk": 2} and cache["hit_rate"] == 0.375
     assert cache["by_stage"] == {"generator": {"lookups": 16, "memory": 4, "disk": 2}}
-    assert cache["pruned"] == 10  # what each engine pruned as it wrote
+    assert cache["pruned"] == 10 and cache["unsaved"] == 2  # what each engine pruned as it wrote, or could not write
     generator = merged["stages"]["generator"]
     assert generator["prefix_cache_hit_rate"] == 0.2 and generator["batch_size"]["max"] == 6
     # one replica, busy 1 s in each engine's eyes: not 2 s of a 2 s run (busy while either had a batch on it)
