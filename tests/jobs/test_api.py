@@ -1,5 +1,7 @@
 """The notebook API: input conversion and column mapping, and one real run over a DataFrame."""
 
+import json
+
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -82,8 +84,6 @@ def test_answer_table_runs_the_answer_job_on_a_dataframe(tmp_path):
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_session_keeps_its_pools_warm_across_calls(tmp_path):
-    import json
-
     import ray
 
     from jobs.api import Session
@@ -153,9 +153,13 @@ def test_a_session_returns_rows_in_input_order_and_an_output_it_keeps_is_resumed
     first = session.answer(questions, "direct", output=out)
     assert first["id"].tolist() == ["q3", "q1", "q10", "q2", "q0"]  # before: in the order they finished
     first.to_parquet(tmp_path / "saved.parquet")  # step_tokens as pairs: an ArrowTypeError before
+    kept = {p: p.read_bytes() for p in sorted((tmp_path / "kept" / "direct").rglob("*")) if p.is_file()}
     both = session.answer(questions, ["least_to_most", "direct"], output=out)  # before: force discarded direct's
     assert both["strategy"].tolist() == ["least_to_most"] * 5 + ["direct"] * 5
     assert both[both["strategy"] == "direct"]["answer"].tolist() == first["answer"].tolist()
+    # resumed, not recomputed: this call answered only least_to_most's 5 questions, and direct's parts are untouched
+    assert json.loads((tmp_path / "kept" / "metrics.json").read_text())["roots_done"] == 5
+    assert kept and {p: p.read_bytes() for p in sorted((tmp_path / "kept" / "direct").rglob("*")) if p.is_file()} == kept
     inputs = sorted((tmp_path / "kept" / "_input").iterdir())
     # it named the CLI's --output / --force, and wrote the refused questions beside the run's first
     with pytest.raises(ConfigError, match=r"holds output of a different run .*pass another output=, or remove"):
