@@ -378,3 +378,25 @@ def test_evaluate_of_answers_without_rows_says_so(tmp_path, capsys):
     answers, qs = write(tmp_path, [], [{"id": "a", "question": "?", "answers": ["Paris"]}])
     assert run_job("evaluate", ["--answers", answers, "--questions", qs]) != 0
     assert "no rows to score" in capsys.readouterr().err
+
+
+def test_the_cost_and_resolution_figures_are_each_rows_average_or_maximum_in_eval_and_resolution_json(tmp_path):
+    import json
+
+    from jobs.cli import run_job
+
+    rows = [answer_row("a", "Paris", n_llm_calls=1, n_subquestions=0, latency_s=1.0, depth=0, n_parse_failures=0,
+                       n_truncated=0),
+            answer_row("b", "Rome", n_llm_calls=4, n_subquestions=3, latency_s=2.5, depth=2, n_parse_failures=1,
+                       n_truncated=2),
+            answer_row("c", "Oslo", n_llm_calls=2, n_subquestions=1, latency_s=0.25, depth=1, n_parse_failures=2,
+                       n_truncated=None)]  # a row written before ragsift counted cut-off generations
+    answers, qs = write(tmp_path, rows, [{"id": q, "question": "?", "answers": ["Paris"]} for q in "abc"])
+    assert run_job("evaluate", ["--answers", answers, "--questions", qs]) == 0
+    scores = overall(json.loads((tmp_path / "eval.json").read_text()))
+    # 7 / 3 calls, 4 / 3 sub-questions, 3.75 / 3 s: averages over the 3 rows
+    assert (scores["LLM calls/q"], scores["sub-q/q"], scores["latency s"]) == (2.33, 1.33, 1.25)
+    resolution = overall(json.loads((tmp_path / "resolution.json").read_text()))
+    # the deepest row's depth (not the last's 1 nor the sum 3), and the sums of failures and cut-off generations
+    assert (resolution["sub-questions/q"], resolution["max depth"], resolution["parse failures"],
+            resolution["cut off"]) == (1.33, 2, 3, 2)
