@@ -81,14 +81,23 @@ def test_several_runs_are_labelled_and_a_run_without_metrics_has_no_utilisation_
     assert len(images(page)) == 5 and "Stage utilisation" not in page
 
 
-def test_a_run_of_several_engine_actors_plots_each_engines_utilisation(run_dir, tmp_path):
+def test_a_run_of_several_engine_actors_plots_each_engines_utilisation(run_dir, tmp_path, monkeypatch):
+    import jobs.report
+
     run, questions = run_dir
-    busy = {"utilisation": {"bin_s": 2.0, "busy": [1.0, 0.5]}}
+    engines = [{"stages": {"generator": {"utilisation": {"bin_s": 2.0, "busy": busy}}}} for busy in ([1.0, 0.5], [0.25, 0.75])]
     (run / "metrics.json").write_text(json.dumps({  # engine.actors = 2: jobs/engine_actors.merge_metrics
-        "stages": {"generator": {"calls": 4}}, "engines": [{"stages": {"generator": busy}}] * 2}))
+        "stages": {"generator": {"calls": 4}}, "engines": engines}))
+    figures = []
+    drawn = jobs.report._png
+    monkeypatch.setattr(jobs.report, "_png", lambda fig: figures.append(fig) or drawn(fig))  # each figure, as drawn
     out = tmp_path / "report.html"
     assert main(["--runs", str(run), "--questions", str(questions), "--out", str(out)]) == 0
     assert len(images(out.read_text())) == 6 and "Stage utilisation" in out.read_text()
+    (axes,) = [ax for fig in figures for ax in fig.axes if ax.get_title() == "Stage utilisation over time"]
+    # one series an engine, each of its own busy fractions at its bins' middles
+    assert [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in axes.get_lines()] == [
+        ("run engine 0: generator", [1.0, 3.0], [100.0, 50.0]), ("run engine 1: generator", [1.0, 3.0], [25.0, 75.0])]
 
 
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):
