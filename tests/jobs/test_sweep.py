@@ -100,12 +100,40 @@ def test_sweep_values_share_one_request_cache(ray_session, tmp_path):
     assert [run["stages"]["generator"].get("requests", 0) for run in runs] == [6, 0]
 
 
-def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path):
+@pytest.fixture
+def charts(monkeypatch) -> list:
+    """The figures sweep's write draws, kept as they are closed."""
+    import matplotlib.pyplot as plt
+
+    closed, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig) or close(fig))
+    return closed
+
+
+def plotted(fig) -> dict[str, tuple[list, list]]:
+    (ax,) = fig.axes
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+
+
+def test_values_that_are_not_numbers_are_charted_in_the_order_given(tmp_path, charts):
     # `--values true,false` (or model names) failed in float() after every run had finished
-    rows = [{"value": v, "strategy": "raisf", "acc": 10.0, "F1": 5.0, "retrieval ratio": 50.0, "LLM calls/q": 3.0}
-            for v in ["true", "false"]]
+    rows = [{"value": v, "strategy": "raisf", "acc": acc, "F1": 5.0, "retrieval ratio": 50.0, "LLM calls/q": 3.0}
+            for v, acc in [("true", 10.0), ("false", 20.0)]]
     write(rows, "raisf.use_labels", str(tmp_path))
     assert (tmp_path / "sweep.png").stat().st_size > 5_000
+    (fig,) = charts
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["true", "false"]  # not sorted to false, true
+    assert plotted(fig)["raisf acc %"] == ([0, 1], [10.0, 20.0])
+
+
+def test_numbers_are_charted_at_their_values_in_increasing_order_whatever_the_order_given(tmp_path, charts):
+    """A line through "1,0,0.25" in the order given zig-zagged."""
+    rows = [{"value": v, "strategy": "think_act", "acc": acc, "F1": 5.0, "retrieval ratio": ratio, "LLM calls/q": 3.0}
+            for v, acc, ratio in [(1, 30.0, 100.0), (0, 10.0, 0.0), (0.25, 20.0, 50.0)]]
+    write(rows, "think_act.beta_threshold", str(tmp_path))
+    (fig,) = charts
+    assert plotted(fig) == {"think_act acc %": ([0.0, 0.25, 1.0], [10.0, 20.0, 30.0]),
+                            "think_act retrieval ratio %": ([0.0, 0.25, 1.0], [0.0, 50.0, 100.0])}
 
 
 def test_values_are_trimmed_and_each_swept_once_by_the_setting_they_validate_to():
