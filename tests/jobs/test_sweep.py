@@ -314,6 +314,44 @@ def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(
     assert "ragsift sweep (retrieval.k=1): error: 1 of the output's 1 rows are error rows" in capsys.readouterr().err
 
 
+def test_a_values_retrieval_ratio_is_the_share_of_its_answers_that_retrieved_and_its_llm_calls_are_evaluates(
+        tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import jobs.ray_session
+    from jobs import sweep as sweep_job
+    from jobs.cli import main
+
+    questions = tmp_path / "q.parquet"
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"], "answers": [["x"]]}), questions)
+    retrievals = {"retrieval.k=1": [0, 2, 1, 0], "retrieval.k=2": [1, 3, 1, 0]}  # 2 of 4 retrieved; 3 of 4
+    calls = {"retrieval.k=1": 2.5, "retrieval.k=2": 4.25}
+
+    def answer(config, **kwargs):
+        Path(config.output).mkdir(parents=True)
+        return {"exactly_once": {"rag": {"rows": 4, "errors": 0}}, "wall_s": 1, "requests_deduped": 0}
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
+    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
+    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {})
+    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: None)
+    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
+    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sweep_job, "evaluate", lambda output, *args, **kwargs: (
+        [{"strategy": "rag", "dataset": "ALL", "acc": 0.0, "F1": 0.0, "LLM calls/q": calls[Path(output).name]}], []))
+    monkeypatch.setattr(sweep_job, "answer_files", lambda folder: [folder])  # one part a strategy, named by its folder
+    monkeypatch.setattr(sweep_job, "read_table", lambda part, columns: pa.table(
+        {"n_retrievals": retrievals[Path(part).parent.name]}))
+    assert main(["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", str(questions),
+                 "--output", str(tmp_path / "sweep"), "--strategy", "rag"]) == 0
+    table = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [(r["value"], r["retrieval ratio"], r["LLM calls/q"]) for r in table] == [(1, 50.0, 2.5), (2, 75.0, 4.25)]
+
+
 def test_a_sweep_stopped_midway_stops_its_llm_engines_too(tmp_path, monkeypatch):
     """They were stopped only after the last value: Ctrl-C (or a failing value) left the engine cores to Ray's
     exit, which they outlived holding their memory."""
