@@ -42,6 +42,13 @@ class CountingGenerator(FakeGenerator):
         return self.calls
 
 
+class PrefixCachedGenerator(FakeGenerator):
+    """Says 2 of each request's 3 prompt tokens were found in its prefix cache, as vLLM does."""
+
+    def generate(self, batch):
+        return [Generation(g.text, g.prompt_tokens, g.completion_tokens, cached_tokens=2) for g in super().generate(batch)]
+
+
 class FakeEncoder:
     def encode(self, texts, role=None):
         return texts

@@ -364,6 +364,21 @@ def test_utilisation_is_the_union_of_each_replicas_batches_per_time_slice(ray_se
     assert len(u["busy"]) == 50 and u["bin_s"] > 0 and 0 < max(u["busy"]) <= 1
 
 
+def test_the_prefix_cache_hit_rate_is_the_cached_share_of_every_answered_requests_prompt_tokens(ray_session):
+    from tests.engine.fakes import PrefixCachedGenerator
+
+    rows = []
+    gen = [ray_session.remote(PrefixCachedGenerator).options(num_cpus=0).remote()]
+    engine = Engine({"generator": GeneratorStage(gen, StageBatching(max_batch=2))},
+                    {"direct": STRATEGIES["direct"](StrategySettings())}, EngineConfig(), rows.append)
+    engine.run([Question(f"q{i}", f"question {i}") for i in range(5)], ["direct"])
+    generator = engine.metrics()["stages"]["generator"]
+    assert generator["requests"] == 5  # over batches of 2: 2 + 2 + 1
+    # 2 of 3 prompt tokens found in each of the 5 requests: summed over all of them, not the last batch's
+    assert (generator["prompt_tokens"], generator["cached_tokens"]) == (15, 10)
+    assert generator["prefix_cache_hit_rate"] == round(2 / 3, 4)
+
+
 class HeldGenerator(FakeGenerator):
     """A request saying SLOW runs until ``marker`` exists (the test writes it once the other rows came) or for
     ``hold_s`` at most, and answers which ended it; the others answer at once."""
