@@ -119,3 +119,12 @@ def test_an_engine_argument_that_only_changes_speed_leaves_the_generators_namesp
     before = key(download_dir=str(downloads))["generator"]
     (downloads / "model.safetensors").write_bytes(b"another revision")
     assert key(download_dir=str(downloads))["generator"] != before
+
+
+def test_another_sampling_seed_keys_its_llms_namespaces_and_no_other_stages():
+    """At temperature > 0 another seed samples other answers: they are not served for the first seed's."""
+    seeded = {seed: request_cache.namespaces(AnswerConfig(generator={"seed": seed})) for seed in (0, 7)}
+    changed = {stage for stage in seeded[0] if seeded[0][stage] != seeded[7][stage]}
+    assert changed == {"generator", "judge", "generator/Judge"}  # the judge is the generator's model unless set
+    judged = {seed: request_cache.namespaces(AnswerConfig(judge={"seed": seed})) for seed in (0, 7)}
+    assert {stage for stage in judged[0] if judged[0][stage] != judged[7][stage]} == {"judge"}
