@@ -3,7 +3,7 @@ sweep find what the first run computed; a setting that changes the answers finds
 
 import argparse
 import json
-import time
+import os
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -81,9 +81,10 @@ def test_the_namespace_changes_with_what_changes_a_pools_responses_and_only_then
     model = tmp_path / "m_rel"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"weights")
+    os.utime(model / "model.safetensors", ns=(10**9, 10**9))
     trained = namespaces(config(small, "x", f"reranker.model={model}"))["ranker"]
-    time.sleep(0.01)
-    (model / "model.safetensors").write_bytes(b"retrain")  # retrained in place: another revision
+    (model / "model.safetensors").write_bytes(b"retrain")  # retrained in place, as large: another revision by its time
+    os.utime(model / "model.safetensors", ns=(2 * 10**9, 2 * 10**9))
     assert namespaces(config(small, "x", f"reranker.model={model}"))["ranker"] != trained
     assert open_cache(config(small, "x", "cache.enabled=false")).path is None
 
