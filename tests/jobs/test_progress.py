@@ -48,6 +48,18 @@ def test_when_pairs_finish_in_waves_the_eta_stays_put_between_them(monkeypatch):
     assert all(0.75 * 4500 <= end <= 1.25 * 4500 for end in finishes), finishes
 
 
+def test_without_a_terminal_the_interval_is_10_s_unless_set(monkeypatch):
+    """README: "one plain line every 10 s in logs and Ray jobs"."""
+    clock = iter([0.0, 5.0, 9.5, 10.0, 15.0, 19.5])
+    monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: next(clock))
+    lines = []
+    progress = Progress(lines.append, total=10, live=False)
+    assert progress.every_s == 10.0  # how often the engine reports too
+    for done in range(1, 7):
+        progress(engine(done, 0))
+    assert [line.split()[0] for line in lines] == ["1/10", "4/10"]  # at 0 s and 10 s only
+
+
 def test_without_a_terminal_progress_is_one_plain_line_per_interval(monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 11.0])
     monkeypatch.setattr("jobs.progress.time.perf_counter", lambda: next(clock))
