@@ -551,7 +551,7 @@ def test_a_shard_whose_passages_hold_no_word_builds_and_its_bm25_finds_nothing(r
     assert BM25Shard(str(tmp_path / "idx" / "shard-001")).search(["the of", "alpha"], 3) == [[], []]
     assert BM25Shard(str(tmp_path / "idx" / "shard-000")).search(["alpha"], 3)[0][0].id == "p0"
     shutil.rmtree(tmp_path / "idx" / "shard-000" / "bm25")  # a shard copied without its BM25 still fails loudly
-    with pytest.raises(Exception):
+    with pytest.raises(FileNotFoundError, match="shard-000/bm25/"):  # naming what is missing
         BM25Shard(str(tmp_path / "idx" / "shard-000"))
 
 
