@@ -276,6 +276,21 @@ def test_a_sweep_without_questions_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("ragsift sweep: error:")
 
 
+def without_pools(monkeypatch, answer, stages=None, stop=lambda stages, wait_s=60.0: None) -> None:
+    """A sweep whose pools, Ray and answering are stand-ins: ``answer`` answers each value's run, ``stages`` are
+    its pools and ``stop`` stops their engines."""
+    import jobs.ray_session
+    from jobs import sweep as sweep_job
+
+    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
+    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
+    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {} if stages is None else stages)
+    monkeypatch.setattr("jobs.pools.stop_llm_engines", stop)
+    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
+    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+
+
 def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(tmp_path, monkeypatch, capsys):
     """It exited 0 whatever its runs held, as answer did."""
     from pathlib import Path
@@ -283,7 +298,6 @@ def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import jobs.ray_session
     from jobs import sweep as sweep_job
     from jobs.cli import main
 
@@ -297,13 +311,7 @@ def test_a_sweep_whose_value_ran_into_error_rows_only_exits_3_after_every_value(
         errors = 1 if config.retrieval.k == 1 else 0
         return {"exactly_once": {"rag": {"rows": 1, "errors": errors}}, "wall_s": 1, "requests_deduped": 0}
 
-    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
-    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
-    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
-    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {})
-    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: None)
-    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
-    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    without_pools(monkeypatch, answer)
     monkeypatch.setattr(sweep_job, "evaluate", lambda *args, **kwargs: (
         [{"strategy": "rag", "dataset": "ALL", "acc": 0.0, "F1": 0.0, "LLM calls/q": 1.0}], []))
     monkeypatch.setattr(sweep_job, "answer_files", lambda *args: ["part"])
@@ -321,7 +329,6 @@ def test_a_values_retrieval_ratio_is_the_share_of_its_answers_that_retrieved_and
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import jobs.ray_session
     from jobs import sweep as sweep_job
     from jobs.cli import main
 
@@ -334,13 +341,7 @@ def test_a_values_retrieval_ratio_is_the_share_of_its_answers_that_retrieved_and
         Path(config.output).mkdir(parents=True)
         return {"exactly_once": {"rag": {"rows": 4, "errors": 0}}, "wall_s": 1, "requests_deduped": 0}
 
-    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
-    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))  # no pools: no Ray
-    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
-    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: {})
-    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: None)
-    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
-    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    without_pools(monkeypatch, answer)
     monkeypatch.setattr(sweep_job, "evaluate", lambda output, *args, **kwargs: (
         [{"strategy": "rag", "dataset": "ALL", "acc": 0.0, "F1": 0.0, "LLM calls/q": calls[Path(output).name]}], []))
     monkeypatch.setattr(sweep_job, "answer_files", lambda folder: [folder])  # one part a strategy, named by its folder
@@ -360,8 +361,6 @@ def test_a_sweep_stopped_midway_stops_its_llm_engines_too(tmp_path, monkeypatch)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import jobs.ray_session
-    from jobs import sweep as sweep_job
     from jobs.cli import main
 
     questions = tmp_path / "q.parquet"
@@ -371,14 +370,8 @@ def test_a_sweep_stopped_midway_stops_its_llm_engines_too(tmp_path, monkeypatch)
     def answer(config, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(jobs.ray_session, "init_ray", lambda *args, **kwargs: None)
-    monkeypatch.setattr("ray.wait", lambda refs, **kwargs: (refs, []))
-    monkeypatch.setattr(sweep_job, "pool_plan", lambda *args: {})
     stages = {"generator": SimpleNamespace(replicas=[])}
-    monkeypatch.setattr(sweep_job, "build_stages", lambda *args: stages)
-    monkeypatch.setattr("jobs.pools.stop_llm_engines", lambda stages, wait_s=60.0: stopped.append((stages, wait_s)))
-    monkeypatch.setattr(sweep_job.answer_job, "answer", answer)
-    monkeypatch.setattr(sweep_job.answer_job, "check_output", lambda *args, **kwargs: None)
+    without_pools(monkeypatch, answer, stages, stop=lambda stages, wait_s=60.0: stopped.append((stages, wait_s)))
     code = main(["sweep", "--param", "retrieval.k", "--values", "1,2", "--questions", str(questions),
                  "--output", str(tmp_path / "sweep"), "--strategy", "rag"])
     assert code == 130 and stopped == [(stages, 15.0)]
