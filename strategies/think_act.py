@@ -50,9 +50,12 @@ REFERENCE = re.compile(r"(?<![\w#])#(\d+)\b")  # a sub-query naming an earlier o
 
 _LEAD_IN = re.compile(r"^\s*[*_]*\s*(?:the\s+)?(?:rewritten|completed?|clear)\s+(?:and\s+complete\s+)?question"
                       r"\s*[*_]*\s*:\s*[*_]*\s*", re.IGNORECASE)
-# "The claim is incomplete because ...", "The question is incomplete.": a comment on what it was asked to rewrite
-# (the noun in lower case: "The Question was created by Steve Ditko." is a claim)
-_COMMENT = re.compile(r"^[*_]*(?i:the|this)\s+(?:claim|question|statement|query)\b")
+# "The claim is incomplete because ...", "The question lacks a date.": a comment on what it was asked to rewrite
+# (the noun in lower case: "The Question was created by Steve Ditko." is a claim; "The claim: X" leads into one)
+_COMMENT = re.compile(r"^[*_]*(?i:the|this)\s+(?:claim|question|statement|query)[*_]*\s+(?:is|was|does|do|lacks|seems|"
+                      r"appears|needs|has|cannot|can't|should|must|already)\b")
+_CLAIM_LEAD_IN = re.compile(r"^\s*[*_]*\s*(?i:the\s+)?(?i:rewritten\s+|completed?\s+|clear\s+)?(?i:claim|statement)"
+                            r"\s*[*_]*\s*:\s*[*_]*\s*")
 
 
 def rewritten(output: str, question: str, claim: bool = False, cut_off: bool = False) -> str:
@@ -63,8 +66,10 @@ def rewritten(output: str, question: str, claim: bool = False, cut_off: bool = F
     written without one ("who sang i want to dance with somebody"), and took any output as written. A
     claim's rewrite is taken as written, unless ``cut_off`` by its token budget or a comment on the claim."""
     if claim:  # its rewrite need not be a question
-        line = clean_answer(output)
-        return line if line and not cut_off and not _COMMENT.match(line) else question
+        line = clean_answer(_CLAIM_LEAD_IN.sub("", output.strip()))
+        # cut off in the line taken (the output's last): part of a claim; a whole line before a cut-off comment is one
+        cut = cut_off and line == clean_answer(output.strip().splitlines()[-1] if output.strip() else "")
+        return line if line and not cut and not _COMMENT.match(line) else question
     for line in output.splitlines():
         line = clean_answer(_LEAD_IN.sub("", line))
         if line.endswith("?") and has_words(line):

@@ -169,6 +169,18 @@ def test_a_claims_rewrite_cut_off_by_its_budget_or_commenting_on_it_leaves_the_u
         "The Question was created by Steve Ditko.")
 
 
+def test_a_whole_claim_rewrite_is_taken_though_what_follows_it_was_cut_off_or_it_comes_after_a_lead_in():
+    """A whole first line was dropped when an explanation after it ran out of tokens, and "The claim: X" was read
+    as a comment on the claim."""
+    claim, whole = "Houston sang it.", "Whitney Houston sang I Wanna Dance with Somebody."
+    assert rewritten(f"{whole}\nThis rewrite adds the singer's full name because the original", claim, claim=True,
+                     cut_off=True) == whole
+    assert rewritten(f"The claim: {whole}", claim, claim=True) == whole
+    assert rewritten(f"**Rewritten claim:** {whole}", claim, claim=True) == whole
+    assert rewritten("Whitney Houston sang I Wanna Dance with", claim, claim=True, cut_off=True) == claim
+    assert rewritten("This claim lacks the song's name.", claim, claim=True) == claim
+
+
 def test_ambiguous_query_spawns_sub_queries_that_skip_assessment_and_are_aggregated():
     log = []
     script = Script(assess="AMBIGUOUS", subs=["A?", "B?"], beta=lambda q: 0.9 if q == "A?" else 0.1)
