@@ -129,6 +129,7 @@ class Engine:
         for stage in self.stages.values():
             stage.queue.clear()
             stage.retry.clear()
+            stage.suspects.clear()
             stage.canary = None
         self.waiters.clear()
 
@@ -242,20 +243,22 @@ class Engine:
         if stuck := stage.stuck_elsewhere(overdue):
             self._drop(overdue)
             for shard in stuck:
-                if (id(stage), shard) in killed:
+                if (id(stage), shard) in killed or shard in stage.shards_killed:  # restarting: given its time
                     continue
                 killed.add((id(stage), shard))
                 self.supervisor.log(f"{stage.name} shard {shard}: no result for {stage.batching.timeout_s} s while the "
                                     "other shards answered, killed to restart it")
                 stage.restart_shard(shard)  # the batches queued at it fail with its death and are retried
             self._batch_failed(stage, replica, overdue.remaining(), overdue.attempts,
-                               TimeoutError(f"shards {stuck} gave no result in {stage.batching.timeout_s} s"))
+                               TimeoutError(f"shards {stuck} gave no result in {stage.batching.timeout_s} s"),
+                               blameless=True)
             return
         on_replica = {id(b): b for b in self.launched.values() if b.stage is stage and b.replica == replica}
         for launched in on_replica.values():
             self._drop(launched)
             if launched is not overdue:
-                stage.retry.appendleft((launched.remaining(), launched.attempts, False))  # blameless
+                remaining = launched.remaining()  # blameless, but a suspect stays one
+                stage.retry.appendleft((remaining, launched.attempts, any(r in stage.suspects for r in remaining)))
         restarts = stage.ray_restarts(replica)
         stage.restart(replica)
         self.supervisor.died(stage, replica, f"no result for {stage.batching.timeout_s} s, killed to restart it",
@@ -335,9 +338,10 @@ class Engine:
         stats.batch_ended(launched.replica, launched.started, time.perf_counter(), origin=self.started)
 
     def _batch_failed(self, stage: Stage, replica: int, batch: list[Request], attempts: int,
-                      err: BaseException, started: float | None = None) -> None:
+                      err: BaseException, started: float | None = None, blameless: bool = False) -> None:
         """Retry a failed batch on a healthy replica (see ``retry_plan``); a request that failed
-        ``max_attempts`` times on its own becomes an error response."""
+        ``max_attempts`` times on its own becomes an error response. ``blameless``: neither the replica nor the
+        batch failed (an actor it waited on did): the replica does not rest and the batch is no suspect."""
         stage.stats.errors += 1
         self.batch_failures += 1
         cause = err.cause if isinstance(err, RayTaskError) else err
@@ -356,7 +360,7 @@ class Engine:
         now = time.perf_counter()
         answering = stage.answered_at[replica] > min(started if started is not None else now,
                                                      now - self.config.failure_cooldown_s)
-        if not (isinstance(err, RayTaskError) and answering):
+        if not (isinstance(err, RayTaskError) and answering) and not blameless:
             stage.cooling_until[replica] = now + self.config.failure_cooldown_s
             stage.stats.rests += 1
         if not batch:  # a stream that failed once it had answered all it was asked: nothing to run again
@@ -371,19 +375,25 @@ class Engine:
         # a call that got no result within the stage's timeout counts as one that raised: restarting never
         # mends a hung server (an endpoint's), and with only raised calls counted it was killed, restarted
         # and retried for as long as the input lasted
-        if attempts and (len(batch) == 1 or stage.known_good is None) and isinstance(err, (RayTaskError, TimeoutError)):
+        if (attempts and not blameless and (len(batch) == 1 or stage.known_good is None)
+                and isinstance(err, (RayTaskError, TimeoutError))):
             stage.retries_failed_in_a_row += 1
             if self.config.fail_fast_after and stage.retries_failed_in_a_row >= self.config.fail_fast_after:
                 self._test_stage(stage, err)
-        plan = retry_plan(batch, attempts, self.config.max_attempts)
+        # blameless: whole, and not made a suspect, but a try all the same (a shard that never answers again ends)
+        plan = ([(batch, attempts + 1)] if attempts + 1 < self.config.max_attempts else None) if blameless \
+            else retry_plan(batch, attempts, self.config.max_attempts)
         if plan is None:
             error = f"{stage.name} failed {attempts + 1} times: {_describe_failure(err)}"
             self._deliver_batch(stage, batch, stage.failed(batch, error))
             return
         self.batch_splits += len(plan) > 1
         # a first failure is most likely the replica's: it goes again beside other work; after that it may
-        # hold what breaks a replica, and runs alone
-        stage.retry.extend((part, n, attempts > 0) for part, n in plan)
+        # hold what breaks a replica, and it and its halves run alone
+        alone = (attempts > 0 and not blameless) or any(r in stage.suspects for r in batch)
+        if alone:
+            stage.suspects.update(batch)
+        stage.retry.extend((part, n, alone) for part, n in plan)
 
     def _test_stage(self, stage: Stage, err: BaseException) -> None:
         """Requests keep failing alone and nothing answers between: are they bad, or is the stage broken?
@@ -429,6 +439,7 @@ class Engine:
         canary = stage.is_test(batch)
         if canary:
             stage.canary = None  # it answered (answered_ok reset the count)
+        stage.suspects.difference_update(batch)
         for request, response in zip(batch, responses):
             if isinstance(response, (Generation, Judgment)) and not response.error:  # a refused prompt computed nothing
                 self.tokens += response.prompt_tokens + response.completion_tokens

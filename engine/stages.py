@@ -52,9 +52,9 @@ class StageStats:
     bytes_in: int = 0
     bytes_in_by_reference: int = 0
     # busy replica-seconds in consecutive slices of bin_s from the run's start (utilisation over time); at
-    # MAX_BINS slices, neighbours merge and bin_s doubles
+    # MAX_BINS slices, neighbours merge and bin_s doubles (from 1/256 s: a short run's 50 report slices stay exact)
     busy_bins: list[float] = field(default_factory=list)
-    bin_s: float = 1.0
+    bin_s: float = 2.0 ** -8
     # per replica, the time from which its busy time is not counted yet: batches on one replica overlap
     # (streams, max_inflight_per_replica), and summed per batch they made busy_s exceed the wall time
     busy_from: dict[int, float] = field(default_factory=dict)
@@ -169,6 +169,7 @@ class Stage:
         # batches being retried after a failure: (requests, failures of that batch on its own, whether it runs
         # alone: a batch that failed more than once, or the stage test, may hold what breaks a replica)
         self.retry: deque[tuple[list[Request], int, bool]] = deque()
+        self.suspects: set[Request] = set()  # requests of batches run alone, until answered: split, they still do
         self.inflight = [0] * len(replicas)  # batches (calls, streams) on each replica
         self.running = 0  # requests sent to replicas and not back yet
         self.cooling_until = [0.0] * len(replicas)  # a replica that just failed rests
@@ -244,13 +245,16 @@ class Stage:
         return any(alone for _, _, alone in self.retry)
 
     def next_retry(self, replica: int) -> tuple[list[Request], int] | None:
-        """The oldest retry ``replica`` may take: any when it has nothing in flight, else one not run alone."""
+        """The retry ``replica`` takes: with nothing in flight, the oldest that runs alone (it was emptied for
+        one), else the oldest that does not."""
         idle = self.inflight[replica] == 0
-        for i, (batch, attempts, alone) in enumerate(self.retry):
-            if idle or not alone:
-                del self.retry[i]
-                return batch, attempts
-        return None
+        order = [i for i, (_, _, alone) in enumerate(self.retry) if alone] if idle else []
+        order += [i for i, (_, _, alone) in enumerate(self.retry) if not alone]
+        if not order:
+            return None
+        batch, attempts, _ = self.retry[order[0]]
+        del self.retry[order[0]]
+        return batch, attempts
 
     def full(self) -> bool:
         """The queue holds a whole batch."""
@@ -584,6 +588,7 @@ class RetrieverStage(Stage):
         super().__init__(encoders, batching)
         self.shards, self.bm25, self.retrieval = shards, bm25, retrieval or RetrievalConfig()
         self.shard_deaths = [0] * len(shards)  # Ray's restart count of each shard actor, as last seen
+        self.shards_killed: set[int] = set()  # restarted as stuck and not heard from since: not killed again
 
     def shard_restarts(self, shard: int) -> int | None:
         return self._restarts_of(self.shards[shard])
@@ -601,10 +606,17 @@ class RetrieverStage(Stage):
         return stuck if len(stuck) < len(self.shards) else []
 
     def restart_shard(self, shard: int) -> None:
-        """Kill a stuck shard so Ray restarts it: every call queued at it fails (and is retried), blaming no encoder."""
+        """Kill a stuck shard so Ray restarts it: every call queued at it fails (and is retried), blaming no encoder.
+        Until a batch is answered again it is not killed again: reloading its index may take longer than a batch's
+        timeout."""
         import ray
 
+        self.shards_killed.add(shard)
         ray.kill(self.shards[shard], no_restart=False)
+
+    def answered_ok(self, replica, requests, responses):
+        super().answered_ok(replica, requests, responses)
+        self.shards_killed.clear()  # every shard answered this batch
 
     def died_elsewhere(self, err) -> bool:
         dead = getattr(err, "actor_id", None)

@@ -423,3 +423,55 @@ def test_a_hung_retriever_shard_is_restarted_not_the_encoder_whose_batch_waited_
     monkeypatch.setattr(eng.supervisor, "died", lambda *args, **kwargs: None)
     eng._wait_and_route()
     assert restarted == {"encoder": [0], "shard": [1]}
+
+
+def test_a_request_split_down_to_itself_still_runs_alone_on_its_next_retry_and_leaves_the_suspects_once_answered(engine):
+    """retry_plan gives a request split out alone 0 tries; counted by its tries only, its next retry ran beside
+    other work, where it could take a replica's other batches down with it."""
+    from ray.exceptions import RayTaskError
+
+    stage = engine.stages["generator"]
+    boom = RayTaskError("generate", "", RuntimeError("crashed"))
+    engine._batch_failed(stage, 0, [request(1), request(2)], 1, boom)  # failed twice: split, each half alone
+    assert [(b, alone) for b, _, alone in stage.retry] == [([request(1)], True), ([request(2)], True)]
+    stage.retry.clear()
+    engine._batch_failed(stage, 0, [request(1)], 0, boom)  # the half's first failure on its own
+    assert [(b, n, alone) for b, n, alone in stage.retry] == [([request(1)], 1, True)]
+    engine.waiters[request(1)] = []
+    engine._deliver_batch(stage, [request(1)], stage.failed([request(1)], "gave up"))
+    assert request(1) not in stage.suspects
+
+
+def test_a_replica_emptied_for_a_retry_that_runs_alone_takes_that_one_not_an_older_one_any_replica_could_take():
+    stage = GeneratorStage(["a", "b"], StageBatching(max_batch=4, max_inflight_per_replica=3))
+    stage.restarting.clear()
+    stage.inflight = [0, 2]
+    stage.retry.extend([([request(1)], 1, False), ([request(2)], 2, True)])
+    assert stage.take_for(0) == ([request(2)], 2) and stage.take_for(1) == ([request(1)], 1)
+
+
+def test_a_stuck_shard_is_killed_once_until_it_answers_and_the_encoder_whose_batch_waited_does_not_rest(monkeypatch):
+    """Reloading its index may outlast a batch's timeout: each batch sent to it while it restarted killed it again."""
+    from engine.stages import RetrieverStage
+    from schemas.records import Retrieve
+
+    stage = RetrieverStage([object()], [object(), object()], StageBatching(timeout_s=600))
+    stage.restarting.clear()
+    killed = []
+    monkeypatch.setattr(loop.ray, "kill", lambda actor, no_restart: killed.append(stage.shards.index(actor)))
+    eng = Engine({"retriever": stage}, {}, EngineConfig(failure_cooldown_s=30), lambda row: None, log=lambda line: None)
+    answered = set()
+    monkeypatch.setattr(loop.ray, "wait", lambda refs, num_returns, timeout: (
+        [r for r in refs if r in answered], [r for r in refs if r not in answered]))
+    for n in range(2):  # two passes: a batch, then its retry, each overdue on shard 1 alone
+        asked = Retrieve(f"q{n}", 3)
+        eng.waiters[asked] = []
+        batch = Launched(stage, 0, [asked], [f"a{n}", f"b{n}"], started=time.perf_counter() - 700, pending=2)
+        stage.inflight[0] += 1
+        eng.launched.update({f"a{n}": batch, f"b{n}": batch})
+        answered.add(f"a{n}")
+        eng._wait_and_route()
+    assert killed == [1] and stage.cooling_until == [0.0] and stage.stats.rests == 0
+    assert [(b[0].query, n, alone) for b, n, alone in stage.retry] == [("q0", 1, False), ("q1", 1, False)]
+    stage.answered_ok(0, [asked], [None])  # a batch every shard answered: shard 1 is back
+    assert stage.shards_killed == set()
