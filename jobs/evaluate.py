@@ -504,7 +504,7 @@ def run(args: argparse.Namespace) -> int:
     if not table:
         raise UserError(f"{redact(args.answers)}: its answer files hold no rows to score")
     # a strategy's folder of a run: whether that strategy is finished (one part file is scored as it is)
-    run, strategy = run_folder(args.answers), args.answers.rstrip("/").rsplit("/", 1)[-1]
+    run, strategy = run_folder(args.answers), filesystem(args.answers)[1].rstrip("/").rsplit("/", 1)[-1]  # (not a URI's query)
     if short := (None if PART.search(args.answers) else unfinished(run, {strategy} if run != args.answers else None)):
         print(f"warning: {short}; scored are the questions answered so far", file=sys.stderr)
     out = args.out or answers_folder(args.answers)
