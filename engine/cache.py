@@ -41,7 +41,9 @@ WRITE_AFTER_S = 10.0
 # a write another writer's lock refused waited SQLite's busy timeout (60 s): the next waits twice as long as the last
 # pause, from WRITE_AFTER_S up to this, instead of one per put (a driver held a minute per response)
 LOCKED_RETRY_MAX_S = 640.0
-PENDING_MAX_BYTES = 64 * 2**20  # responses waiting for a locked file, at most: the oldest go unsaved (counted)
+# responses waiting, at most: past it they are written at once, or, while the file is locked, the oldest go unsaved
+# (counted)
+PENDING_MAX_BYTES = 64 * 2**20
 
 
 class RequestCache:
@@ -98,10 +100,10 @@ class RequestCache:
             text = encode(response)
             self.pending.append((self.key(request), request.stage, text, time.time()))
             self.pending_bytes += len(text)
-            while self.pending_bytes > PENDING_MAX_BYTES:
+            while self.retry_s and self.pending_bytes > PENDING_MAX_BYTES:  # the file is locked: the oldest go
                 self.pending_bytes -= len(self.pending.popleft()[2])
                 self.unsaved += 1
-            if len(self.pending) >= WRITE_EVERY and not self.retry_s:
+            if not self.retry_s and (len(self.pending) >= WRITE_EVERY or self.pending_bytes > PENDING_MAX_BYTES):
                 self.flush()
             else:
                 self.flush_if_due()

@@ -348,3 +348,18 @@ def test_a_run_opens_its_disk_cache_pruned_to_cache_max_mb_and_says_how_many_wen
     assert open_cache(config).pruned > 0 and open_cache(config).pruned == 0  # once under 1 MiB, it stays there
     assert open_cache(AnswerConfig(cache={"path": str(path), "enabled": True, "max_mb": None})).pruned == 0
 
+
+
+def test_large_responses_past_the_pending_bound_are_written_not_dropped_while_the_file_is_not_locked(tmp_path, monkeypatch):
+    """Responses past PENDING_MAX_BYTES went unsaved at every put, locked or not (big retrievals filled 64 MiB
+    before 256 responses), and the warning blamed another process's lock."""
+    import engine.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "PENDING_MAX_BYTES", 10_000)
+    path = tmp_path / "c.sqlite"
+    cache = RequestCache(0, path, NAMESPACES)
+    for i in range(100):  # 100 KB of responses, under WRITE_EVERY of them
+        cache.put(Generate((("user", f"q{i}"),)), Generation("x" * 1000, 1, 1))
+    assert cache.unsaved == 0 and cache.pending_bytes <= 10_000
+    cache.flush()
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM responses").fetchone()[0] == 100
