@@ -61,11 +61,33 @@ class RequestCache:
         self.flushed_at = time.monotonic()
         self.retry_s = 0.0  # the pause before the next write while the file is locked; 0 = not locked
         self.unsaved = 0  # responses dropped unwritten while the file stayed locked
+        self.carried = 0  # the oldest of ``pending``, which an earlier run left waiting (see ``run_mark``)
         self._db: sqlite3.Connection | None = None
         self.disk_error: str | None = None  # why the disk part was given up for this run
         self.read_only = False  # the file is read where it lies (a folder this run cannot write): nothing is stored
         self.pruned = 0  # responses deleted, the oldest first, to keep it under its bound
         self.undecodable = 0  # stored rows that could not be read back: looked up as misses
+        self._marked = False  # a run has taken its run_mark
+
+    COUNTS = ("pruned", "undecodable", "unsaved")
+
+    def run_mark(self) -> dict[str, int]:
+        """The counts a run starts from, for ``counts_since``: runs may share the cache (a Session's calls, a
+        sweep's values), and each run's metrics count its own. Zero at the first run, whose open this was (what
+        the open pruned is that run's)."""
+        mark = dict.fromkeys(self.COUNTS, 0) if not self._marked else {c: getattr(self, c) for c in self.COUNTS}
+        self._marked = True
+        self.carried = len(self.pending)  # the last run counted these unsaved already
+        return mark
+
+    def counts_since(self, mark: dict[str, int] | None = None) -> dict[str, int]:
+        """Responses pruned, stored rows undecodable and responses unsaved since ``mark`` (``run_mark``; None: since
+        the cache was opened); unsaved counts those dropped while the file stayed locked and those still waiting
+        for it, but not those an earlier run left waiting (counted in its metrics)."""
+        mark = mark or dict.fromkeys(self.COUNTS, 0)
+        counts = {c: getattr(self, c) - mark[c] for c in self.COUNTS}
+        counts["unsaved"] += len(self.pending) - self.carried
+        return counts
 
     def get(self, request: Request) -> tuple[Response | None, str | None]:
         """The stored response and where it was found ("memory" or "disk"), or (None, None)."""
@@ -102,7 +124,10 @@ class RequestCache:
             self.pending_bytes += len(text)
             while self.retry_s and self.pending_bytes > PENDING_MAX_BYTES:  # the file is locked: the oldest go
                 self.pending_bytes -= len(self.pending.popleft()[2])
-                self.unsaved += 1
+                if self.carried:  # an earlier run's, counted unsaved in its metrics
+                    self.carried -= 1
+                else:
+                    self.unsaved += 1
             if not self.retry_s and (len(self.pending) >= WRITE_EVERY or self.pending_bytes > PENDING_MAX_BYTES):
                 self.flush()
             else:
@@ -135,6 +160,7 @@ class RequestCache:
                 self.prune(self.max_bytes)
         self.pending.clear()
         self.pending_bytes = 0
+        self.carried = 0
 
     def prune(self, max_bytes: int, keep: float = 0.8) -> int:
         """Where the stored responses take more than ``max_bytes``, delete the oldest written until they take
@@ -177,6 +203,7 @@ class RequestCache:
         self.disk_error = f"{self.path}: {type(err).__name__}: {err} ({advice})"
         self.pending.clear()
         self.pending_bytes = 0
+        self.carried = 0
 
     def key(self, request: Request) -> str:
         fields = [getattr(request, f.name) for f in dataclasses.fields(request) if f.compare]

@@ -255,6 +255,7 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
 
     # pools that are not config's (a test's stubs) must not fill the disk cache of config's models
     cache = cache if cache is not None else open_cache(config, disk=stages_from_config)
+    mark = cache.run_mark()  # a cache shared with earlier runs holds their counts: metrics.json has this run's
     # left to Ray's exit, an engine core outlived the command holding its memory: the engines are stopped
     # once the parts are committed or given up (out.close), however the run ends
     with llm_engines_stopped(stages) if stages_from_config else nullcontext():
@@ -264,13 +265,14 @@ def _answer_into(out: ShardedOutput, identity: dict, config: AnswerConfig, plan,
                 # part is the actor's own, so a request two engines make alike is computed by each
                 engine_metrics = run_engines(config.engine.actors, stages, strategies, config, read,
                                              Todo(out.committed, out.retrying), out.write, report, log,
-                                             cache=cache, report_every_s=progress.every_s)
+                                             cache=cache, report_every_s=progress.every_s, mark=mark)
                 roots_done = engine_metrics["roots_done"]
             else:
                 engine = Engine(stages, strategies, config.engine, out.write, on_progress=report,
                                 progress_every_s=progress.every_s, log=log, cache=cache)
                 engine.run(question_rows(**read), config.strategies, todo=lambda strategy, q: out.todo(strategy, q.shard, q.id))
                 engine_metrics, roots_done = engine.metrics(), engine.roots_done
+                engine_metrics["request_cache"].update(cache.counts_since(mark))
         finally:
             progress.close()
             left = out.close()

@@ -140,9 +140,9 @@ class _StageView:
 
 def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo: Todo, write: Callable[[dict], None],
                 report: Callable, log: Callable[[str], None], cache: RequestCache | None = None,
-                report_every_s: float = 10.0) -> dict:
+                report_every_s: float = 10.0, mark: dict[str, int] | None = None) -> dict:
     """Answer with ``n`` engine actors, each with the disk part of ``cache`` (its path, namespaces and bound);
-    ``write`` each row here; returns the merged metrics."""
+    ``write`` each row here; returns the merged metrics (of ``cache``'s own counts, those since ``mark``)."""
     import ray
 
     actor = ray.remote(EngineActor).options(num_cpus=config.engine.actor_cpus, max_restarts=0,
@@ -196,7 +196,8 @@ def run_engines(n: int, stages: dict, strategies: dict, config, read: dict, todo
     done = [m for m in metrics if m is not None]
     merged = merge_metrics(done, time.perf_counter() - started, first_row,
                            last=done.index(metrics[last]) if last is not None else None)
-    merged["request_cache"]["pruned"] += cache.pruned if cache is not None else 0  # the driver's open, besides the engines'
+    # what the driver's open pruned (a shared cache's: since ``mark``), besides the engines'
+    merged["request_cache"]["pruned"] += cache.counts_since(mark)["pruned"] if cache is not None else 0
     return merged
 
 

@@ -66,3 +66,46 @@ def test_a_runs_recorded_config_leaves_the_cache_to_the_rerun(tmp_path, monkeypa
     monkeypatch.setenv("RAGSIFT_NO_CACHE", "1")
     assert load_config(AnswerConfig, recorded).cache.enabled is False
     assert load_config(AnswerConfig, recorded, ["cache.enabled=true"]).cache.enabled is True  # said for this run
+
+
+def test_each_run_on_a_shared_cache_counts_only_its_own_pruned_and_unsaved_responses(ray_session, tmp_path):
+    """A Session's calls and a sweep's values share one cache: each run's metrics.json counted every response
+    pruned or left unsaved since the cache was opened, and warned of the earlier runs' unsaved responses."""
+    import sqlite3
+
+    from engine.cache import encode
+    from schemas.records import Generation
+
+    path = tmp_path / "requests.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE responses (key TEXT PRIMARY KEY, stage TEXT, response TEXT, created REAL)")
+    with db:
+        db.executemany("INSERT INTO responses VALUES (?, ?, ?, ?)",
+                       [(f"old{i}", "generator", encode(Generation("x" * 500, 1, 1)), i) for i in range(400)])
+    db.close()
+    config = AnswerConfig(questions=str(tmp_path / "q.parquet"), output=str(tmp_path / "out"), strategies=["direct"])
+    cache = RequestCache(10, path, namespaces(config), max_bytes=100_000)
+    opened = cache.prune(100_000)  # as open_cache does: the first run's
+    cache.db.execute("PRAGMA busy_timeout = 0")
+    actor = ray_session.remote(FakeGenerator).options(num_cpus=0).remote()
+    stages = {"generator": GeneratorStage([actor], StageBatching())}
+
+    def run(n: int) -> dict:
+        pq.write_table(pa.table({"id": [f"{n}a", f"{n}b"], "question": [f"question {n}a", f"question {n}b"]}),
+                       tmp_path / f"q{n}.parquet")
+        lines = []
+        metrics = answer(config.model_copy(update={"questions": str(tmp_path / f"q{n}.parquet"),
+                                                   "output": str(tmp_path / f"out{n}")}),
+                         log=lambda *a, **k: lines.append(" ".join(map(str, a))), stages=stages, cache=cache)
+        return {**metrics["request_cache"], "warned": [line for line in lines if line.startswith("warning: ")]}
+
+    first = run(1)
+    assert opened > 0 and first["pruned"] >= opened and first["unsaved"] == 0 and not first["warned"]
+    holder = sqlite3.connect(path)
+    holder.execute("BEGIN EXCLUSIVE")  # held for the next two runs
+    second, third = run(2), run(3)
+    assert second["pruned"] == third["pruned"] == 0
+    assert second["unsaved"] == third["unsaved"] == 2  # the third's own, not the second's still waiting
+    assert third["warned"] == ["warning: 2 responses of this run were not saved to the request cache on disk: another "
+                               "process held its file locked (a rerun computes them again)"]
+    holder.rollback()
