@@ -52,15 +52,18 @@ def generator(model: str):
     return Generator(llm_settings(LLMConfig(model=model)), SamplingConfig().model_dump())
 
 
-def score(answers: list[str], questions: list[dict]) -> dict[str, float]:
+def score(answers: list[str], questions: list[dict], verdicts: tuple[str, ...] | None = None) -> dict[str, float]:
     """EM, F1 and accuracy (gold contained) in percent over the questions with a gold answer, as
-    ``ragsift evaluate``."""
+    ``ragsift evaluate``: a gold among ``verdicts`` (the claim labels the answers are in; the default
+    answer_form's, as evaluate's outside a run) is matched as a label."""
     from jobs import metrics as M
+    from schemas.config import AnswerFormConfig
 
+    verdicts = tuple(AnswerFormConfig().verdicts) if verdicts is None else verdicts
     s = {"EM": 0.0, "F1": 0.0, "acc": 0.0}
     scored = [(answer, q["answers"]) for answer, q in zip(answers, questions) if M.gold_answers(q["answers"])]
     for answer, gold in scored:
         s["EM"] += M.exact_match(answer, gold)
         s["F1"] += M.f1(answer, gold)
-        s["acc"] += M.accuracy(answer, gold)
+        s["acc"] += M.accuracy(answer, gold, verdicts)
     return {k: round(100 * v / max(len(scored), 1), 1) for k, v in s.items()}

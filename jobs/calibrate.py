@@ -237,10 +237,11 @@ def reads_all(raisf) -> bool:
     return raisf.read == "retrieved" and raisf.passage_relevance and raisf.decomposition
 
 
-def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dict[str, dict], f1_cut: dict) -> dict:
+def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dict[str, dict], f1_cut: dict,
+                       verdicts: tuple[str, ...] = ()) -> dict:
     """RA-ISF's relevance cut under ``read: retrieved``, by answers (module docstring): ``raisf_rows``
     are RA-ISF's answers at the F1 cut ``f1_cut`` (``choose``'s result), ``probe_rows`` hold each
-    question's read of all k."""
+    question's read of all k; ``verdicts``: the run's claim labels, as ``quality`` reads them."""
     reads = {}
     for row in probe_rows:
         p = first_step(row, "probe")
@@ -261,9 +262,9 @@ def read_all_threshold(raisf_rows: list[dict], probe_rows: list[dict], gold: dic
         # the trace's scores are rounded: at t0 the pass's own branch decides; no passage is always decomposed
         best = max(relevance["p_yes"], default=-math.inf)
         scores.append(min(best, math.nextafter(t0, -math.inf)) if decomposed else max(best, t0))
-        read.append(quality(reads[row["id"]], g["answers"]))
+        read.append(quality(reads[row["id"]], g["answers"], verdicts))
         # below t <= t0 is only ever a question RA-ISF decomposed at t0
-        below.append(quality(row["answer"] or "", g["answers"]) if decomposed else read[-1])
+        below.append(quality(row["answer"] or "", g["answers"], verdicts) if decomposed else read[-1])
     if not scores:
         raise UserError("no RA-ISF row of the decomposition pass could be scored against the probe's reads")
     cuts = {c for c in candidates([s for s in scores if s > -math.inf]) if c <= t0} | {t0}
@@ -290,7 +291,8 @@ def decomposition_pass(config, chosen: dict, probe_rows: list[dict], gold: dict[
     log(f"raisf.read is 'retrieved': RA-ISF at relevance cut {run.raisf.relevance_threshold} into {redact(run.output)}")
     answer_job.answer(run, log=log, **shared)
     rows = [r for f in answer_files(join(run.output, "raisf")) for r in read_table(f).to_pylist()]
-    return read_all_threshold(rows, probe_rows, gold, chosen["raisf.relevance_threshold"])
+    return read_all_threshold(rows, probe_rows, gold, chosen["raisf.relevance_threshold"],
+                              tuple(config.answer_form.verdicts))
 
 
 def shared_stages(config) -> dict:

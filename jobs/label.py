@@ -62,9 +62,10 @@ def _steps(row: dict) -> dict[str, dict]:
 
 
 def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Passage], config: LabelConfig,
-                 dropped: dict[str, Counter] | None = None, split: bool = False) -> dict:
+                 dropped: dict[str, Counter] | None = None, split: bool = False, verdicts: tuple[str, ...] = ()) -> dict:
     """Label records (each with chat ``messages``) from ``raisf_labels`` answer rows, of the kinds
-    ``config.collect`` names; ``dropped`` counts, by kind, why a question gave none."""
+    ``config.collect`` names; ``dropped`` counts, by kind, why a question gave none. ``verdicts``: the run's claim
+    labels (answer_form.verdicts), a gold among them matched as a label ("NOT SUPPORTED" is no "SUPPORTED")."""
     kinds = [k for k in RAISF_KINDS if k in config.collect]
     out: dict[str, list] = {kind: [] for kind in kinds}
     dropped = {kind: Counter() for kind in kinds} if dropped is None else dropped
@@ -78,7 +79,7 @@ def raisf_labels(rows: list[dict], gold: dict[str, dict], passages: dict[str, Pa
         if "self_knowledge" in kinds and not golds:
             dropped["self_knowledge"]["no gold answer"] += 1
         elif "self_knowledge" in kinds:
-            know = _correct(row["answer"], golds, config.match)
+            know = _correct(row["answer"], golds, config.match, verdicts)
             out["self_knowledge"].append({
                 "id": row["id"], "question": q, "closed_book_answer": row["answer"], "gold_answers": golds,
                 "label": "know" if know else "unknown",
@@ -268,7 +269,7 @@ def label(config, log=print, force: bool = False, source: str | None = None) -> 
         dropped, seen = {kind: Counter() for kind in kinds}, 0
         for rows, ids in answer_chunks(config.output, "raisf_labels"):
             for kind, records in raisf_labels(rows, gold, passages_by_id(config.index.path, ids), config.label,
-                                              dropped, split).items():
+                                              dropped, split, tuple(config.answer_form.verdicts)).items():
                 raisf[kind].write(records)
             seen += len(rows)
         for kind, writer in raisf.items():

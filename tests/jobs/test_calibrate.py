@@ -186,6 +186,19 @@ def test_read_all_cut_is_chosen_by_the_answers_of_reading_against_decomposing():
         read_all_threshold(rows, [{"id": "1", "error": None, "trace": json.dumps([{"step": "probe"}])}], gold, f1_cut)
 
 
+def test_read_all_cut_reads_a_claim_label_of_the_runs_verdicts_as_a_label():
+    """Scored without the claim labels, reading all k that answered 'NOT SUPPORTED' to a 'SUPPORTED' claim counted
+    as right, and beat the decomposition that answered it."""
+    probe = {"id": "1", "error": None, "trace": json.dumps([{"step": "probe", "raisf_read": "NOT SUPPORTED"}])}
+    decomposed = {"id": "1", "error": None, "trace": json.dumps([{"step": "relevance", "p_yes": [0.1]}]),
+                  "resolved_by": "decomposition", "answer": "SUPPORTED"}
+    gold = {"1": {"answers": ["SUPPORTED"]}}
+    chosen = read_all_threshold([decomposed], [probe], gold, {"value": 0.5, "n": 1, "curve": []},
+                                verdicts=("SUPPORTED", "NOT SUPPORTED"))
+    # reading all k: F1 2/3 and no accuracy; decomposing: both
+    assert [c["value"] for c in chosen["curve"]] == pytest.approx([1 / 3, 1.0]) and chosen["value"] == 0.5
+
+
 def test_choose_reads_probe_rows_against_gold():
     def row(qid, know, beta, closed, read, rel, scores, ambiguous, split, passages=None, all_k=None):
         trace = [{"step": "probe", "know_p_yes": know, "ta_beta": beta, "raisf_closed": closed, "ta_closed": closed,

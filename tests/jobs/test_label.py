@@ -304,3 +304,11 @@ def test_the_card_names_the_embedder_of_the_index_the_labels_were_retrieved_from
     config = AnswerConfig(questions=str(questions), output=str(tmp_path / "lab"), strategies=["raisf_labels"],
                           index={"path": str(tmp_path / "idx")})
     assert "embedder `intfloat/e5-small-v2`" in card_text([], {}, config)
+
+
+def test_self_knowledge_reads_a_claim_label_of_the_runs_verdicts_as_a_label_not_words_to_find():
+    """With labels that contain each other, the closed-book 'NOT SUPPORTED' counted as knowing 'SUPPORTED'."""
+    gold = {"a": {"answers": ["SUPPORTED"]}, "b": {"answers": ["NOT SUPPORTED"]}}
+    rows = [row("a", "NOT SUPPORTED", LABEL_TRACE), row("b", "NOT SUPPORTED", LABEL_TRACE)]
+    out = raisf_labels(rows, gold, PASSAGES, LabelConfig(match="contains"), verdicts=("SUPPORTED", "NOT SUPPORTED"))
+    assert [(r["id"], r["label"]) for r in out["self_knowledge"]] == [("a", "unknown"), ("b", "know")]
