@@ -122,22 +122,47 @@ def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReason
                         analysis=(str, Field(max_length=config.analysis_chars)), answer=(answer, ...))
 
 
-def within_bounds(obj: dict, k: int, config: SelfReasoningConfig) -> dict:
+def within_bounds(obj: dict, k: int, config: SelfReasoningConfig, model: type[BaseModel] | None = None) -> dict:
     """A trajectory within its schema's bounds, which a server that does not enforce maxLength, maxItems or
     minimum lets a model pass (the whole trajectory, its answer too, was rejected for one of them): strings
-    cut to their length, citations of no passage shown dropped, the citations cut to max_citations."""
+    cut to their length, citations of no passage shown dropped, the citations cut to max_citations. The answer
+    is cut only where it is free text (``model``'s answer has a max_length; without a model, answer_chars): a
+    choice (a verdict, yes / no) cut is no choice."""
     def cut(value, n):
-        return value[:n] if isinstance(value, str) else value
+        return value[:n] if isinstance(value, str) and n is not None else value
 
     cites = obj.get("cite_list")
     if isinstance(cites, list):
-        shown = [c for c in cites if not (isinstance(c, dict) and type(c.get("cite_index")) is int
-                                          and not 1 <= c["cite_index"] <= k)]
+        shown = []
+        for c in cites:
+            if isinstance(c, dict):
+                index = _index(c.get("cite_index"))
+                if index is None or not 1 <= index <= k:  # no passage shown, or no number
+                    continue
+                c = {**c, "cite_index": index}
+            shown.append(c)
         cites = [{**c, "cite_content": cut(c.get("cite_content"), config.quote_chars),
                   "cite_reason": cut(c.get("cite_reason"), config.reason_chars)} if isinstance(c, dict) else c
                  for c in shown[:min(k, config.max_citations)]]
+    answer_chars = config.answer_chars if model is None else _max_length(model, "answer")
     return {**obj, "relevant_reason": cut(obj.get("relevant_reason"), config.reason_chars), "cite_list": cites,
-            "analysis": cut(obj.get("analysis"), config.analysis_chars), "answer": cut(obj.get("answer"), config.answer_chars)}
+            "analysis": cut(obj.get("analysis"), config.analysis_chars), "answer": cut(obj.get("answer"), answer_chars)}
+
+
+def _index(value) -> int | None:
+    """A citation's passage number as an int: 7, "7" and 7.0 alike; None for what is no whole number."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if isinstance(value, int) or value.is_integer() else None
+
+
+def _max_length(model: type[BaseModel], field: str) -> int | None:
+    return next((m.max_length for m in model.model_fields[field].metadata if getattr(m, "max_length", None)), None)
 
 
 class SelfReasoning(Routine):
@@ -164,7 +189,7 @@ class SelfReasoning(Routine):
                            step="trajectory")
 
         def parse(text):
-            t = parse_as(model, text, lambda obj: within_bounds(obj, max(1, len(item.passages)), self.config))
+            t = parse_as(model, text, lambda obj: within_bounds(obj, max(1, len(item.passages)), self.config, model))
             # an answer that cleans to nothing ("```", "Answer:") is no answer: the fallback reads instead
             return t, t is not None and bool(clean_answer(t.answer))
 

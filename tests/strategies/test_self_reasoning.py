@@ -311,3 +311,25 @@ def test_with_no_passage_retrieved_the_answer_is_the_models_own_knowledge():
         return Retrieval([]) if isinstance(request, Retrieve) else respond(request, item)
     done, _ = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q", nothing_retrieved)
     assert (done.resolved_by, done.citations) == ("internal_knowledge", [])
+
+
+def test_a_choice_answer_is_not_cut_to_answer_chars_so_a_short_bound_keeps_a_long_verdict():
+    """answer_chars cut every answer: with it under 15, 'NOT ENOUGH INFO' became 'NOT ENOUG', which no choice is,
+    and the trajectory fell back to a plain read."""
+    forms = AnswerFormConfig(verdicts=["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"])
+    config = SelfReasoningConfig(answer_step="trajectory", answer_chars=9)
+    done, item = drive(SelfReasoning(config, forms), "The Eiffel Tower is in Rome.",
+                       script(trajectory(answer="NOT ENOUGH INFO")), kind="claim")
+    assert (done.answer, done.resolved_by) == ("NOT ENOUGH INFO", "passages") and "parse_failures" not in item.counts
+    done, _ = drive(SelfReasoning(config), "Q", script(trajectory(answer="Paris, France")))  # free text is still cut
+    assert done.answer == "Paris, Fr"
+
+
+def test_a_citation_index_written_as_text_or_a_float_is_range_checked_not_a_rejected_trajectory():
+    """Only an int out of range was dropped: "7" or 7.0 of 5 passages reached pydantic, which rejected the whole
+    trajectory (its answer too)."""
+    cites = [{"cite_index": i, "cite_content": "...", "cite_reason": "why"} for i in ("7", 7.0, "2", 3.0, "two", None, 2.5)]
+    done, item = drive(SelfReasoning(SelfReasoningConfig(answer_step="trajectory")), "Q",
+                       script({**trajectory(analysis="Paris."), "cite_list": cites}))
+    assert (done.answer, done.resolved_by) == ("Paris", "passages") and "parse_failures" not in item.counts
+    assert [c["cite_index"] for c in item.trace[-1]["cite_list"]] == [2, 3] and done.citations == ["p1", "p2"]
