@@ -38,7 +38,8 @@ class Section(BaseModel):
     ``changes_answers = False``) is a speed or resource setting: a resumed run may change it; every
     other field decides the answers and is part of a run's identity (jobs/answer.py)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no float field takes infinity or NaN (a limit that is none is None): a .inf cooldown or weight is a typo
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     changes_answers: ClassVar[bool] = True
 
     @field_validator("*", mode="before")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from schemas.config import ConfigError, load_config
@@ -254,6 +256,23 @@ def test_floats_are_read_as_yaml_1_2_where_1_30_5_is_text_and_infinity_is_refuse
                             (None, ["engine.generator.timeout_s=.inf"]), (f, [])):
         with pytest.raises(ConfigError, match=r"(temperature|top_p|timeout_s): Input should be a finite number"):
             load_config(AnswerConfig, file, overrides)
+
+
+@pytest.mark.parametrize("setting", ["engine.failure_cooldown_s=.inf", "engine.generator.max_wait_s=.inf",
+                                     "retrieval.dense_weight=.nan", "retrieval.bm25_weight=.inf", "index.bm25_k1=.inf",
+                                     "raisf.know_threshold=.nan", "embedder.num_gpus=.inf"])
+def test_no_float_field_of_any_section_takes_infinity_or_nan_and_the_error_names_it(setting):
+    """Only temperature, top_p and the timeouts refused them: `engine.failure_cooldown_s=.inf` stopped a stage for
+    good after a failure, and a .nan weight ranked every hybrid passage alike."""
+    field = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(field)}: Input should be a finite number"):
+        load_config(AnswerConfig, None, [setting])
+
+
+def test_an_endpoints_request_rate_refuses_infinity():
+    with pytest.raises(ConfigError, match=r"requests_per_second: Input should be a finite number"):
+        load_config(AnswerConfig, None, ["generator.endpoint={base_url: 'http://127.0.0.1:8000/v1', "
+                                         "requests_per_second: .inf}"])
 
 
 def test_a_tilde_in_a_config_file_path_is_the_home_folder_and_a_uri_for_the_cache_path_is_refused(tmp_path, monkeypatch):
