@@ -39,7 +39,7 @@ WRITE_EVERY = 256  # responses buffered before one transaction (a commit per res
 # fills 256 in hours, and a driver killed without cleanup (kill -9, a lost node) loses what is buffered
 WRITE_AFTER_S = 10.0
 # a write another writer's lock refused waited SQLite's busy timeout (60 s): the next waits twice as long as the last
-# pause, from WRITE_AFTER_S up to this, instead of one per put (a driver held a minute per response)
+# pause, from WRITE_AFTER_S up to this, instead of one per put (each would hold the driver for the busy timeout)
 LOCKED_RETRY_MAX_S = 640.0
 # responses waiting, at most: past it they are written at once, or, while the file is locked, the oldest go unsaved
 # (counted)
@@ -155,7 +155,7 @@ class RequestCache:
                     return
                 self._give_up_disk(err)
             self.retry_s = 0.0
-            # at every write, not only at open: a run of a million questions wrote gigabytes past its bound
+            # at every write, not only at open: a long run's writes would otherwise grow the file past its bound
             if self.max_bytes is not None:
                 self.prune(self.max_bytes)
         self.pending.clear()
@@ -222,7 +222,8 @@ class RequestCache:
             return
         if request in self.memory:
             self.held -= self.memory.pop(request)[1]
-        # counted in bytes too: 100,000 entries of 50 passages each held 4.4 GB per driver and per engine actor
+        # counted in bytes too: a retrieval of many passages is large, so a bound in entries alone leaves the
+        # memory of each driver and engine actor unbounded
         held = footprint(request) + footprint(response)
         self.memory[request] = (response, held)
         self.held += held

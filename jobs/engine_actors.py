@@ -217,9 +217,10 @@ def merge_metrics(parts: list[dict], wall_s: float, first_row_s: float | None, l
     for name in parts[0]["stages"] if parts else ():
         each = [p["stages"][name] for p in parts]
         stage = {key: round(sum(s[key] for s in each), 3) for key in STAGE_SUMMED}
-        # a replica is busy while any engine has a batch on it: the union of the engines' spans, which their
-        # totals do not give (summed, one replica read busier than the run was long); the most any engine saw
-        # is the part of it that is known, a lower bound
+        # a replica is busy while any engine has a batch on it: the union over engines, which their busy time
+        # (busy_s, and busy_bins, summed over the stage's replicas) does not give (summed, one replica would
+        # read busier than the run was long); the most any engine saw is the part of it that is known, a lower
+        # bound
         stage["busy_s"] = round(max(s["busy_s"] for s in each), 3)
         # percentiles do not merge: each engine's are under `engines`
         stage["batch_size"] = {"mean": round(stage["requests"] / max(1, stage["calls"]), 2),

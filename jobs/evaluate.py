@@ -462,8 +462,8 @@ def run_config(answers: str) -> dict:
 def retrieval_k(run: str) -> int | None:
     """The recall@k cut-off compare scores a run at, and evaluate and report by default: its config.yaml's
     retrieval.k (a strategy that retrieves more than k, MIGRES over its iterations, is not credited with
-    what it read past k), also for one part or one strategy's folder of it (they scored all retrieved); all
-    retrieved for answers outside a run (a file of one's own)."""
+    what it read past k), also for one part or one strategy's folder of it (its run folder's config.yaml is
+    found from there); all retrieved for answers outside a run (a file of one's own)."""
     k = (run_config(run).get("retrieval") or {}).get("k")
     return k if isinstance(k, int) and k > 0 else None
 

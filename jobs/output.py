@@ -422,8 +422,8 @@ class ShardedOutput:
         copied into its new part when the first of its answers comes (``_reopened``), so that answering its
         error rows commits it whole (the old part is replaced only then). Returns how many error rows are to
         be answered again."""
-        # the ids and errors alone, and no part opened yet: a run of 1,000 parts with errors read every part
-        # whole (traces too) and held 1,000 writers open, past the open files a process may have
+        # the ids and errors alone, and no part opened yet: reading parts whole (traces too) costs memory, and a
+        # writer per part would hold a file open per part, past the open files a process may have
         for strategy, shard in sorted(self.committed):
             with self.fs.open_input_file(self._path(strategy, shard)) as f:
                 table = pq.read_table(f, columns=["id", "error"])

@@ -142,7 +142,7 @@ ENGINE_SPEED_ARGS = frozenset({
     "max_cudagraph_capture_size", "cudagraph_capture_sizes", "disable_custom_all_reduce", "disable_log_stats",
     "max_parallel_loading_workers", "use_tqdm_on_load"})
 # vLLM's engine arguments that a replica is given from LLMConfig's field of the same name (actors/generator.py's
-# engine_arguments): in engine_kwargs as well, every replica died with "got multiple values for keyword argument"
+# engine_arguments): in engine_kwargs as well, vLLM would be given the argument twice, which it refuses
 ENGINE_ARGS_OF_FIELDS = ("model", "dtype", "max_model_len", "enforce_eager", "tensor_parallel_size",
                          "pipeline_parallel_size", "gpu_memory_utilization", "seed")
 
@@ -648,7 +648,8 @@ class CacheConfig(Section):
     @field_validator("path")
     @classmethod
     def _a_local_file(cls, value):
-        # an s3:// path made a local SQLite file "s3:/bucket/..."; the value is not repeated: it may hold a secret
+        # SQLite writes only local files (a URI would name a local folder "s3:"); the value is not repeated: it may
+        # hold a secret
         if value and "://" in value:
             raise ValueError("the request cache is a local SQLite file (SQLite cannot write to object storage), not a URI")
         return home_expanded(value)

@@ -124,7 +124,7 @@ def trajectory_model(k: int, answers: tuple[str, ...] | None, config: SelfReason
 
 def within_bounds(obj: dict, k: int, config: SelfReasoningConfig, model: type[BaseModel] | None = None) -> dict:
     """A trajectory within its schema's bounds, which a server that does not enforce maxLength, maxItems or
-    minimum lets a model pass (the whole trajectory, its answer too, was rejected for one of them): strings
+    minimum lets a model pass (pydantic would reject the whole trajectory, its answer too, for one field): strings
     cut to their length, citations of no passage shown dropped, the citations cut to max_citations. The answer
     is cut only where it is free text (``model``'s answer has a max_length; without a model, answer_chars): a
     choice (a verdict, yes / no) cut is no choice."""
