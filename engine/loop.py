@@ -232,20 +232,18 @@ class Engine:
         for b in self.launched.values():
             if b.overdue(now):
                 overdue.setdefault((id(b.stage), b.replica), b)
-        killed: set[tuple[int, int]] = set()  # (stage, shard) restarted in this pass: once, whatever waited on it
         for launched in overdue.values():
-            self._restart_replica(launched, killed)
+            self._restart_replica(launched)
 
-    def _restart_replica(self, overdue: Launched, killed: set[tuple[int, int]] | None = None) -> None:
+    def _restart_replica(self, overdue: Launched) -> None:
         """Restart the replica of an overdue batch; the batch failed, the ones queued behind it did not. Where
         other actors it waits on are the stuck ones (a retriever's shard), they are restarted instead."""
-        stage, replica, killed = overdue.stage, overdue.replica, set() if killed is None else killed
+        stage, replica = overdue.stage, overdue.replica
         if stuck := stage.stuck_elsewhere(overdue):
             self._drop(overdue)
             for shard in stuck:
-                if (id(stage), shard) in killed or shard in stage.shards_killed:  # restarting: given its time
+                if shard in stage.shards_killed:  # restarting (in this pass or before): given its time
                     continue
-                killed.add((id(stage), shard))
                 self.supervisor.log(f"{stage.name} shard {shard}: no result for {stage.batching.timeout_s} s while the "
                                     "other shards answered, killed to restart it")
                 stage.restart_shard(shard)  # the batches queued at it fail with its death and are retried
